@@ -1,0 +1,188 @@
+"""Typed configuration: dataclass-like pydantic models, YAML presets and `--set key=value` overrides.
+
+Every field carries a one-line docstring, which pydantic keeps as the field's description
+(`use_attribute_docstrings`), so `swapstream config` can print them. Unknown keys are errors.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import ConfigError
+
+PRESETS_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True,
+                              frozen=False)
+
+
+class DetectorConfig(_Section):
+    model: Literal["short_range", "full_range"] = "short_range"
+    """BlazeFace variant: short_range for faces filling a good part of the frame, full_range for small faces."""
+    min_score: float = Field(0.5, ge=0.0, le=1.0)
+    """Minimum detection confidence."""
+    max_faces: int = Field(4, ge=1, le=64)
+    """Most faces tracked and swapped per frame."""
+    detect_every: int = Field(1, ge=1)
+    """Run the detector every N frames; landmarks track the faces in between."""
+    nms_iou: float = Field(0.3, gt=0.0, le=1.0)
+    """Overlap above which two detections are merged (weighted NMS)."""
+    threads: int = Field(1, ge=1)
+    """CPU threads for the LiteRT detector and landmark models."""
+
+
+class LandmarkConfig(_Section):
+    min_presence: float = Field(0.5, ge=0.0, le=1.0)
+    """Face-presence score under which a tracked face is dropped."""
+    roi_scale: float = Field(1.5, gt=1.0, le=3.0)
+    """Landmark crop size relative to the face box (MediaPipe uses 1.5)."""
+
+
+class SmoothingConfig(_Section):
+    enabled: bool = True
+    """Filter landmarks over time (One Euro filter) so that the swap does not jitter on a still head."""
+    min_cutoff: float = Field(1.0, gt=0.0)
+    """Cut-off frequency (Hz) at rest: lower smooths more."""
+    beta: float = Field(0.5, ge=0.0)
+    """Speed coefficient: higher follows fast motion with less lag (speed measured in face sizes/s)."""
+    d_cutoff: float = Field(1.0, gt=0.0)
+    """Cut-off frequency (Hz) of the speed estimate."""
+
+
+class MeshConfig(_Section):
+    keep_mouth: bool = True
+    """Keep the target's inner mouth so that speech and expressions come through."""
+    keep_eyes: bool = False
+    """Keep the target's eyes so that gaze comes through."""
+    feather: float = Field(0.05, ge=0.0, le=0.5)
+    """Width of the soft mask edge, as a fraction of the face size."""
+    color_match: Literal["lab", "rgb", "none"] = "lab"
+    """Colour space for matching the source skin to the target (mean and std inside the mask)."""
+    color_strength: float = Field(1.0, ge=0.0, le=1.0)
+    """0 keeps the source colours, 1 matches the target fully."""
+
+
+class EncodeConfig(_Section):
+    codec: Literal["libx264"] = "libx264"
+    """Video encoder for file outputs."""
+    crf: int = Field(20, ge=0, le=51)
+    """x264 constant rate factor: lower is better quality and larger files."""
+    preset: Literal["ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow",
+                    "slower", "veryslow"] = "veryfast"
+    """x264 speed/compression preset."""
+    threads: int = Field(0, ge=0)
+    """Encoder threads (0: let x264 choose)."""
+
+
+class Config(_Section):
+    swapper: Literal["mesh"] = "mesh"
+    """Which swapper replaces the faces. `mesh` is built in and needs no downloads."""
+    device: Literal["auto", "cpu"] = "auto"
+    """Where to run: `auto` uses the GPU when one is usable, else the CPU."""
+    models_dir: Path | None = None
+    """Folder with model files (default: $SWAPSTREAM_MODELS_DIR or ~/.cache/swapstream/models)."""
+    detector: DetectorConfig = DetectorConfig()
+    """Face detection."""
+    landmarks: LandmarkConfig = LandmarkConfig()
+    """Face Mesh landmarks and tracking."""
+    smoothing: SmoothingConfig = SmoothingConfig()
+    """Temporal landmark smoothing."""
+    mesh: MeshConfig = MeshConfig()
+    """The built-in mesh swapper."""
+    encode: EncodeConfig = EncodeConfig()
+    """Video encoding of file outputs."""
+
+
+def _format_error(err: ValidationError, source: str) -> str:
+    e = err.errors()[0]
+    key = ".".join(str(p) for p in e["loc"])
+    if e["type"] == "extra_forbidden":
+        return f"unknown config key '{key}' (value {e['input']!r}) in {source}"
+    return f"invalid value {e['input']!r} for config key '{key}' in {source}: {e['msg']}"
+
+
+def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = tree
+    for p in parts[:-1]:
+        child = node.setdefault(p, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"config key '{key}': '{p}' is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """Split `key=value`; the value is read as YAML so that `true`, `3` and `0.5` get their types."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like key=value, e.g. mesh.keep_eyes=true")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override {item!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def resolve_preset(name_or_path: str | Path) -> Path:
+    """A preset name from configs/ (`default`, `live`, ...) or a path to a YAML file."""
+    p = Path(name_or_path)
+    if p.is_file():
+        return p
+    named = PRESETS_DIR / f"{name_or_path}.yaml"
+    if named.is_file():
+        return named
+    known = ", ".join(sorted(x.stem for x in PRESETS_DIR.glob("*.yaml"))) or "none"
+    raise ConfigError(f"config preset '{name_or_path}' not found: give a YAML file path or one of: {known}")
+
+
+def load_config(preset: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Build a Config from a preset (default: configs/default.yaml when present) and overrides."""
+    tree: dict[str, Any] = {}
+    source = "defaults"
+    path = resolve_preset(preset) if preset is not None else PRESETS_DIR / "default.yaml"
+    if path.is_file():
+        source = str(path)
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(f"cannot read config '{path}': {first}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config '{path}' must be a mapping of keys to values, "
+                              f"got {type(loaded).__name__}")
+        tree = loaded
+    try:
+        Config.model_validate(tree)
+    except ValidationError as err:
+        raise ConfigError(_format_error(err, source)) from None
+    for item in overrides or []:
+        key, value = parse_override(item)
+        _set_dotted(tree, key, value)
+        try:
+            Config.model_validate(tree)
+        except ValidationError as err:
+            raise ConfigError(_format_error(err, f"--set {item}")) from None
+    return Config.model_validate(tree)
+
+
+def describe(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, default, docstring) for every field, for `swapstream config` and the docs."""
+    rows: list[tuple[str, str, str]] = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        key = prefix + name
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            rows.extend(describe(ann, key + "."))
+        else:
+            rows.append((key, repr(field.default), field.description or ""))
+    return rows

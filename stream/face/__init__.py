@@ -1,0 +1,1 @@
+"""Face analysis: detection, dense landmarks, tracking and smoothing."""

@@ -1,0 +1,160 @@
+"""Face analysis on the CPU: BlazeFace detection, Face Mesh landmarks, tracking and smoothing."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..config import Config
+from ..engines.builtin import builtin_model_path
+from ..types import Face, Frame
+from .blazeface import FULL_RANGE, SHORT_RANGE, BlazeFaceDetector, Detection, iou
+from .facemesh import FaceMesh, Roi, roi_from_detection, roi_from_landmarks
+from .smoothing import OneEuroFilter
+from .topology import Topology, five_points, load_topology
+
+log = logging.getLogger(__name__)
+
+# A detection that overlaps a tracked face this much is that face, not a new one.
+_SAME_FACE_IOU = 0.3
+
+
+def landmark_box(landmarks: np.ndarray) -> np.ndarray:
+    xy = landmarks[:, :2]
+    return np.concatenate([xy.min(axis=0), xy.max(axis=0)]).astype(np.float32)
+
+
+@dataclass
+class _Track:
+    track_id: int
+    raw: np.ndarray
+    """Unsmoothed landmarks of the last frame: the next ROI comes from these, so smoothing adds no lag
+    to tracking."""
+    presence: float
+    smoother: OneEuroFilter | None
+    det_score: float
+    history: list[float] = field(default_factory=list)
+
+
+class FaceAnalyser:
+    """Finds faces with dense landmarks in still images (`analyse_image`) and video (`track`)."""
+
+    def __init__(self, config: Config, models_dir: Path | None = None) -> None:
+        self.config = config
+        folder = models_dir or config.models_dir
+        dc = config.detector
+        self._short = BlazeFaceDetector(
+            builtin_model_path("face_detection_short_range.tflite", folder), SHORT_RANGE,
+            min_score=dc.min_score, nms_iou=dc.nms_iou, threads=dc.threads)
+        self._full = BlazeFaceDetector(
+            builtin_model_path("face_detection_full_range_sparse.tflite", folder), FULL_RANGE,
+            min_score=max(dc.min_score, 0.6), nms_iou=dc.nms_iou, threads=dc.threads)
+        self._mesh = FaceMesh(builtin_model_path("face_landmark.tflite", folder), threads=dc.threads)
+        self.topology: Topology = load_topology()
+        self._tracks: list[_Track] = []
+        self._next_id = 0
+        self._frames_seen = 0
+
+    # -- still images ---------------------------------------------------------------------------
+
+    def detect(self, rgb: np.ndarray, *, both_ranges: bool = False) -> list[Detection]:
+        """Detections with the configured model; with `both_ranges`, fall back to the other one."""
+        first, second = ((self._full, self._short) if self.config.detector.model == "full_range"
+                         else (self._short, self._full))
+        dets = first(rgb, self.config.detector.max_faces)
+        if not dets and both_ranges:
+            dets = second(rgb, self.config.detector.max_faces)
+        return dets
+
+    def _landmarks(self, rgb: np.ndarray, roi: Roi) -> tuple[np.ndarray, float]:
+        return self._mesh(rgb, roi)
+
+    def _refine(self, rgb: np.ndarray, roi: Roi) -> tuple[np.ndarray, float]:
+        """Landmarks from a detection ROI, then once more from the landmarks' own ROI.
+
+        The detector's box is loose; the second pass, centred and rotated by the mesh itself, is what
+        MediaPipe's tracking converges to, and makes a still image give the same mesh as a video.
+        """
+        scale = self.config.landmarks.roi_scale
+        lm, p = self._landmarks(rgb, roi)
+        if p >= self.config.landmarks.min_presence:
+            lm, p = self._landmarks(rgb, roi_from_landmarks(lm, scale))
+        return lm, p
+
+    def _face(self, landmarks: np.ndarray, score: float, track_id: int) -> Face:
+        return Face(box=landmark_box(landmarks), score=score,
+                    kps=five_points(landmarks, self.topology), landmarks=landmarks,
+                    track_id=track_id)
+
+    def analyse_image(self, rgb: np.ndarray) -> list[Face]:
+        """All faces of a still image, largest first. No tracking state is touched."""
+        scale = self.config.landmarks.roi_scale
+        faces = []
+        for det in self.detect(rgb, both_ranges=True):
+            lm, p = self._refine(rgb, roi_from_detection(det, scale))
+            if p >= self.config.landmarks.min_presence:
+                faces.append(self._face(lm, det.score, -1))
+        faces.sort(key=lambda f: -f.size)
+        return faces
+
+    # -- video ----------------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget all tracks (e.g. at a cut or a new stream)."""
+        self._tracks = []
+        self._frames_seen = 0
+
+    def track(self, frame: Frame) -> list[Face]:
+        """Faces of the next video frame, with stable track ids and smoothed landmarks."""
+        rgb = frame.data
+        cfg = self.config
+        scale = cfg.landmarks.roi_scale
+        t = frame.time if frame.time is not None else frame.index / 30.0
+        # 1. Follow every existing track from its last landmarks.
+        kept: list[_Track] = []
+        for tr in self._tracks:
+            lm, p = self._landmarks(rgb, roi_from_landmarks(tr.raw, scale))
+            if p >= cfg.landmarks.min_presence:
+                tr.raw, tr.presence = lm, p
+                kept.append(tr)
+        # Two tracks that converged on one face: keep the older.
+        deduped: list[_Track] = []
+        for tr in sorted(kept, key=lambda x: x.track_id):
+            box = landmark_box(tr.raw)
+            if all(iou(box, landmark_box(o.raw)[None])[0] < _SAME_FACE_IOU for o in deduped):
+                deduped.append(tr)
+        self._tracks = deduped
+        # 2. Detect on cadence, or whenever nothing is tracked, and start tracks for new faces.
+        if (self._frames_seen % cfg.detector.detect_every == 0 or not self._tracks) and \
+                len(self._tracks) < cfg.detector.max_faces:
+            boxes = np.array([landmark_box(tr.raw) for tr in self._tracks]).reshape(-1, 4)
+            for det in self.detect(rgb):
+                if len(self._tracks) >= cfg.detector.max_faces:
+                    break
+                if boxes.size and iou(det.box, boxes).max() >= _SAME_FACE_IOU:
+                    continue
+                lm, p = self._refine(rgb, roi_from_detection(det, scale))
+                if p < cfg.landmarks.min_presence:
+                    continue
+                sm = cfg.smoothing
+                smoother = OneEuroFilter(sm.min_cutoff, sm.beta, sm.d_cutoff) if sm.enabled else None
+                self._tracks.append(_Track(self._next_id, lm, p, smoother, det.score))
+                log.debug("frame %d: new face track %d", frame.index, self._next_id)
+                self._next_id += 1
+                boxes = np.vstack([boxes, landmark_box(lm)[None]])
+        self._frames_seen += 1
+        faces = []
+        for tr in self._tracks:
+            lm = tr.raw
+            if tr.smoother is not None:
+                size = float(np.ptp(lm[:, :2], axis=0).max())
+                lm = tr.smoother(lm, t, size)
+            faces.append(self._face(lm, tr.presence, tr.track_id))
+        return faces
+
+    def close(self) -> None:
+        for r in (self._short, self._full, self._mesh):
+            r.close()

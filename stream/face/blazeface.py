@@ -1,0 +1,168 @@
+"""BlazeFace face detection (MediaPipe short- and full-range models) with our own anchor decoding."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..engines.litert import LiteRTRunner
+from ..kernels.warp import box_downsample, warp_affine
+
+
+@dataclass(frozen=True)
+class AnchorSpec:
+    """SSD anchor options of one BlazeFace variant (from MediaPipe's detection graphs)."""
+
+    input_size: int
+    strides: tuple[int, ...]
+    interpolated_scale: bool
+    """True when every layer adds a second anchor per cell (short range), False for one (full range)."""
+
+
+SHORT_RANGE = AnchorSpec(128, (8, 16, 16, 16), True)
+FULL_RANGE = AnchorSpec(192, (4,), False)
+
+
+def ssd_anchor_centres(spec: AnchorSpec) -> np.ndarray:
+    """(N, 2) normalised anchor centres in the order the model emits its boxes.
+
+    BlazeFace uses fixed-size anchors, so only the centres matter. Consecutive layers that share a
+    stride share one feature map and contribute anchors per cell, as in MediaPipe's SsdAnchorsCalculator.
+    """
+    centres: list[np.ndarray] = []
+    i = 0
+    n = len(spec.strides)
+    while i < n:
+        j = i
+        per_cell = 0
+        while j < n and spec.strides[j] == spec.strides[i]:
+            per_cell += 2 if spec.interpolated_scale else 1
+            j += 1
+        fm = math.ceil(spec.input_size / spec.strides[i])
+        ys, xs = np.mgrid[0:fm, 0:fm]
+        c = np.stack([(xs + 0.5) / fm, (ys + 0.5) / fm], axis=-1).reshape(-1, 1, 2)
+        centres.append(np.repeat(c, per_cell, axis=1).reshape(-1, 2))
+        i = j
+    return np.concatenate(centres).astype(np.float32)
+
+
+@dataclass
+class Detection:
+    """One detected face in frame pixel coordinates (pixel centres at integers)."""
+
+    box: np.ndarray
+    """(4,) x1, y1, x2, y2."""
+    score: float
+    keypoints: np.ndarray
+    """(6, 2): subject's right eye, left eye, nose tip, mouth centre, right ear, left ear."""
+
+
+def iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU of one box `a` (4,) against boxes `b` (N, 4)."""
+    ix = np.clip(np.minimum(a[2], b[:, 2]) - np.maximum(a[0], b[:, 0]), 0, None)
+    iy = np.clip(np.minimum(a[3], b[:, 3]) - np.maximum(a[1], b[:, 1]), 0, None)
+    inter = ix * iy
+    area = lambda x: np.clip(x[..., 2] - x[..., 0], 0, None) * np.clip(x[..., 3] - x[..., 1], 0, None)
+    return inter / np.maximum(area(a) + area(b) - inter, 1e-9)
+
+
+def weighted_nms(boxes: np.ndarray, kps: np.ndarray, scores: np.ndarray, iou_thr: float,
+                 max_out: int) -> list[tuple[np.ndarray, np.ndarray, float]]:
+    """MediaPipe's weighted NMS: overlapping detections are averaged by score, not discarded.
+
+    Averaging the many anchors that fire on one face gives steadier boxes from frame to frame than
+    keeping the single best anchor.
+    """
+    order = np.argsort(-scores)
+    boxes, kps, scores = boxes[order], kps[order], scores[order]
+    out = []
+    alive = np.ones(len(scores), dtype=bool)
+    for i in range(len(scores)):
+        if not alive[i]:
+            continue
+        group = alive & (iou(boxes[i], boxes) > iou_thr)
+        group[i] = True
+        w = scores[group][:, None]
+        out.append(((boxes[group] * w).sum(0) / w.sum(), (kps[group] * w[:, :, None]).sum(0) / w.sum(),
+                    float(scores[i])))
+        alive &= ~group
+        if len(out) == max_out:
+            break
+    return out
+
+
+class BlazeFaceDetector:
+    """Finds faces in an RGB uint8 frame."""
+
+    def __init__(self, model_path: Path, spec: AnchorSpec, *, min_score: float = 0.5,
+                 nms_iou: float = 0.3, threads: int = 1) -> None:
+        self.runner = LiteRTRunner(model_path, num_threads=threads)
+        self.spec = spec
+        self.size = spec.input_size
+        if self.runner.input_shape != (1, self.size, self.size, 3):
+            raise ValueError(f"{model_path.name}: expected input 1x{self.size}x{self.size}x3, "
+                             f"got {self.runner.input_shape}")
+        self.anchors = ssd_anchor_centres(spec)
+        self.min_score = min_score
+        self.nms_iou = nms_iou
+        self._canvas = np.empty((self.size, self.size, 3), dtype=np.uint8)
+        self._small: dict[tuple[int, int, int], np.ndarray] = {}
+
+    def _letterbox(self, rgb: np.ndarray) -> tuple[np.ndarray, float, float, float]:
+        """Fit the frame into the square input, centred, keeping its aspect ratio.
+
+        Returns the canvas and the (scale, pad_x, pad_y) that map canvas pixels back to the frame.
+        """
+        h, w = rgb.shape[:2]
+        s = self.size
+        scale = s / max(h, w)
+        factor = max(1, int(1.0 / scale))
+        src = rgb
+        if factor > 1:
+            key = (h // factor, w // factor, rgb.shape[2])
+            small = self._small.get(key)
+            if small is None:
+                small = self._small.setdefault(key, np.empty(key, dtype=np.uint8))
+            src = box_downsample(rgb, factor, small)
+        pad_x = (s - w * scale) / 2.0
+        pad_y = (s - h * scale) / 2.0
+        # Canvas pixel centre u sits at frame position (u + 0.5 - pad) / scale - 0.5; in the reduced
+        # image, frame position p sits at (p + 0.5) / factor - 0.5.
+        k = 1.0 / (scale * factor)
+        m = np.array([[k, 0.0, (0.5 - pad_x) * k - 0.5],
+                      [0.0, k, (0.5 - pad_y) * k - 0.5]])
+        warp_affine(src, m, self._canvas, border="constant", fill=0.0)
+        return self._canvas, scale, pad_x, pad_y
+
+    def __call__(self, rgb: np.ndarray, max_faces: int = 64) -> list[Detection]:
+        canvas, scale, pad_x, pad_y = self._letterbox(rgb)
+        x = (canvas.astype(np.float32) / 127.5 - 1.0)[None]
+        raw, cls = self.runner.run(x)
+        raw = raw[0]
+        # MediaPipe clips logits at +-100; exp(100) still overflows float32, so clip at 80 (same result).
+        scores = 1.0 / (1.0 + np.exp(-np.clip(cls[0, :, 0], -80.0, 80.0)))
+        sel = np.nonzero(scores >= self.min_score)[0]
+        if sel.size == 0:
+            return []
+        s = float(self.size)
+        a = self.anchors[sel]
+        r = raw[sel]
+        cx = r[:, 0] / s + a[:, 0]
+        cy = r[:, 1] / s + a[:, 1]
+        bw = r[:, 2] / s
+        bh = r[:, 3] / s
+        boxes = np.stack([cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2], axis=1)
+        kps = r[:, 4:16].reshape(-1, 6, 2) / s + a[:, None, :]
+        dets = []
+        for box, kp, score in weighted_nms(boxes, kps, scores[sel], self.nms_iou, max_faces):
+            # Normalised canvas coordinates (continuous) -> frame pixel-centre coordinates.
+            to_frame = lambda v: (v * s - np.array([pad_x, pad_y])) / scale - 0.5
+            b = to_frame(box.reshape(2, 2)).reshape(4)
+            dets.append(Detection(b.astype(np.float32), score, to_frame(kp).astype(np.float32)))
+        return dets
+
+    def close(self) -> None:
+        self.runner.close()

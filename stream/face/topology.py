@@ -1,0 +1,57 @@
+"""The Face Mesh topology: triangles and contour rings over the 468 landmarks (MediaPipe, Apache-2.0)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+_PATH = Path(__file__).resolve().parent.parent / "assets" / "face_mesh_topology.json"
+
+# Landmarks used for the 5 alignment points and for the tracking ROI's rotation.
+NOSE_TIP = 4
+IMAGE_LEFT_MOUTH = 61
+IMAGE_RIGHT_MOUTH = 291
+IMAGE_LEFT_EYE_OUTER = 33
+IMAGE_RIGHT_EYE_OUTER = 263
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Index arrays into the (468, 3) landmark array."""
+
+    triangles: np.ndarray
+    """(852, 3) int32 triangles of the canonical face mesh."""
+    face_oval: np.ndarray
+    """Ordered ring around the face outline."""
+    lips_inner: np.ndarray
+    """Ordered ring around the inner mouth opening."""
+    lips_outer: np.ndarray
+    """Ordered ring around the outer lips."""
+    image_left_eye: np.ndarray
+    """Ordered ring around the eye on the image left (the subject's right eye)."""
+    image_right_eye: np.ndarray
+    """Ordered ring around the eye on the image right."""
+
+
+@cache
+def load_topology() -> Topology:
+    """Read the committed topology file once per process (it is immutable data)."""
+    raw = json.loads(_PATH.read_text())
+    arr = {k: np.asarray(v, dtype=np.int32) for k, v in raw.items() if isinstance(v, list)}
+    return Topology(**{k: arr[k] for k in Topology.__dataclass_fields__})
+
+
+def five_points(landmarks: np.ndarray, topo: Topology) -> np.ndarray:
+    """The 5 alignment points (MODELS.md order) from the 468 landmarks, as (5, 2) float32."""
+    xy = landmarks[:, :2]
+    return np.stack([
+        xy[topo.image_left_eye].mean(axis=0),
+        xy[topo.image_right_eye].mean(axis=0),
+        xy[NOSE_TIP],
+        xy[IMAGE_LEFT_MOUTH],
+        xy[IMAGE_RIGHT_MOUTH],
+    ]).astype(np.float32)

@@ -1,0 +1,1 @@
+"""Swappers: replace a target face with a source identity."""

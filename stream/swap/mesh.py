@@ -1,0 +1,162 @@
+"""The built-in `mesh` swapper: the source face's texture mapped triangle by triangle onto the target.
+
+Per target face: rasterise the target's Face Mesh triangles into a map of source coordinates, sample the
+source texture through it, match its colours to the target's skin in L*a*b*, build a feathered mask
+from the face outline (minus the inner mouth and, optionally, the eyes), and alpha-blend the result
+into the frame. Every array step is an op in `swapstream.kernels`, so the same code runs on NumPy
+here and on the GPU kernels later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..config import MeshConfig
+from ..errors import NoFaceError
+from ..kernels.blend import blend_into
+from ..kernels.color import color_transfer, lab_to_rgb, masked_mean_std, rgb_to_lab
+from ..kernels.mask import feather, fill_polygon, gaussian_blur
+from ..kernels.mesh import rasterize_mesh
+from ..kernels.warp import remap_bilinear
+from ..types import Face
+from ..face.topology import Topology, load_topology
+
+# Keep-out regions are grown about their centroid so that the kept target mouth/eyes include the
+# lip and lid edges: a seam exactly on the edge shows more than one just outside it.
+_MOUTH_GROW = 1.15
+_EYE_GROW = 1.35
+
+
+class Workspace:
+    """Scratch buffers reused from face to face and frame to frame, grown only when a face is larger."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[str, np.ndarray] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+        """A view of the named buffer with exactly `shape`; contents are undefined."""
+        buf = self._bufs.get(name)
+        n = int(np.prod(shape))
+        if buf is None or buf.size < n or buf.dtype != np.dtype(dtype):
+            buf = np.empty(max(n, int(n * 1.25)), dtype=dtype)
+            self._bufs[name] = buf
+        return buf[:n].reshape(shape)
+
+
+@dataclass
+class SwapRegion:
+    """Where one face was pasted: frame origin and the mask that was used, for tests and debugging."""
+
+    origin: tuple[int, int]
+    mask: np.ndarray
+
+
+def _grow(poly: np.ndarray, factor: float) -> np.ndarray:
+    c = poly.mean(axis=0)
+    return ((poly - c) * factor + c).astype(np.float32)
+
+
+class MeshSwapper:
+    """Swaps a source face into target faces. Call `set_source` once, then `swap` per frame."""
+
+    def __init__(self, config: MeshConfig, topology: Topology | None = None) -> None:
+        self.config = config
+        self.topo = topology or load_topology()
+        self._tris = np.ascontiguousarray(self.topo.triangles, dtype=np.int32)
+        self._src_img: np.ndarray | None = None
+        self._src_pts: np.ndarray | None = None
+        self._ws = Workspace()
+
+    def set_source(self, image: np.ndarray, face: Face) -> None:
+        """Use `face` in `image` (HxWx3 uint8 RGB) as the identity to paste."""
+        if face.landmarks is None:
+            raise NoFaceError("the source face has no dense landmarks; the mesh swapper needs them")
+        self._src_img = np.ascontiguousarray(image)
+        self._src_pts = np.ascontiguousarray(face.landmarks[:, :2], dtype=np.float32)
+
+    def region(self, face: Face, frame_shape: tuple[int, ...]) -> tuple[int, int, int, int]:
+        """(x0, y0, w, h) of the frame area one face can touch, clipped to the frame."""
+        assert face.landmarks is not None
+        xy = face.landmarks[:, :2]
+        lo = np.floor(xy.min(axis=0)).astype(int) - 2
+        hi = np.ceil(xy.max(axis=0)).astype(int) + 3
+        H, W = frame_shape[:2]
+        x0, y0 = max(int(lo[0]), 0), max(int(lo[1]), 0)
+        x1, y1 = min(int(hi[0]), W), min(int(hi[1]), H)
+        return x0, y0, max(x1 - x0, 0), max(y1 - y0, 0)
+
+    def swap(self, frame: np.ndarray, faces: list[Face]) -> list[SwapRegion]:
+        """Swap every face in `frame` (HxWx3 uint8 RGB, modified in place); returns what was touched."""
+        if self._src_img is None or self._src_pts is None:
+            raise RuntimeError("MeshSwapper.swap called before set_source")
+        done = []
+        for face in faces:
+            if face.landmarks is None:
+                continue
+            r = self._swap_one(frame, face)
+            if r is not None:
+                done.append(r)
+        return done
+
+    def _swap_one(self, frame: np.ndarray, face: Face) -> SwapRegion | None:
+        assert self._src_img is not None and self._src_pts is not None and face.landmarks is not None
+        cfg = self.config
+        ws = self._ws
+        x0, y0, w, h = self.region(face, frame.shape)
+        if w < 4 or h < 4:
+            return None
+        dst = np.ascontiguousarray(face.landmarks[:, :2], dtype=np.float32)
+        origin = (x0, y0)
+
+        # Geometry: source coordinates for every covered pixel, then the source texture through them.
+        src_map = rasterize_mesh(dst, self._src_pts, self._tris, origin, ws.get("map", (h, w, 2)))
+        warped = remap_bilinear(self._src_img, src_map, ws.get("warped", (h, w, 3)))
+
+        # Mask: face outline, restricted to pixels the mesh covers, feathered inward.
+        hard = fill_polygon(dst[self.topo.face_oval], origin, ws.get("hard", (h, w)))
+        hard *= np.isfinite(src_map[..., 0])
+        size = float(max(w, h))
+        sigma = max(cfg.feather * size / 2.5, 0.5)
+        mask = feather(hard, sigma, ws.get("mask", (h, w)))
+        keep_sigma = max(sigma * 0.5, 0.5)
+        keep_polys = []
+        if cfg.keep_mouth:
+            keep_polys.append(_grow(dst[self.topo.lips_inner], _MOUTH_GROW))
+        if cfg.keep_eyes:
+            keep_polys.append(_grow(dst[self.topo.image_left_eye], _EYE_GROW))
+            keep_polys.append(_grow(dst[self.topo.image_right_eye], _EYE_GROW))
+        for poly in keep_polys:
+            keep = fill_polygon(poly, origin, ws.get("keep", (h, w)))
+            soft = gaussian_blur(keep, keep_sigma, ws.get("keep_soft", (h, w)))
+            mask *= 1.0 - soft
+
+        # Colour: move the source skin's statistics onto the target's, inside the mask.
+        target = frame[y0:y0 + h, x0:x0 + w]
+        fg = warped
+        if cfg.color_match != "none" and cfg.color_strength > 0:
+            if cfg.color_match == "lab":
+                src_c = rgb_to_lab(warped, ws.get("src_lab", (h, w, 3)))
+                dst_c = rgb_to_lab(target, ws.get("dst_lab", (h, w, 3)))
+            else:
+                src_c, dst_c = warped, target.astype(np.float32)
+            stats_s = masked_mean_std(src_c, mask)
+            stats_d = masked_mean_std(dst_c, mask)
+            moved = color_transfer(src_c, stats_s, stats_d, ws.get("moved", (h, w, 3)),
+                                   strength=cfg.color_strength)
+            if cfg.color_match == "lab":
+                fg = lab_to_rgb(moved, ws.get("fg", (h, w, 3)))
+            else:
+                fg = np.clip(moved, 0.0, 255.0, out=moved)
+        blend_into(frame, fg, mask, origin)
+        return SwapRegion(origin, mask)
+
+
+def source_face(faces: list[Face], what: str) -> Face:
+    """The face to take the identity from: the largest one, or a NoFaceError naming the input."""
+    if not faces:
+        raise NoFaceError(f"no face found in source image '{what}'. Use a clear, frontal photo in "
+                          f"which the face fills at least a fifth of the picture.")
+    return max(faces, key=lambda f: f.size)
