@@ -2,11 +2,34 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import numpy as np
+
+
+@contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    """Silence C-level writes to stderr (fd 2) inside the block.
+
+    LiteRT's C++ core prints "INFO: Created TensorFlow Lite XNNPACK delegate" for every interpreter and
+    ignores TF_CPP_MIN_LOG_LEVEL; that line would break the CLI's promise of one-line errors. Failures
+    still surface as Python exceptions.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 class LiteRTRunner:
@@ -17,8 +40,9 @@ class LiteRTRunner:
         from ai_edge_litert.interpreter import Interpreter
 
         self.path = Path(model_path)
-        self._interp: Any = Interpreter(model_path=str(self.path), num_threads=num_threads)
-        self._interp.allocate_tensors()
+        with _native_stderr_silenced():
+            self._interp: Any = Interpreter(model_path=str(self.path), num_threads=num_threads)
+            self._interp.allocate_tensors()
         self._input = self._interp.get_input_details()[0]
         self._outputs = self._interp.get_output_details()
         self.input_shape: tuple[int, ...] = tuple(int(s) for s in self._input["shape"])

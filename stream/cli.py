@@ -1,0 +1,197 @@
+"""The `swapstream` command line."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn,
+                           TimeElapsedColumn, TimeRemainingColumn)
+from rich.table import Table
+
+from . import __version__
+from .config import Config, describe, load_config
+from .errors import USER_ERRORS
+
+app = typer.Typer(
+    name="swapstream",
+    help="Real-time face swapping in video files and live streams.",
+    add_completion=False,
+    no_args_is_help=True,
+    # Bad input must give one line, never a traceback: user errors are caught below, and anything
+    # else is a bug whose plain traceback is more useful than a decorated one.
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True, highlight=False)
+out = Console(highlight=False)
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"swapstream {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
+                                                    help="Print the version and exit.")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log debug details.")] = False,
+) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+
+
+def _config(config: Optional[str], overrides: list[str] | None, models_dir: Optional[Path]) -> Config:
+    cfg = load_config(config, overrides or [])
+    if models_dir is not None:
+        cfg.models_dir = models_dir
+    return cfg
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("frames"), TaskProgressColumn(), TextColumn("{task.fields[fps]:.1f} fps"),
+        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+        console=err, transient=False)
+
+
+def _run_job(cfg: Config, source: Path | None, input_path: Path, output: Path, quiet: bool,
+             source_image: tuple[object, str] | None = None) -> "object":
+    from .pipeline import FileJob
+
+    job = FileJob(cfg)
+    try:
+        if source_image is not None:
+            job.set_source_image(*source_image)  # type: ignore[arg-type]
+        else:
+            assert source is not None
+            job.set_source(source)
+        if quiet:
+            stats = job.run(input_path, output)
+        else:
+            with _progress() as bar:
+                task = bar.add_task("swapping", total=None, fps=0.0)
+                t0 = time.perf_counter()
+
+                def report(done: int, total: int) -> None:
+                    el = time.perf_counter() - t0
+                    bar.update(task, completed=done, total=total or None,
+                               fps=done / el if el > 0 else 0.0)
+
+                stats = job.run(input_path, output, progress=report)
+    finally:
+        job.close()
+    return stats
+
+
+def _summary(stats: "object", output: Path) -> None:
+    from .pipeline import JobStats
+
+    assert isinstance(stats, JobStats)
+    t = Table(show_header=False, box=None, pad_edge=False)
+    t.add_row("output", str(output))
+    t.add_row("frames", f"{stats.frames}")
+    t.add_row("frames swapped", f"{stats.frames_swapped} ({stats.faces_swapped} face swaps)")
+    t.add_row("faces found", f"{len(stats.tracks)} distinct (tracks)")
+    t.add_row("audio", f"{stats.audio_packets} packets carried" if stats.audio_packets else "none")
+    t.add_row("time", f"{stats.seconds:.2f} s")
+    t.add_row("speed", f"{stats.fps:.1f} fps")
+    out.print(t)
+
+
+@app.command()
+def run(
+    source: Annotated[Path, typer.Option("--source", "-s", help="Image with the face to put in.")],
+    input: Annotated[Path, typer.Option("--input", "-i", help="Video to swap faces in.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Video file to write (.mp4, .mkv, ...).")],
+    config: Annotated[Optional[str], typer.Option("--config", "-c",
+                      help="Preset name from configs/ or a YAML file.")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config key: key=value "
+                    "(repeatable), e.g. --set mesh.keep_eyes=true.")] = None,
+    models_dir: Annotated[Optional[Path], typer.Option("--models-dir", help="Folder with model files.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Swap the face from SOURCE into every face of INPUT and write OUTPUT."""
+    cfg = _config(config, set_, models_dir)
+    stats = _run_job(cfg, source, input, output, quiet)
+    _summary(stats, output)
+
+
+@app.command()
+def demo(
+    out_dir: Annotated[Path, typer.Option("--out-dir", help="Where to write demo.mp4 and the contact sheet.")] = Path("out"),
+    seconds: Annotated[float, typer.Option(min=0.5, max=60, help="Length of the demo clip.")] = 4.0,
+    config: Annotated[Optional[str], typer.Option("--config", "-c", help="Preset name or YAML file.")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config key: key=value.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Swap a built-in public-domain face onto a built-in animated clip, offline."""
+    from .demo import astronaut, contact_sheet, grace_hopper, write_demo_clip
+
+    cfg = _config(config, set_, None)
+    target_clip = out_dir / "demo_target.mp4"
+    result = out_dir / "demo.mp4"
+    sheet = out_dir / "demo_contact_sheet.png"
+    err.print(f"making the target clip {target_clip} (Grace Hopper, animated, with a tone)")
+    write_demo_clip(target_clip, grace_hopper(), seconds=seconds)
+    err.print("swapping in the astronaut portrait (Eileen Collins)")
+    stats = _run_job(cfg, None, target_clip, result, quiet,
+                     source_image=(astronaut(), "built-in astronaut portrait"))
+    contact_sheet(target_clip, result, sheet)
+    _summary(stats, result)
+    out.print(f"contact sheet: {sheet}")
+
+
+@app.command()
+def setup(
+    models_dir: Annotated[Optional[Path], typer.Option("--models-dir", help="Where to put the models.")] = None,
+    wheel: Annotated[Optional[Path], typer.Option("--wheel", help="A local mediapipe-0.10.21 wheel, for offline machines.")] = None,
+) -> None:
+    """Install the built-in face models (once; needs PyPI unless --wheel is given)."""
+    from .engines.builtin import LICENCE, install_builtin_models
+
+    err.print(f"built-in face models: MediaPipe BlazeFace and Face Mesh, licence {LICENCE}")
+    paths = install_builtin_models(models_dir, wheel, report=lambda m: err.print(m))
+    for p in paths:
+        out.print(f"ok  {p}")
+
+
+@app.command("config")
+def config_cmd(
+    config: Annotated[Optional[str], typer.Option("--config", "-c", help="Preset name or YAML file.")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config key: key=value.")] = None,
+) -> None:
+    """Print every config key with its effective value and what it does."""
+    cfg = load_config(config, set_ or [])
+    data = cfg.model_dump()
+    t = Table("key", "value", "meaning")
+    for key, _default, doc in describe():
+        node: object = data
+        for part in key.split("."):
+            node = node[part]  # type: ignore[index]
+        t.add_row(key, repr(node), doc)
+    out.print(t)
+
+
+def main() -> None:
+    """Entry point: user errors become one line on stderr and a non-zero exit.
+
+    Click (inside Typer) already turns usage errors into a message and exit code 2; what reaches
+    here is our own user errors, which bad input raises from deep inside a job.
+    """
+    try:
+        app()
+    except USER_ERRORS as e:
+        err.print(f"[bold red]error:[/] {e}", soft_wrap=True)
+        sys.exit(getattr(e, "exit_code", 2))
+
+
+if __name__ == "__main__":
+    main()
