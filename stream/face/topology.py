@@ -55,3 +55,27 @@ def five_points(landmarks: np.ndarray, topo: Topology) -> np.ndarray:
         xy[IMAGE_LEFT_MOUTH],
         xy[IMAGE_RIGHT_MOUTH],
     ]).astype(np.float32)
+
+
+# The canonical mesh leaves the eye and mouth openings as holes. The swapper closes each with a fan
+# of triangles around one extra vertex at the opening's centroid, so that the source's eyes and mouth
+# can be painted too (or deliberately kept out by the keep_* options).
+HOLE_RINGS: tuple[str, ...] = ("image_left_eye", "image_right_eye", "lips_inner")
+
+
+def closed_mesh_triangles(topo: Topology) -> np.ndarray:
+    """The mesh triangles plus hole fans; fan centres are vertices 468, 469, 470 (HOLE_RINGS order)."""
+    fans = []
+    n = int(topo.triangles.max()) + 1
+    for k, name in enumerate(HOLE_RINGS):
+        ring = getattr(topo, name)
+        centre = n + k
+        fans += [[centre, int(ring[i]), int(ring[(i + 1) % len(ring)])] for i in range(len(ring))]
+    return np.ascontiguousarray(np.vstack([topo.triangles, np.asarray(fans, dtype=np.int32)]),
+                                dtype=np.int32)
+
+
+def closed_mesh_points(xy: np.ndarray, topo: Topology) -> np.ndarray:
+    """(468, 2) landmark positions plus the hole centroids, matching `closed_mesh_triangles`."""
+    centres = [xy[getattr(topo, name)].mean(axis=0) for name in HOLE_RINGS]
+    return np.ascontiguousarray(np.vstack([xy, np.asarray(centres)]), dtype=np.float32)

@@ -22,7 +22,7 @@ from ..kernels.mask import feather, fill_polygon, gaussian_blur
 from ..kernels.mesh import rasterize_mesh
 from ..kernels.warp import remap_bilinear
 from ..types import Face
-from ..face.topology import Topology, load_topology
+from ..face.topology import Topology, closed_mesh_points, closed_mesh_triangles, load_topology
 
 # Keep-out regions are grown about their centroid so that the kept target mouth/eyes include the
 # lip and lid edges: a seam exactly on the edge shows more than one just outside it.
@@ -65,7 +65,7 @@ class MeshSwapper:
     def __init__(self, config: MeshConfig, topology: Topology | None = None) -> None:
         self.config = config
         self.topo = topology or load_topology()
-        self._tris = np.ascontiguousarray(self.topo.triangles, dtype=np.int32)
+        self._tris = closed_mesh_triangles(self.topo)
         self._src_img: np.ndarray | None = None
         self._src_pts: np.ndarray | None = None
         self._ws = Workspace()
@@ -75,7 +75,7 @@ class MeshSwapper:
         if face.landmarks is None:
             raise NoFaceError("the source face has no dense landmarks; the mesh swapper needs them")
         self._src_img = np.ascontiguousarray(image)
-        self._src_pts = np.ascontiguousarray(face.landmarks[:, :2], dtype=np.float32)
+        self._src_pts = closed_mesh_points(face.landmarks[:, :2], self.topo)
 
     def region(self, face: Face, frame_shape: tuple[int, ...]) -> tuple[int, int, int, int]:
         """(x0, y0, w, h) of the frame area one face can touch, clipped to the frame."""
@@ -108,7 +108,7 @@ class MeshSwapper:
         x0, y0, w, h = self.region(face, frame.shape)
         if w < 4 or h < 4:
             return None
-        dst = np.ascontiguousarray(face.landmarks[:, :2], dtype=np.float32)
+        dst = closed_mesh_points(face.landmarks[:, :2], self.topo)
         origin = (x0, y0)
 
         # Geometry: source coordinates for every covered pixel, then the source texture through them.

@@ -1,0 +1,1 @@
+"""Getting frames in and out of SwapStream: video files through PyAV/FFmpeg."""

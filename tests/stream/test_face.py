@@ -1,0 +1,95 @@
+"""Face analysis on the real public-domain portraits and on animated clips made from them."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from swapstream.config import load_config
+from swapstream.demo import render_target_frame
+from swapstream.face.analyser import FaceAnalyser
+from swapstream.face.blazeface import FULL_RANGE, SHORT_RANGE, ssd_anchor_centres
+from swapstream.types import Frame
+
+
+def test_anchor_counts_match_the_models() -> None:
+    assert ssd_anchor_centres(SHORT_RANGE).shape == (896, 2)
+    assert ssd_anchor_centres(FULL_RANGE).shape == (2304, 2)
+    a = ssd_anchor_centres(SHORT_RANGE)
+    # First layer: 16x16 cells, 2 anchors each, centred in their cells.
+    np.testing.assert_allclose(a[0], [0.5 / 16, 0.5 / 16])
+    np.testing.assert_allclose(a[1], a[0])
+    np.testing.assert_allclose(a[512], [0.5 / 8, 0.5 / 8])
+
+
+@pytest.mark.parametrize("name", ["astronaut", "grace_hopper"])
+def test_one_face_with_five_points_in_order(name: str, portraits: dict[str, np.ndarray],
+                                            analyser: FaceAnalyser) -> None:
+    img = portraits[name]
+    faces = analyser.analyse_image(img)
+    assert len(faces) == 1
+    f = faces[0]
+    assert f.landmarks is not None and f.landmarks.shape == (468, 3)
+    x1, y1, x2, y2 = f.box
+    assert 0 <= x1 < x2 <= img.shape[1] and 0 <= y1 < y2 <= img.shape[0]
+    # A real face box, not a sliver or the whole picture.
+    assert 60 < x2 - x1 < 0.8 * img.shape[1]
+    le, re, nose, lm, rm = f.kps
+    for p in f.kps:
+        assert x1 <= p[0] <= x2 and y1 <= p[1] <= y2
+    assert le[0] < nose[0] < re[0]           # image-left eye, nose, image-right eye
+    assert lm[0] < rm[0]                     # image-left mouth corner first
+    assert max(le[1], re[1]) < nose[1] < min(lm[1], rm[1])  # eyes above nose above mouth
+
+
+def test_detection_finds_no_face_in_a_face_free_picture(analyser: FaceAnalyser) -> None:
+    yy, xx = np.mgrid[0:360, 0:480]
+    img = np.stack([xx * 255 // 480, yy * 255 // 360, np.full_like(xx, 128)], -1).astype(np.uint8)
+    assert analyser.analyse_image(img) == []
+
+
+def clip_frames(portrait: np.ndarray, n: int, fps: int = 25, size: tuple[int, int] = (640, 360),
+                still: bool = False, noise: float = 0.0, seed: int = 1) -> list[Frame]:
+    rng = np.random.default_rng(seed)
+    frames = []
+    for i in range(n):
+        img = render_target_frame(portrait, 0.0 if still else i / fps, size)
+        if noise:
+            img = np.clip(img + rng.normal(0, noise, img.shape), 0, 255).astype(np.uint8)
+        frames.append(Frame(img, pts=i, time_base=Fraction(1, fps), index=i))
+    return frames
+
+
+def test_track_id_is_stable_through_motion(portraits: dict[str, np.ndarray]) -> None:
+    a = FaceAnalyser(load_config(overrides=["detector.detect_every=3"]))
+    ids = []
+    for fr in clip_frames(portraits["grace_hopper"], 40, fps=10):
+        faces = a.track(fr)
+        assert len(faces) == 1
+        ids.append(faces[0].track_id)
+    a.close()
+    assert len(set(ids)) == 1
+
+
+def _jitter(cfg_overrides: list[str], frames: list[Frame]) -> float:
+    a = FaceAnalyser(load_config(overrides=cfg_overrides))
+    pts = []
+    for fr in frames:
+        faces = a.track(fr)
+        assert len(faces) == 1 and faces[0].landmarks is not None
+        pts.append(faces[0].landmarks[:, :2].copy())
+    a.close()
+    p = np.stack(pts[5:])  # after the filter has settled
+    # Mean frame-to-frame landmark motion, in pixels: zero for a perfectly still mesh.
+    return float(np.linalg.norm(np.diff(p, axis=0), axis=2).mean())
+
+
+def test_smoothing_reduces_jitter_on_a_static_clip(portraits: dict[str, np.ndarray]) -> None:
+    # A still head with sensor-like noise: every frame differs a little, the face does not move.
+    frames = clip_frames(portraits["astronaut"], 30, still=True, noise=6.0)
+    raw = _jitter(["smoothing.enabled=false"], frames)
+    smooth = _jitter(["smoothing.enabled=true"], frames)
+    assert raw > 0.05  # the noise really makes the raw mesh jitter
+    assert smooth < 0.5 * raw
