@@ -31,9 +31,16 @@ def fill_polygon(poly: Any, origin: tuple[int, int], out: Any) -> Any:
     crosses = (y0 <= ys) != (y1 <= ys)                      # (h, K)
     dy = xp.where(y1 == y0, 1.0, y1 - y0)
     xcross = x0 + (ys - y0) * (x1 - x0) / dy               # (h, K)
-    xcross = xp.where(crosses, xcross, -xp.inf)
-    # Count, per pixel, the crossings to its left: odd means inside.
-    n_left = (xcross[:, None, :] < xs[:, :, None]).sum(axis=2)  # (h, w)
+    # Non-crossing edges go to +inf so that they never count as "left of" a pixel.
+    xcross = xp.where(crosses, xcross, xp.inf)
+    # Count, per pixel, the crossings to its left (odd means inside) with one sorted search: rows
+    # are offset by a stride larger than any coordinate so that a single flat searchsorted serves all.
+    stride = 4.0 * (w + 2.0 + float(xp.abs(p).max()))
+    rows = xp.arange(h, dtype=xp.float64)[:, None] * stride
+    keys = xp.sort(xp.where(xp.isfinite(xcross), xcross + rows, xp.inf), axis=None)
+    n_left = xp.searchsorted(keys, (xs + rows).ravel(), side="left").reshape(h, w)
+    # searchsorted counts crossings of all earlier rows too: subtract each row's own start.
+    n_left -= xp.searchsorted(keys, rows.ravel() - stride / 2, side="left")[:, None]
     out[...] = (n_left % 2).astype(xp.float32)
     return out
 
