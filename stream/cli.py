@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 from rich.table import Table
+from rich.text import Text
 
 from . import __version__
 from .config import Config, describe, load_config
@@ -96,7 +97,7 @@ def _summary(stats: "object", output: Path) -> None:
 
     assert isinstance(stats, JobStats)
     t = Table(show_header=False, box=None, pad_edge=False)
-    t.add_row("output", str(output))
+    t.add_row("output", Text(str(output)))
     t.add_row("frames", f"{stats.frames}")
     t.add_row("frames swapped", f"{stats.frames_swapped} ({stats.faces_swapped} face swaps)")
     t.add_row("faces found", f"{len(stats.tracks)} distinct (tracks)")
@@ -139,14 +140,14 @@ def demo(
     target_clip = out_dir / "demo_target.mp4"
     result = out_dir / "demo.mp4"
     sheet = out_dir / "demo_contact_sheet.png"
-    err.print(f"making the target clip {target_clip} (Grace Hopper, animated, with a tone)")
+    err.print(Text(f"making the target clip {target_clip} (Grace Hopper, animated, with a tone)"))
     write_demo_clip(target_clip, grace_hopper(), seconds=seconds)
     err.print("swapping in the astronaut portrait (Eileen Collins)")
     stats = _run_job(cfg, None, target_clip, result, quiet,
                      source_image=(astronaut(), "built-in astronaut portrait"))
     contact_sheet(target_clip, result, sheet)
     _summary(stats, result)
-    out.print(f"contact sheet: {sheet}")
+    out.print(Text(f"contact sheet: {sheet}"))
 
 
 @app.command()
@@ -158,9 +159,9 @@ def setup(
     from .engines.builtin import LICENCE, install_builtin_models
 
     err.print(f"built-in face models: MediaPipe BlazeFace and Face Mesh, licence {LICENCE}")
-    paths = install_builtin_models(models_dir, wheel, report=lambda m: err.print(m))
+    paths = install_builtin_models(models_dir, wheel, report=lambda m: err.print(Text(m)))
     for p in paths:
-        out.print(f"ok  {p}")
+        out.print(Text(f"ok  {p}"))
 
 
 @app.command("config")
@@ -176,7 +177,7 @@ def config_cmd(
         node: object = data
         for part in key.split("."):
             node = node[part]  # type: ignore[index]
-        t.add_row(key, repr(node), doc)
+        t.add_row(key, Text(repr(node)), doc)
     out.print(t)
 
 
@@ -189,7 +190,8 @@ def main() -> None:
     try:
         app()
     except USER_ERRORS as e:
-        err.print(f"[bold red]error:[/] {e}", soft_wrap=True)
+        # Text, not markup: paths and values may contain "[...]", which Rich would read as style tags.
+        err.print(Text("error: ", style="bold red") + Text(str(e)), soft_wrap=True)
         sys.exit(getattr(e, "exit_code", 2))
 
 

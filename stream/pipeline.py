@@ -117,9 +117,10 @@ class FileJob:
                 if progress is not None:
                     progress(stats.frames, total)
             stats.seconds = time.perf_counter() - t0
-        if stats.frames == 0:
-            raise InputError(f"input '{inp}' has no decodable video frames. Check that it is a "
-                             f"complete video file.")
+            if stats.frames == 0:
+                # Raised inside the writer's block, so that it removes the empty output file.
+                raise InputError(f"input '{inp}' has no decodable video frames. Check that it is "
+                                 f"a complete video file.")
         return stats
 
     def _process(self, frame: Frame, stats: JobStats) -> None:

@@ -1,0 +1,352 @@
+"""The `swapstream` command line, run for real as a subprocess (`python -m swapstream.cli`).
+
+Bad input of every kind must end in a non-zero exit and ONE line on stderr that starts with "error:" and
+names what was wrong (the path, or the config key and value), never in a traceback. The happy path runs
+one real swap on a one-second synthetic clip and decodes what it wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import av
+import cv2
+import numpy as np
+import pytest
+
+from swapstream import __version__, demo
+
+CLIP_FRAMES = 10  # write_demo_clip(seconds=1.0, fps=10)
+TIMEOUT = 120
+
+
+# --------------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    # Plain text on the pipes, whatever the calling terminal asks for: no ANSI codes before "error:".
+    for key in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "COLUMNS", "LINES"):
+        env.pop(key, None)
+    env["TERM"] = "dumb"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def cli(*args: object, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run `python -m swapstream.cli ARGS` and capture its text output."""
+    return subprocess.run(
+        [sys.executable, "-m", "swapstream.cli", *map(str, args)],
+        cwd=cwd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT,
+    )
+
+
+def _show(res: subprocess.CompletedProcess[str]) -> str:
+    return f"exit {res.returncode}\n--- stdout\n{res.stdout}\n--- stderr\n{res.stderr}"
+
+
+def assert_user_error(res: subprocess.CompletedProcess[str], *needles: str) -> str:
+    """A clean user error: non-zero exit, no traceback, exactly one `error:` line holding every needle."""
+    assert res.returncode != 0, _show(res)
+    assert "Traceback" not in res.stdout + res.stderr, _show(res)
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, f"want exactly one line starting with 'error:'\n{_show(res)}"
+    line = lines[0]
+    for needle in needles:
+        assert needle in line, f"{needle!r} is not in the error line {line!r}\n{_show(res)}"
+    assert "error:" not in res.stdout, _show(res)
+    return line
+
+
+def count_frames(path: Path) -> int:
+    with av.open(str(path)) as c:
+        return sum(1 for _ in c.decode(video=0))
+
+
+def _remux_faststart(src: Path, dst: Path) -> None:
+    """Copy an MP4 with its index (moov) moved to the front, as web-ready files have it."""
+    with av.open(str(src)) as inp, av.open(str(dst), "w", options={"movflags": "faststart"}) as out:
+        streams = {s.index: out.add_stream_from_template(s) for s in inp.streams}
+        for packet in inp.demux():
+            if packet.dts is None:  # demux's end-of-stream markers
+                continue
+            packet.stream = streams[packet.stream.index]
+            out.mux(packet)
+
+
+class Assets:
+    """Files shared by every test (read-only; each test writes only into its own tmp_path)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.face = root / "face.png"
+        self.cat = root / "cat.png"
+        self.not_image = root / "face_not_an_image.png"
+        self.clip = root / "clip.mp4"
+        self.clip_faststart = root / "clip_faststart.mp4"
+
+        rgb = demo.astronaut()
+        assert cv2.imwrite(str(self.face), cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+        from skimage import data
+
+        # Chelsea the cat: a photo with no human face (the detector finds none; see test below).
+        cat = np.ascontiguousarray(data.chelsea())
+        assert cv2.imwrite(str(self.cat), cv2.cvtColor(cat, cv2.COLOR_RGB2BGR))
+        self.not_image.write_text("this is a text file, not a PNG\n")
+        n = demo.write_demo_clip(self.clip, demo.grace_hopper(), seconds=1.0, fps=10, size=(640, 360))
+        assert n == CLIP_FRAMES
+        _remux_faststart(self.clip, self.clip_faststart)
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> Assets:
+    return Assets(tmp_path_factory.mktemp("cli_assets"))
+
+
+# --------------------------------------------------------------------------------------------------
+# Happy paths
+
+
+def test_version(tmp_path: Path) -> None:
+    res = cli("--version", cwd=tmp_path)
+    assert res.returncode == 0, _show(res)
+    assert res.stdout.strip() == f"swapstream {__version__}"
+    assert "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("args", [["--help"], ["run", "--help"]], ids=["root", "run"])
+def test_help(tmp_path: Path, args: list[str]) -> None:
+    res = cli(*args, cwd=tmp_path)
+    assert res.returncode == 0, _show(res)
+    assert "Usage:" in res.stdout
+    assert "Traceback" not in res.stdout + res.stderr
+    if args[0] == "run":
+        for option in ("--source", "--input", "--output", "--config", "--set", "--quiet"):
+            assert option in res.stdout
+    else:
+        for command in ("run", "demo", "setup", "config"):
+            assert re.search(rf"^\W*{command}\b", res.stdout, re.M), res.stdout
+
+
+def test_run_swaps_a_clip(assets: Assets, tmp_path: Path) -> None:
+    out = tmp_path / "swapped.mp4"
+    res = cli("run", "--source", assets.face, "--input", assets.clip, "--output", out, "--quiet", cwd=tmp_path)
+    assert res.returncode == 0, _show(res)
+    assert "Traceback" not in res.stdout + res.stderr
+    # --quiet: no progress bar.
+    assert "swapping" not in res.stderr, _show(res)
+    # The summary: frame count and speed.
+    assert re.search(rf"^frames\s+{CLIP_FRAMES}\s*$", res.stdout, re.M), res.stdout
+    assert re.search(r"^frames swapped\s+[1-9]\d*\b", res.stdout, re.M), res.stdout
+    assert re.search(r"^speed\s+\d+\.\d fps\s*$", res.stdout, re.M), res.stdout
+    assert re.search(r"^audio\s+[1-9]\d* packets carried", res.stdout, re.M), res.stdout
+
+    assert count_frames(assets.clip) == CLIP_FRAMES
+    assert count_frames(out) == CLIP_FRAMES
+    with av.open(str(out)) as c:
+        assert len(c.streams.audio) == 1
+        video = c.streams.video[0]
+        assert (video.codec_context.width, video.codec_context.height) == (640, 360)
+        # Outputs are labelled as synthetic.
+        assert "AI-modified" in c.metadata.get("comment", "")
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad source image
+
+
+def test_cat_photo_has_no_face_for_the_detector() -> None:
+    """Guards the next test: it needs a picture in which the built-in detector really finds no face."""
+    from skimage import data
+
+    from swapstream.config import load_config
+    from swapstream.face.analyser import FaceAnalyser
+
+    analyser = FaceAnalyser(load_config())
+    try:
+        assert analyser.analyse_image(np.ascontiguousarray(data.chelsea())) == []
+        assert len(analyser.analyse_image(demo.astronaut())) == 1
+    finally:
+        analyser.close()
+
+
+def test_source_without_a_face(assets: Assets, tmp_path: Path) -> None:
+    out = tmp_path / "out.mp4"
+    res = cli("run", "-s", assets.cat, "-i", assets.clip, "-o", out, cwd=tmp_path)
+    assert_user_error(res, f"'{assets.cat}'", "no face")
+    assert not out.exists()
+
+
+def test_source_that_is_not_an_image(assets: Assets, tmp_path: Path) -> None:
+    out = tmp_path / "out.mp4"
+    res = cli("run", "-s", assets.not_image, "-i", assets.clip, "-o", out, cwd=tmp_path)
+    assert_user_error(res, f"'{assets.not_image}'", "not an image")
+    assert not out.exists()
+
+
+def test_missing_source(assets: Assets, tmp_path: Path) -> None:
+    source = tmp_path / "nobody.png"
+    res = cli("run", "-s", source, "-i", assets.clip, "-o", tmp_path / "out.mp4", cwd=tmp_path)
+    assert_user_error(res, f"'{source}'", "does not exist")
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad input video
+
+
+def test_missing_input(assets: Assets, tmp_path: Path) -> None:
+    video = tmp_path / "no_such_clip.mp4"
+    out = tmp_path / "out.mp4"
+    res = cli("run", "-s", assets.face, "-i", video, "-o", out, cwd=tmp_path)
+    assert_user_error(res, f"'{video}'", "does not exist")
+    assert not out.exists()
+
+
+def test_input_is_a_text_file(assets: Assets, tmp_path: Path) -> None:
+    video = tmp_path / "clip.mp4"
+    video.write_text("this is a text file, not a video\n" * 20)
+    out = tmp_path / "out.mp4"
+    res = cli("run", "-s", assets.face, "-i", video, "-o", out, cwd=tmp_path)
+    assert_user_error(res, f"'{video}'")
+    assert not out.exists()
+
+
+def test_input_is_empty(assets: Assets, tmp_path: Path) -> None:
+    video = tmp_path / "empty.mp4"
+    video.write_bytes(b"")
+    out = tmp_path / "out.mp4"
+    res = cli("run", "-s", assets.face, "-i", video, "-o", out, cwd=tmp_path)
+    assert_user_error(res, f"'{video}'")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("layout", ["index_at_end", "faststart"])
+def test_input_truncated(assets: Assets, tmp_path: Path, layout: str) -> None:
+    """A real MP4 cut to 40% of its bytes: a clean error, or a clean run on the frames that survive.
+
+    With the index (moov) at the end, as FFmpeg writes by default, the cut file has no index at all;
+    with it at the front the cut file has an index and the first frames' data.
+    """
+    full = assets.clip if layout == "index_at_end" else assets.clip_faststart
+    data = full.read_bytes()
+    video = tmp_path / "cut.mp4"
+    video.write_bytes(data[: int(len(data) * 0.4)])
+    out = tmp_path / "out.mp4"
+    res = cli("run", "-s", assets.face, "-i", video, "-o", out, "--quiet", cwd=tmp_path)
+    assert "Traceback" not in res.stdout + res.stderr, _show(res)
+    if res.returncode != 0:
+        assert_user_error(res, f"'{video}'")
+    else:
+        n = count_frames(out)
+        assert 0 < n < CLIP_FRAMES, _show(res)
+        assert re.search(rf"^frames\s+{n}\s*$", res.stdout, re.M), res.stdout
+
+
+# --------------------------------------------------------------------------------------------------
+# Unwritable output
+
+
+def test_output_parent_is_a_file(assets: Assets, tmp_path: Path) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("I am a file\n")
+    out = blocker / "out.mp4"
+    res = cli("run", "-s", assets.face, "-i", assets.clip, "-o", out, cwd=tmp_path)
+    assert_user_error(res, f"'{out}'")
+    assert blocker.read_text() == "I am a file\n"
+
+
+def test_output_is_a_directory(assets: Assets, tmp_path: Path) -> None:
+    out = tmp_path / "folder.mp4"
+    out.mkdir()
+    res = cli("run", "-s", assets.face, "-i", assets.clip, "-o", out, cwd=tmp_path)
+    assert_user_error(res, f"'{out}'", "directory")
+    assert out.is_dir() and not any(out.iterdir())
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad configuration (checked before any file is touched, so run and config must both report it)
+
+
+@pytest.fixture(params=["run", "config"])
+def command(request: pytest.FixtureRequest, assets: Assets, tmp_path: Path) -> list[object]:
+    if request.param == "run":
+        return ["run", "-s", assets.face, "-i", assets.clip, "-o", tmp_path / "out.mp4"]
+    return ["config"]
+
+
+def test_unknown_key_in_set(command: list[object], tmp_path: Path) -> None:
+    res = cli(*command, "--set", "mesh.bogus=1", cwd=tmp_path)
+    line = assert_user_error(res, "'mesh.bogus'", "unknown")
+    assert re.search(r"\bvalue 1\b", line), line
+    assert not (tmp_path / "out.mp4").exists()
+
+
+def test_bad_value_in_set(command: list[object], tmp_path: Path) -> None:
+    res = cli(*command, "--set", "mesh.feather=abc", cwd=tmp_path)
+    assert_user_error(res, "'mesh.feather'", "'abc'")
+    assert not (tmp_path / "out.mp4").exists()
+
+
+def test_set_without_equals(command: list[object], tmp_path: Path) -> None:
+    res = cli(*command, "--set", "mesh.feather", cwd=tmp_path)
+    assert_user_error(res, "mesh.feather", "key=value")
+
+
+def test_unknown_key_in_preset_file(command: list[object], tmp_path: Path) -> None:
+    preset = tmp_path / "mine.yaml"
+    preset.write_text("mesh:\n  feather: 0.1\n  bogus: 7\n")
+    res = cli(*command, "--config", preset, cwd=tmp_path)
+    line = assert_user_error(res, "'mesh.bogus'", str(preset))
+    assert re.search(r"\bvalue 7\b", line), line
+    assert not (tmp_path / "out.mp4").exists()
+
+
+def test_bad_value_in_preset_file(command: list[object], tmp_path: Path) -> None:
+    preset = tmp_path / "mine.yaml"
+    preset.write_text("encode:\n  crf: ninety\n")
+    res = cli(*command, "--config", preset, cwd=tmp_path)
+    assert_user_error(res, "'encode.crf'", "'ninety'", str(preset))
+
+
+def test_missing_preset(command: list[object], tmp_path: Path) -> None:
+    res = cli(*command, "--config", "nosuch", cwd=tmp_path)
+    # The message names the preset and lists the ones that exist.
+    assert_user_error(res, "'nosuch'", "default", "live")
+    assert not (tmp_path / "out.mp4").exists()
+
+
+def test_good_config_is_printed(tmp_path: Path) -> None:
+    res = cli("config", "--config", "live", "--set", "mesh.feather=0.2", cwd=tmp_path)
+    assert res.returncode == 0, _show(res)
+    assert re.search(r"mesh\.feather\s*│\s*0\.2\b", res.stdout), res.stdout
+    assert re.search(r"detector\.detect_every\s*│\s*5\b", res.stdout), res.stdout
+
+
+# --------------------------------------------------------------------------------------------------
+# Paths and values are printed verbatim: square brackets are legal in file names and YAML values,
+# and must not be taken for Rich console markup.
+
+
+@pytest.mark.parametrize("name", ["take[2].mp4", "take[red].mp4", "take[/].mp4"])
+def test_brackets_in_a_bad_input_path(assets: Assets, tmp_path: Path, name: str) -> None:
+    video = tmp_path / name  # "take[/].mp4" is a file "].mp4" in a missing folder "take[": also fine
+    res = cli("run", "-s", assets.face, "-i", video, "-o", tmp_path / "out.mp4", cwd=tmp_path)
+    assert_user_error(res, f"'{video}'")
+
+
+def test_brackets_in_a_bad_config_key(tmp_path: Path) -> None:
+    res = cli("config", "--set", "mesh.[/b]=1", cwd=tmp_path)
+    assert_user_error(res, "'mesh.[/b]'")
+
+
+def test_brackets_in_the_output_path_summary(assets: Assets, tmp_path: Path) -> None:
+    # Relative, so that the summary table has room for the whole name on one line.
+    res = cli("run", "-s", assets.face, "-i", assets.clip, "-o", "take[red].mp4", "--quiet", cwd=tmp_path)
+    assert res.returncode == 0, _show(res)
+    assert (tmp_path / "take[red].mp4").is_file()
+    assert "take[red].mp4" in res.stdout, res.stdout
