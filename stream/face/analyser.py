@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +36,6 @@ class _Track:
     presence: float
     smoother: OneEuroFilter | None
     det_score: float
-    history: list[float] = field(default_factory=list)
 
 
 class FaceAnalyser:
@@ -131,7 +130,9 @@ class FaceAnalyser:
         if (self._frames_seen % cfg.detector.detect_every == 0 or not self._tracks) and \
                 len(self._tracks) < cfg.detector.max_faces:
             boxes = np.array([landmark_box(tr.raw) for tr in self._tracks]).reshape(-1, 4)
-            for det in self.detect(rgb):
+            # With nothing tracked, also try the other BlazeFace range: a user's clip may have faces
+            # smaller (or larger) than the configured model is good at.
+            for det in self.detect(rgb, both_ranges=not self._tracks):
                 if len(self._tracks) >= cfg.detector.max_faces:
                     break
                 if boxes.size and iou(det.box, boxes).max() >= _SAME_FACE_IOU:
