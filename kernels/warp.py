@@ -93,6 +93,8 @@ def remap_bilinear(src: Any, map_xy: Any, out: Any, *, fill: float = 0.0) -> Any
             f"map_xy must be hxwx2 and out hxwx{src.shape[2]} of the same h, w; "
             f"got {tuple(map_xy.shape)} and {tuple(out.shape)}")
     xp = get_xp(src, map_xy, out)
+    if xp is not np and src.dtype == np.uint8:
+        return _remap_bilinear_cuda(src, map_xy, out, fill)
     x = map_xy[..., 0]
     y = map_xy[..., 1]
     valid = xp.isfinite(x) & xp.isfinite(y)
@@ -122,4 +124,17 @@ def box_downsample(src: Any, factor: int, out: Any) -> Any:
     xp = get_xp(src, out)
     blocks = src[: h * factor, : w * factor].reshape(h, factor, w, factor, src.shape[2])
     out[...] = xp.rint(blocks.mean(axis=(1, 3), dtype=xp.float32)).astype(xp.uint8)
+    return out
+
+
+def _remap_bilinear_cuda(src: Any, map_xy: Any, out: Any, fill: float) -> Any:
+    from .cuda_loader import grid, kernel, require_cupy
+
+    for name, a in (("src", src), ("map_xy", map_xy), ("out", out)):
+        require_cupy(name, a)
+    n = int(out.shape[0] * out.shape[1])
+    if n:
+        kernel("mesh.cu", "remap_bilinear_u8_f32")(
+            grid(n), (256,), (src, np.int32(src.shape[0]), np.int32(src.shape[1]),
+                              np.int32(src.shape[2]), map_xy, np.int32(n), np.float32(fill), out))
     return out

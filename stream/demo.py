@@ -10,7 +10,6 @@ import math
 from fractions import Fraction
 from pathlib import Path
 
-import av
 import cv2
 import numpy as np
 
@@ -66,6 +65,8 @@ def render_target_frame(portrait: np.ndarray, t: float, size: tuple[int, int] = 
 def write_demo_clip(path: Path, portrait: np.ndarray, *, seconds: float = 4.0, fps: int = 25,
                     size: tuple[int, int] = (1280, 720), tone_hz: float = 440.0) -> int:
     """Write the animated target clip (H.264 + an AAC tone) and return its frame count."""
+    import av  # here, not at the top: the GPU test machine renders frames without PyAV
+
     path.parent.mkdir(parents=True, exist_ok=True)
     n = int(round(seconds * fps))
     try:
@@ -107,6 +108,8 @@ def write_demo_clip(path: Path, portrait: np.ndarray, *, seconds: float = 4.0, f
 
 def read_frames(path: Path, indices: list[int]) -> dict[int, np.ndarray]:
     """Decode the frames with the given indices (RGB), for contact sheets and tests."""
+    import av
+
     want = set(indices)
     got: dict[int, np.ndarray] = {}
     with av.open(str(path)) as c:
@@ -120,6 +123,8 @@ def read_frames(path: Path, indices: list[int]) -> dict[int, np.ndarray]:
 
 def contact_sheet(before: Path, after: Path, out: Path, n: int = 4, width: int = 480) -> Path:
     """Save a PNG with `n` rows of (target | swapped) frames taken evenly through the clips."""
+    import av
+
     with av.open(str(before)) as c:
         total = c.streams.video[0].frames or 0
     idx = [int(round(k * (total - 1) / max(n - 1, 1))) for k in range(n)] if total else list(range(n))

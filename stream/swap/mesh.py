@@ -10,12 +10,14 @@ here and on the GPU kernels later.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from ..config import MeshConfig
 from ..errors import NoFaceError
+from ..kernels._xp import get_xp
 from ..kernels.blend import blend_into
 from ..kernels.color import color_transfer, lab_to_rgb, masked_mean_std, rgb_to_lab
 from ..kernels.mask import feather, fill_polygon, gaussian_blur
@@ -33,15 +35,17 @@ _EYE_GROW = 1.35
 class Workspace:
     """Scratch buffers reused from face to face and frame to frame, grown only when a face is larger."""
 
-    def __init__(self) -> None:
-        self._bufs: dict[str, np.ndarray] = {}
+    def __init__(self, xp: ModuleType = np) -> None:
+        self.xp = xp
+        """Array module the buffers live in: NumPy, or CuPy for the GPU path."""
+        self._bufs: dict[str, Any] = {}
 
-    def get(self, name: str, shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+    def get(self, name: str, shape: tuple[int, ...], dtype: Any = np.float32) -> Any:
         """A view of the named buffer with exactly `shape`; contents are undefined."""
         buf = self._bufs.get(name)
         n = int(np.prod(shape))
         if buf is None or buf.size < n or buf.dtype != np.dtype(dtype):
-            buf = np.empty(max(n, int(n * 1.25)), dtype=dtype)
+            buf = self.xp.empty(max(n, int(n * 1.25)), dtype=dtype)
             self._bufs[name] = buf
         return buf[:n].reshape(shape)
 
@@ -68,7 +72,9 @@ class MeshSwapper:
         self._tris = closed_mesh_triangles(self.topo)
         self._src_img: np.ndarray | None = None
         self._src_pts: np.ndarray | None = None
-        self._ws = Workspace()
+        # Per array module (NumPy, CuPy): device copies of the source and topology, and scratch
+        # buffers. Frames on the GPU are swapped there; the source is uploaded once.
+        self._dev: dict[str, dict[str, Any]] = {}
 
     def set_source(self, image: np.ndarray, face: Face) -> None:
         """Use `face` in `image` (HxWx3 uint8 RGB) as the identity to paste."""
@@ -76,6 +82,16 @@ class MeshSwapper:
             raise NoFaceError("the source face has no dense landmarks; the mesh swapper needs them")
         self._src_img = np.ascontiguousarray(image)
         self._src_pts = closed_mesh_points(face.landmarks[:, :2], self.topo)
+        self._dev = {}
+
+    def _on(self, xp: ModuleType) -> dict[str, Any]:
+        """The source, triangles and workspace in `xp`'s memory, made on first use."""
+        d = self._dev.get(xp.__name__)
+        if d is None:
+            d = {"img": xp.asarray(self._src_img), "pts": xp.asarray(self._src_pts),
+                 "tris": xp.asarray(self._tris), "ws": Workspace(xp)}
+            self._dev[xp.__name__] = d
+        return d
 
     def region(self, face: Face, frame_shape: tuple[int, ...]) -> tuple[int, int, int, int]:
         """(x0, y0, w, h) of the frame area one face can touch, clipped to the frame."""
@@ -88,8 +104,11 @@ class MeshSwapper:
         x1, y1 = min(int(hi[0]), W), min(int(hi[1]), H)
         return x0, y0, max(x1 - x0, 0), max(y1 - y0, 0)
 
-    def swap(self, frame: np.ndarray, faces: list[Face]) -> list[SwapRegion]:
-        """Swap every face in `frame` (HxWx3 uint8 RGB, modified in place); returns what was touched."""
+    def swap(self, frame: Any, faces: list[Face]) -> list[SwapRegion]:
+        """Swap every face in `frame` (HxWx3 uint8 RGB, NumPy or CuPy, modified in place).
+
+        Returns what was touched. Landmarks stay on the host; a CuPy frame is swapped on the GPU.
+        """
         if self._src_img is None or self._src_pts is None:
             raise RuntimeError("MeshSwapper.swap called before set_source")
         done = []
@@ -101,35 +120,38 @@ class MeshSwapper:
                 done.append(r)
         return done
 
-    def _swap_one(self, frame: np.ndarray, face: Face) -> SwapRegion | None:
+    def _swap_one(self, frame: Any, face: Face) -> SwapRegion | None:
         assert self._src_img is not None and self._src_pts is not None and face.landmarks is not None
         cfg = self.config
-        ws = self._ws
+        xp = get_xp(frame)
+        dev = self._on(xp)
+        ws = dev["ws"]
         x0, y0, w, h = self.region(face, frame.shape)
         if w < 4 or h < 4:
             return None
-        dst = closed_mesh_points(face.landmarks[:, :2], self.topo)
+        dst_host = closed_mesh_points(face.landmarks[:, :2], self.topo)
+        dst = xp.asarray(dst_host)
         origin = (x0, y0)
 
         # Geometry: source coordinates for every covered pixel, then the source texture through them.
-        src_map = rasterize_mesh(dst, self._src_pts, self._tris, origin, ws.get("map", (h, w, 2)))
-        warped = remap_bilinear(self._src_img, src_map, ws.get("warped", (h, w, 3)))
+        src_map = rasterize_mesh(dst, dev["pts"], dev["tris"], origin, ws.get("map", (h, w, 2)))
+        warped = remap_bilinear(dev["img"], src_map, ws.get("warped", (h, w, 3)))
 
         # Mask: face outline, restricted to pixels the mesh covers, feathered inward.
-        hard = fill_polygon(dst[self.topo.face_oval], origin, ws.get("hard", (h, w)))
-        hard *= np.isfinite(src_map[..., 0])
+        hard = fill_polygon(xp.asarray(dst_host[self.topo.face_oval]), origin, ws.get("hard", (h, w)))
+        hard *= xp.isfinite(src_map[..., 0])
         size = float(max(w, h))
         sigma = max(cfg.feather * size / 2.5, 0.5)
         mask = feather(hard, sigma, ws.get("mask", (h, w)))
         keep_sigma = max(sigma * 0.5, 0.5)
         keep_polys = []
         if cfg.keep_mouth:
-            keep_polys.append(_grow(dst[self.topo.lips_inner], _MOUTH_GROW))
+            keep_polys.append(_grow(dst_host[self.topo.lips_inner], _MOUTH_GROW))
         if cfg.keep_eyes:
-            keep_polys.append(_grow(dst[self.topo.image_left_eye], _EYE_GROW))
-            keep_polys.append(_grow(dst[self.topo.image_right_eye], _EYE_GROW))
+            keep_polys.append(_grow(dst_host[self.topo.image_left_eye], _EYE_GROW))
+            keep_polys.append(_grow(dst_host[self.topo.image_right_eye], _EYE_GROW))
         for poly in keep_polys:
-            keep = fill_polygon(poly, origin, ws.get("keep", (h, w)))
+            keep = fill_polygon(xp.asarray(poly), origin, ws.get("keep", (h, w)))
             soft = gaussian_blur(keep, keep_sigma, ws.get("keep_soft", (h, w)))
             mask *= 1.0 - soft
 
@@ -141,7 +163,7 @@ class MeshSwapper:
                 src_c = rgb_to_lab(warped, ws.get("src_lab", (h, w, 3)))
                 dst_c = rgb_to_lab(target, ws.get("dst_lab", (h, w, 3)))
             else:
-                src_c, dst_c = warped, target.astype(np.float32)
+                src_c, dst_c = warped, target.astype(xp.float32)
             stats_s = masked_mean_std(src_c, mask)
             stats_d = masked_mean_std(dst_c, mask)
             moved = color_transfer(src_c, stats_s, stats_d, ws.get("moved", (h, w, 3)),
@@ -149,7 +171,7 @@ class MeshSwapper:
             if cfg.color_match == "lab":
                 fg = lab_to_rgb(moved, ws.get("fg", (h, w, 3)))
             else:
-                fg = np.clip(moved, 0.0, 255.0, out=moved)
+                fg = xp.clip(moved, 0.0, 255.0, out=moved)
         blend_into(frame, fg, mask, origin)
         return SwapRegion(origin, mask)
 

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (the `device` tool), from the repository root:
+#   tools/device_check.sh [tests|bench|all]   (default: all)
+# Installs the carried wheels (.whl/, ignored by git), makes `swapstream` importable from this tree,
+# runs `pytest -m gpu`, then the benchmarks. Logs and JSON go to $OUT (or ./device_out locally).
+# Carry: .whl (ai-edge-litert, pydantic and their small deps for Python 3.12) and .models (the
+# built-in .tflite files, so nothing is downloaded there).
+set -uo pipefail
+what="${1:-all}"
+OUT="${OUT:-$PWD/device_out}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || { echo "wheel install failed"; exit 1; }
+fi
+# The folders map onto one package (pyproject's package-dir); mirror that with links so the tree
+# runs in place without a build step.
+mkdir -p /tmp/shim
+ln -sfn "$PWD/kernels" stream/kernels
+ln -sfn "$PWD/engines" stream/engines
+ln -sfn "$PWD/stream" /tmp/shim/swapstream
+export PYTHONPATH="/tmp/shim:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+export SWAPSTREAM_MODELS_DIR="$PWD/.models"
+
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+  python3 -c "import sys, numpy, cupy, cv2; print(sys.version); print('numpy', numpy.__version__, 'cupy', cupy.__version__, 'cv2', cv2.__version__)"
+  git rev-parse --short HEAD 2>/dev/null || true
+} 2>&1 | tee "$OUT/env.txt"
+
+rc=0
+if [[ "$what" == tests || "$what" == all ]]; then
+  python3 -m pytest -m gpu -rs -v -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_gpu.log"
+  rc=${PIPESTATUS[0]}
+fi
+if [[ "$what" == bench || "$what" == all ]]; then
+  python3 tools/bench_kernels.py --out "$OUT" 2>&1 | tee "$OUT/bench_kernels.log" || rc=1
+fi
+exit "$rc"
