@@ -18,10 +18,8 @@ import numpy as np
 from ..config import MeshConfig
 from ..errors import NoFaceError
 from ..kernels._xp import get_xp
-from ..kernels.blend import blend_into
-from ..kernels.color import color_transfer, lab_to_rgb, masked_mean_std, rgb_to_lab
-from ..kernels.mask import feather, fill_polygon, gaussian_blur
 from ..kernels.mesh import rasterize_mesh
+from ..kernels.meshswap import STATS_LEN, color_stats, mesh_mask, transfer_blend
 from ..kernels.warp import remap_bilinear
 from ..types import Face
 from ..face.topology import Topology, closed_mesh_points, closed_mesh_triangles, load_topology
@@ -130,49 +128,36 @@ class MeshSwapper:
         if w < 4 or h < 4:
             return None
         dst_host = closed_mesh_points(face.landmarks[:, :2], self.topo)
-        dst = xp.asarray(dst_host)
-        origin = (x0, y0)
-
-        # Geometry: source coordinates for every covered pixel, then the source texture through them.
-        src_map = rasterize_mesh(dst, dev["pts"], dev["tris"], origin, ws.get("map", (h, w, 2)))
-        warped = remap_bilinear(dev["img"], src_map, ws.get("warped", (h, w, 3)))
-
-        # Mask: face outline, restricted to pixels the mesh covers, feathered inward.
-        hard = fill_polygon(xp.asarray(dst_host[self.topo.face_oval]), origin, ws.get("hard", (h, w)))
-        hard *= xp.isfinite(src_map[..., 0])
-        size = float(max(w, h))
-        sigma = max(cfg.feather * size / 2.5, 0.5)
-        mask = feather(hard, sigma, ws.get("mask", (h, w)))
-        keep_sigma = max(sigma * 0.5, 0.5)
         keep_polys = []
         if cfg.keep_mouth:
             keep_polys.append(_grow(dst_host[self.topo.lips_inner], _MOUTH_GROW))
         if cfg.keep_eyes:
             keep_polys.append(_grow(dst_host[self.topo.image_left_eye], _EYE_GROW))
             keep_polys.append(_grow(dst_host[self.topo.image_right_eye], _EYE_GROW))
-        for poly in keep_polys:
-            keep = fill_polygon(xp.asarray(poly), origin, ws.get("keep", (h, w)))
-            soft = gaussian_blur(keep, keep_sigma, ws.get("keep_soft", (h, w)))
-            mask *= 1.0 - soft
+        # Everything per face that comes from the host goes up in one array (one copy on the GPU).
+        n_pts, n_oval = dst_host.shape[0], self.topo.face_oval.size
+        packed = xp.asarray(np.concatenate([dst_host, dst_host[self.topo.face_oval]] + keep_polys))
+        dst = packed[:n_pts]
+        outline = packed[n_pts:n_pts + n_oval]
+        keep = packed[n_pts + n_oval:]
+        origin = (x0, y0)
 
-        # Colour: move the source skin's statistics onto the target's, inside the mask.
-        target = frame[y0:y0 + h, x0:x0 + w]
-        fg = warped
-        if cfg.color_match != "none" and cfg.color_strength > 0:
-            if cfg.color_match == "lab":
-                src_c = rgb_to_lab(warped, ws.get("src_lab", (h, w, 3)))
-                dst_c = rgb_to_lab(target, ws.get("dst_lab", (h, w, 3)))
-            else:
-                src_c, dst_c = warped, target.astype(xp.float32)
-            stats_s = masked_mean_std(src_c, mask)
-            stats_d = masked_mean_std(dst_c, mask)
-            moved = color_transfer(src_c, stats_s, stats_d, ws.get("moved", (h, w, 3)),
-                                   strength=cfg.color_strength)
-            if cfg.color_match == "lab":
-                fg = lab_to_rgb(moved, ws.get("fg", (h, w, 3)))
-            else:
-                fg = xp.clip(moved, 0.0, 255.0, out=moved)
-        blend_into(frame, fg, mask, origin)
+        # Geometry: source coordinates for every covered pixel, then the source texture through them.
+        src_map = rasterize_mesh(dst, dev["pts"], dev["tris"], origin, ws.get("map", (h, w, 2)))
+        warped = remap_bilinear(dev["img"], src_map, ws.get("warped", (h, w, 3)))
+
+        # Mask: face outline where the mesh covers, feathered inward, minus the keep-out regions.
+        sigma = max(cfg.feather * float(max(w, h)) / 2.5, 0.5)
+        mask = mesh_mask(outline, keep, tuple(len(p) for p in keep_polys), src_map, origin, sigma,
+                         max(sigma * 0.5, 0.5), ws.get("mask", (h, w)))
+
+        # Colour: move the source skin's statistics onto the target's inside the mask, and blend.
+        space = cfg.color_match if cfg.color_strength > 0 else "none"
+        stats = None
+        if space != "none":
+            stats = color_stats(warped, frame, mask, origin, space,
+                                ws.get("stats", (STATS_LEN,), np.float64))
+        transfer_blend(frame, warped, mask, stats, origin, space, cfg.color_strength)
         return SwapRegion(origin, mask)
 
 
