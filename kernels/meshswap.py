@@ -8,6 +8,7 @@ statistics never leave the device: `color_stats` leaves sums in a small device a
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import numpy as np
@@ -15,7 +16,7 @@ import numpy as np
 from ._xp import check_array, get_xp
 from .blend import blend_into
 from .color import lab_to_rgb, rgb_to_lab
-from .mask import feather, fill_polygon, gaussian_blur, gaussian_kernel
+from .mask import feather, fill_polygon, gaussian_blur
 
 ColorSpace = Literal["lab", "rgb", "none"]
 # Layout of the statistics array: [count, sum_src[3], sumsq_src[3], sum_dst[3], sumsq_dst[3]].
@@ -24,6 +25,8 @@ STATS_LEN = 13
 # the gain (same floor as color.color_transfer).
 MIN_STD = 1.0
 _SPACE_CODE = {"none": 0, "rgb": 1, "lab": 2}
+# The GPU blur keeps its taps in shared memory (MAX_TAPS = 512 in meshswap.cu).
+_MAX_RADIUS = 255
 
 
 def mesh_mask(outline: Any, keep: Any, keep_counts: tuple[int, ...], map_xy: Any,
@@ -159,6 +162,17 @@ def _k(name: str) -> Any:
     return kernel("meshswap.cu", name, {"M_FWD": _c_floats(_M_FWD), "M_INV": _c_floats(_M_INV)})
 
 
+def _blur_args(sigma: float) -> tuple[np.float64, np.int32]:
+    # Same radius rule as mask.gaussian_kernel; sigma <= 0 is the identity (one tap of 1).
+    if sigma <= 0:
+        return np.float64(1.0), np.int32(0)
+    r = max(1, int(math.ceil(3.0 * sigma)))
+    if r > _MAX_RADIUS:
+        raise ValueError(f"blur sigma {sigma:.1f} is too large for the GPU mask (at most "
+                         f"{_MAX_RADIUS / 3:.0f} px); lower mesh.feather")
+    return np.float64(sigma), np.int32(r)
+
+
 def _mesh_mask_cuda(outline: Any, keep: Any, keep_counts: tuple[int, ...], map_xy: Any,
                     origin: tuple[int, int], sigma: float, keep_sigma: float, out: Any) -> Any:
     import cupy as cp
@@ -167,28 +181,24 @@ def _mesh_mask_cuda(outline: Any, keep: Any, keep_counts: tuple[int, ...], map_x
 
     for name, a in (("outline", outline), ("keep", keep), ("map_xy", map_xy), ("out", out)):
         require_cupy(name, a)
+    if len(keep_counts) > 4:
+        raise ValueError(f"at most 4 keep-out polygons on the GPU, got {len(keep_counts)}")
     h, w = out.shape
     n = h * w
     if n == 0:
         return out
-    ka = gaussian_kernel(sigma)
-    kb = gaussian_kernel(keep_sigma) if keep_counts else np.ones(1, np.float32)
-    # Polygon starts for the keep-out list, and both tap sets, in one small upload.
-    starts = np.cumsum((0,) + tuple(keep_counts)).astype(np.int32)
-    taps = cp.asarray(np.concatenate([ka, kb]).astype(np.float32))
-    d_starts = cp.asarray(starts)
+    counts = [np.int32(c) for c in tuple(keep_counts) + (0,) * (4 - len(keep_counts))]
+    sa, ra = _blur_args(sigma)
+    sb, rb = _blur_args(keep_sigma if keep_counts else 0.0)
+    # Scratch from CuPy's pool: no cudaMalloc after the first frame of a given size.
     two = cp.empty((h, w, 2), cp.float32)
     tmp = cp.empty((h, w, 2), cp.float32)
     _k("mesh_mask_fill")(
-        grid(n), (256,), (outline, np.int32(outline.shape[0]), keep, d_starts,
-                          np.int32(len(keep_counts)), map_xy, np.int32(origin[0]),
-                          np.int32(origin[1]), np.int32(h), np.int32(w), two))
-    ra, rb = (ka.size - 1) // 2, (kb.size - 1) // 2
-    _k("blur2_rows")(
-        grid(n), (256,), (two, np.int32(h), np.int32(w), taps, np.int32(ra), np.int32(rb), tmp))
-    _k("blur2_cols_combine")(
-        grid(n), (256,), (tmp, np.int32(h), np.int32(w), taps, np.int32(ra), np.int32(rb),
-                          np.int32(1 if keep_counts else 0), out))
+        grid(n), (256,), (outline, np.int32(outline.shape[0]), keep, *counts, map_xy,
+                          np.int32(origin[0]), np.int32(origin[1]), np.int32(h), np.int32(w), two))
+    _k("blur2_rows")(grid(n), (256,), (two, np.int32(h), np.int32(w), sa, ra, sb, rb, tmp))
+    _k("blur2_cols_combine")(grid(n), (256,), (tmp, np.int32(h), np.int32(w), sa, ra, sb, rb,
+                                               np.int32(1 if keep_counts else 0), out))
     return out
 
 

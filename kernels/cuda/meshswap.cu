@@ -31,10 +31,11 @@ __device__ int inside_polygon(const float* poly, int n, double x, double y, doub
     return count & 1;
 }
 
-// Channel 0: outline fill times mesh coverage. Channel 1: union of the keep-out polygons.
+// Channel 0: outline fill times mesh coverage. Channel 1: union of up to 4 keep-out polygons,
+// stored one after another in `keep` with vertex counts k0..k3 (0 for unused).
 extern "C" __global__ void mesh_mask_fill(
     const float* __restrict__ outline, int n_outline, const float* __restrict__ keep,
-    const int* __restrict__ keep_starts, int n_keep, const float* __restrict__ map_xy,
+    int k0, int k1, int k2, int k3, const float* __restrict__ map_xy,
     int ox, int oy, int h, int w, float* __restrict__ two)
 {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -43,26 +44,56 @@ extern "C" __global__ void mesh_mask_fill(
     float mx = map_xy[2 * i], my = map_xy[2 * i + 1];
     int covered = isfinite(mx) && isfinite(my);
     float hard = (covered && inside_polygon(outline, n_outline, x, y, ox, oy)) ? 1.0f : 0.0f;
-    int k = 0;
-    for (int p = 0; p < n_keep; ++p)
-        k += inside_polygon(keep + 2 * keep_starts[p], keep_starts[p + 1] - keep_starts[p], x, y, ox, oy);
+    int counts[4] = {k0, k1, k2, k3};
+    int k = 0, start = 0;
+    for (int p = 0; p < 4; ++p) {
+        if (counts[p] > 0) k += inside_polygon(keep + 2 * start, counts[p], x, y, ox, oy);
+        start += counts[p];
+    }
     two[2 * i] = hard;
     two[2 * i + 1] = k > 0 ? 1.0f : 0.0f;
 }
 
-// Horizontal Gaussian of both channels, border replicated; channel 0 uses taps[0..2ra], channel 1
-// taps[2ra+1 ..]. Summed in tap order like the reference.
+#define MAX_TAPS 512
+
+// Gaussian taps exactly as mask.gaussian_kernel builds them: exp in double, normalised in
+// double, rounded to float. Computed by the block into shared memory, so no host upload is needed.
+__device__ void make_taps(double sigma, int r, float* taps)
+{
+    __shared__ double total;
+    for (int t = threadIdx.x; t <= 2 * r; t += blockDim.x) {
+        double v = (t - r) / sigma;
+        taps[t] = (float)exp(-0.5 * v * v);  // temporarily the unnormalised value, as float
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double s = 0.0;
+        for (int t = 0; t <= 2 * r; ++t) { double v = (t - r) / sigma; s += exp(-0.5 * v * v); }
+        total = s;
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t <= 2 * r; t += blockDim.x) {
+        double v = (t - r) / sigma;
+        taps[t] = (float)(exp(-0.5 * v * v) / total);
+    }
+    __syncthreads();
+}
+
+// Horizontal Gaussian of both channels (sigma_a for channel 0, sigma_b for channel 1), border
+// replicated, summed in tap order like the reference.
 extern "C" __global__ void blur2_rows(const float* __restrict__ in, int h, int w,
-                                      const float* __restrict__ taps, int ra, int rb,
+                                      double sigma_a, int ra, double sigma_b, int rb,
                                       float* __restrict__ out)
 {
+    __shared__ float ka[MAX_TAPS], kb[MAX_TAPS];
+    make_taps(sigma_a, ra, ka);
+    make_taps(sigma_b, rb, kb);
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= h * w) return;
     int x = i % w, row = i - x;
-    const float* kb = taps + 2 * ra + 1;
     float a = 0.0f, b = 0.0f;
     for (int t = 0; t <= 2 * ra; ++t)
-        a = __fadd_rn(a, __fmul_rn(taps[t], in[2 * (row + clampi(x - ra + t, 0, w - 1))]));
+        a = __fadd_rn(a, __fmul_rn(ka[t], in[2 * (row + clampi(x - ra + t, 0, w - 1))]));
     for (int t = 0; t <= 2 * rb; ++t)
         b = __fadd_rn(b, __fmul_rn(kb[t], in[2 * (row + clampi(x - rb + t, 0, w - 1)) + 1]));
     out[2 * i] = a;
@@ -71,16 +102,18 @@ extern "C" __global__ void blur2_rows(const float* __restrict__ in, int h, int w
 
 // Vertical Gaussian of both channels, then mask = clip(2*a - 1, 0, 1) * (1 - b).
 extern "C" __global__ void blur2_cols_combine(const float* __restrict__ in, int h, int w,
-                                              const float* __restrict__ taps, int ra, int rb,
+                                              double sigma_a, int ra, double sigma_b, int rb,
                                               int use_keep, float* __restrict__ mask)
 {
+    __shared__ float ka[MAX_TAPS], kb[MAX_TAPS];
+    make_taps(sigma_a, ra, ka);
+    make_taps(sigma_b, rb, kb);
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= h * w) return;
     int x = i % w, y = i / w;
-    const float* kb = taps + 2 * ra + 1;
     float a = 0.0f, b = 0.0f;
     for (int t = 0; t <= 2 * ra; ++t)
-        a = __fadd_rn(a, __fmul_rn(taps[t], in[2 * (clampi(y - ra + t, 0, h - 1) * w + x)]));
+        a = __fadd_rn(a, __fmul_rn(ka[t], in[2 * (clampi(y - ra + t, 0, h - 1) * w + x)]));
     float m = fminf(fmaxf(__fsub_rn(__fmul_rn(2.0f, a), 1.0f), 0.0f), 1.0f);
     if (use_keep) {
         for (int t = 0; t <= 2 * rb; ++t)

@@ -47,6 +47,33 @@ class Workspace:
             self._bufs[name] = buf
         return buf[:n].reshape(shape)
 
+    def upload(self, name: str, host: np.ndarray) -> Any:
+        """`host` in the workspace's memory. On the GPU the copy goes through a reused pinned buffer
+        and runs asynchronously on the current stream: a pageable copy would block the host until
+        every kernel queued before it had finished."""
+        if self.xp is np:
+            return host
+        import cupy
+        import cupyx
+
+        n = host.size
+        pinned = self._bufs.get(name + ".pinned")
+        if pinned is None or pinned.size < n or pinned.dtype != host.dtype:
+            pinned = cupyx.empty_pinned(max(n, int(n * 1.25)), dtype=host.dtype)
+            self._bufs[name + ".pinned"] = pinned
+        done = self._bufs.get(name + ".event")
+        if done is not None:
+            done.synchronize()  # the previous copy out of this pinned buffer has finished
+        staged = pinned[:n].reshape(host.shape)
+        staged[...] = host
+        dev = self.get(name, host.shape, host.dtype)
+        stream = cupy.cuda.get_current_stream()
+        dev.set(staged, stream=stream)
+        event = cupy.cuda.Event()
+        event.record(stream)
+        self._bufs[name + ".event"] = event
+        return dev
+
 
 @dataclass
 class SwapRegion:
@@ -136,7 +163,8 @@ class MeshSwapper:
             keep_polys.append(_grow(dst_host[self.topo.image_right_eye], _EYE_GROW))
         # Everything per face that comes from the host goes up in one array (one copy on the GPU).
         n_pts, n_oval = dst_host.shape[0], self.topo.face_oval.size
-        packed = xp.asarray(np.concatenate([dst_host, dst_host[self.topo.face_oval]] + keep_polys))
+        packed = ws.upload("packed", np.concatenate([dst_host, dst_host[self.topo.face_oval]]
+                                                   + keep_polys).astype(np.float32))
         dst = packed[:n_pts]
         outline = packed[n_pts:n_pts + n_oval]
         keep = packed[n_pts + n_oval:]
