@@ -157,11 +157,18 @@ def test_fill_polygon_matches_opencv_away_from_edges(rng: np.random.Generator) -
     shift = 8  # cv2 fixed-point vertices, 1/256 px
     pts = np.round((poly - np.array([3, 2])) * (1 << shift)).astype(np.int32)
     cv2.fillPoly(ref, [pts], 1, lineType=cv2.LINE_8, shift=shift)
-    # Pixels whose centre is within 1 px of an edge may go either way (OpenCV includes boundary
-    # pixels; we test the centre): compare only pixels that are clearly in or out.
-    inner = cv2.erode(ref, np.ones((3, 3), np.uint8))
-    outer = cv2.dilate(ref, np.ones((3, 3), np.uint8))
-    sure = (inner == 1) | (outer == 0)
+    # OpenCV also paints the pixels its edge lines pass through, ours tests each pixel centre: they
+    # may differ within about a pixel of the outline (thin spikes and notches included). Compare
+    # the pixels whose centre is more than 1.5 px from every edge.
+    ys, xs = np.mgrid[0:70, 0:80].astype(np.float64)
+    p = (poly - np.array([3, 2])).astype(np.float64)
+    a, b = p, np.roll(p, -1, axis=0)
+    ab = b - a
+    t = ((xs[..., None] - a[:, 0]) * ab[:, 0] + (ys[..., None] - a[:, 1]) * ab[:, 1]) / (ab ** 2).sum(1)
+    t = np.clip(t, 0, 1)
+    dist = np.hypot(xs[..., None] - (a[:, 0] + t * ab[:, 0]), ys[..., None] - (a[:, 1] + t * ab[:, 1]))
+    sure = dist.min(axis=2) > 1.5
+    assert sure.sum() > 2000
     assert np.array_equal(out[sure], ref[sure].astype(np.float32))
     assert set(np.unique(out)) <= {0.0, 1.0}
 
@@ -193,8 +200,9 @@ def test_lab_matches_opencv_and_round_trips(rng: np.random.Generator) -> None:
     rgb_to_lab(rgb, lab)
     ref = cv2.cvtColor(rgb / 255.0, cv2.COLOR_RGB2Lab)
     # OpenCV uses the same D65 matrix, but evaluates the sRGB curve and the cube root from
-    # interpolated tables in float32: that is off by up to ~0.4 L*a*b* units from the exact formula.
-    np.testing.assert_allclose(lab, ref, atol=0.5)
+    # interpolated tables and returns a*, b* on a 1/64 grid: in dark colours that is off from the
+    # exact formula by up to 0.52 units (largest seen over 200 random images), so allow 0.75.
+    np.testing.assert_allclose(lab, ref, atol=0.75)
     assert np.abs(lab - ref).mean() < 0.1
     back = np.full_like(rgb, np.nan)
     lab_to_rgb(lab, back)
