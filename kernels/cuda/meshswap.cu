@@ -58,24 +58,23 @@ extern "C" __global__ void mesh_mask_fill(
 
 // Gaussian taps exactly as mask.gaussian_kernel builds them: exp in double, normalised in
 // double, rounded to float. Computed by the block into shared memory, so no host upload is needed.
-__device__ void make_taps(double sigma, int r, float* taps)
+__device__ void make_taps(double sigma, int r, float* taps, double* scratch)
 {
-    __shared__ double total;
+    // Every thread computes some exponentials; one thread adds them up in tap order (a serial
+    // loop of exp() calls per block would cost more than the blur itself).
     for (int t = threadIdx.x; t <= 2 * r; t += blockDim.x) {
         double v = (t - r) / sigma;
-        taps[t] = (float)exp(-0.5 * v * v);  // temporarily the unnormalised value, as float
+        scratch[t] = exp(-0.5 * v * v);
     }
     __syncthreads();
+    __shared__ double total;
     if (threadIdx.x == 0) {
         double s = 0.0;
-        for (int t = 0; t <= 2 * r; ++t) { double v = (t - r) / sigma; s += exp(-0.5 * v * v); }
+        for (int t = 0; t <= 2 * r; ++t) s += scratch[t];
         total = s;
     }
     __syncthreads();
-    for (int t = threadIdx.x; t <= 2 * r; t += blockDim.x) {
-        double v = (t - r) / sigma;
-        taps[t] = (float)(exp(-0.5 * v * v) / total);
-    }
+    for (int t = threadIdx.x; t <= 2 * r; t += blockDim.x) taps[t] = (float)(scratch[t] / total);
     __syncthreads();
 }
 
@@ -86,8 +85,9 @@ extern "C" __global__ void blur2_rows(const float* __restrict__ in, int h, int w
                                       float* __restrict__ out)
 {
     __shared__ float ka[MAX_TAPS], kb[MAX_TAPS];
-    make_taps(sigma_a, ra, ka);
-    make_taps(sigma_b, rb, kb);
+    __shared__ double scratch[MAX_TAPS];
+    make_taps(sigma_a, ra, ka, scratch);
+    make_taps(sigma_b, rb, kb, scratch);
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= h * w) return;
     int x = i % w, row = i - x;
@@ -106,8 +106,9 @@ extern "C" __global__ void blur2_cols_combine(const float* __restrict__ in, int 
                                               int use_keep, float* __restrict__ mask)
 {
     __shared__ float ka[MAX_TAPS], kb[MAX_TAPS];
-    make_taps(sigma_a, ra, ka);
-    make_taps(sigma_b, rb, kb);
+    __shared__ double scratch[MAX_TAPS];
+    make_taps(sigma_a, ra, ka, scratch);
+    make_taps(sigma_b, rb, kb, scratch);
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= h * w) return;
     int x = i % w, y = i / w;
