@@ -32,7 +32,7 @@ export SWAPSTREAM_MODELS_DIR="$PWD/.models"
 
 rc=0
 if [[ "$what" == tests || "$what" == all ]]; then
-  python3 -m pytest -m gpu -rs -v -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_gpu.log"
+  python3 -m pytest -m gpu -rs -v -s -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_gpu.log"
   rc=${PIPESTATUS[0]}
 fi
 if [[ "$what" == bench || "$what" == all ]]; then
