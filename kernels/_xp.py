@@ -34,3 +34,15 @@ def check_array(name: str, a: Any, *, ndim: int | None = None, dtype: Any = None
         if len(shape) != a.ndim or any(s is not None and s != d for s, d in zip(shape, a.shape)):
             want = "x".join("?" if s is None else str(s) for s in shape)
             raise ValueError(f"{name} must have shape {want}, got {tuple(a.shape)}")
+
+
+def on_gpu(**arrays: Any) -> bool:
+    """True when all given arrays are CuPy arrays, False when none is; a ValueError naming the odd
+    one out when they are mixed (a host array passed where the others live on the GPU)."""
+    on = {name: type(a).__module__.startswith("cupy") for name, a in arrays.items()}
+    if any(on.values()) and not all(on.values()):
+        host = next(name for name, g in on.items() if not g)
+        gpu = next(name for name, g in on.items() if g)
+        raise ValueError(f"{host} must be a CuPy array on the GPU like {gpu}, got "
+                         f"{type(arrays[host]).__name__}")
+    return any(on.values())

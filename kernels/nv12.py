@@ -25,7 +25,7 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
-from ._xp import check_array, get_xp
+from ._xp import check_array, get_xp, on_gpu
 
 Matrix = Literal["bt601", "bt709"]
 
@@ -111,15 +111,6 @@ def _check_plane(name: str, a: Any, rows: int, min_cols: int) -> None:
                          f"pitch may be larger), got shape {tuple(a.shape)}")
 
 
-def _on_gpu(**arrays: Any) -> bool:
-    """True when the arrays are CuPy arrays, False when none is; ValueError naming one that differs."""
-    on = {name: type(a).__module__.startswith("cupy") for name, a in arrays.items()}
-    if any(on.values()) and not all(on.values()):
-        host = next(name for name, g in on.items() if not g)
-        gpu = next(name for name, g in on.items() if g)
-        raise ValueError(f"{host} must be a CuPy array on the GPU like {gpu}, got "
-                         f"{type(arrays[host]).__name__}")
-    return any(on.values())
 
 
 def _require_gpu_plane(name: str, a: Any) -> None:
@@ -188,7 +179,7 @@ def nv12_to_rgb(y: Any, uv: Any, out: Any, *, matrix: Matrix = "bt709",
     inputs run `nv12_to_rgb_ref`.
     """
     _check_nv12_to_rgb(y, uv, out, matrix, full_range)
-    if not _on_gpu(y=y, uv=uv, out=out):
+    if not on_gpu(y=y, uv=uv, out=out):
         return nv12_to_rgb_ref(y, uv, out, matrix=matrix, full_range=full_range)
 
     from .cuda_loader import grid, kernel, require_cupy
@@ -255,7 +246,7 @@ def rgb_to_nv12(rgb: Any, y_out: Any, uv_out: Any, *, matrix: Matrix = "bt709",
     row stride); NumPy inputs run `rgb_to_nv12_ref`.
     """
     _check_rgb_to_nv12(rgb, y_out, uv_out, matrix, full_range)
-    if not _on_gpu(rgb=rgb, y_out=y_out, uv_out=uv_out):
+    if not on_gpu(rgb=rgb, y_out=y_out, uv_out=uv_out):
         return rgb_to_nv12_ref(rgb, y_out, uv_out, matrix=matrix, full_range=full_range)
 
     from .cuda_loader import grid, kernel, require_cupy

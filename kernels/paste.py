@@ -53,7 +53,8 @@ import numpy as np
 
 from ._xp import check_array, get_xp
 from .mask import gaussian_blur
-from .sharpen import Box, _check_frame, _check_real, _device_taps, _on_gpu
+from ._xp import on_gpu
+from .sharpen import Box, _check_frame, _check_real, _device_taps
 from .warp import _sample_bilinear, invert_affine
 
 Padding = tuple[float, float, float, float]
@@ -196,7 +197,7 @@ def box_mask(out: Any, *, blur: float = 0.3, padding: Padding = (0, 0, 0, 0),
     """
     b, pad = _check_box_mask(out, blur, padding, keep_out)
     arrays = {"out": out} if keep_out is None else {"out": out, "keep_out": keep_out}
-    if not _on_gpu(**arrays):
+    if not on_gpu(**arrays):
         return box_mask_ref(out, blur=b, padding=pad, keep_out=keep_out)
     return _box_mask_cuda(out, b, pad, keep_out)
 
@@ -286,7 +287,7 @@ def paste_back(frame: Any, crop: Any, crop_to_frame: Any, *, blur: float = 0.3,
     arrays = {"frame": frame, "crop": crop}
     if keep_out is not None:
         arrays["keep_out"] = keep_out
-    if not _on_gpu(**arrays):
+    if not on_gpu(**arrays):
         return paste_back_ref(frame, crop, crop_to_frame, blur=b, padding=pad, keep_out=keep_out,
                               color_gain=color_gain, color_offset=color_offset)
     return _paste_back_cuda(frame, crop, inv, box, b, pad, keep_out, color_gain, color_offset)

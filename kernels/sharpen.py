@@ -23,21 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from ._xp import check_array, get_xp
+from ._xp import check_array, get_xp, on_gpu
 from .mask import gaussian_kernel
 
 Box = tuple[int, int, int, int]
 
 
-def _on_gpu(**arrays: Any) -> bool:
-    """True when all given arrays are CuPy arrays, False when none is; ValueError naming the odd one."""
-    on = {name: type(a).__module__.startswith("cupy") for name, a in arrays.items()}
-    if any(on.values()) and not all(on.values()):
-        host = next(name for name, g in on.items() if not g)
-        gpu = next(name for name, g in on.items() if g)
-        raise ValueError(f"{host} must be a CuPy array on the GPU like {gpu}, got "
-                         f"{type(arrays[host]).__name__}")
-    return any(on.values())
 
 
 def _check_real(name: str, v: Any, *, minimum: float | None = None, positive: bool = False) -> float:
@@ -126,7 +117,7 @@ def sharpen(frame: Any, box: Any, *, amount: float = 0.5, radius: float = 1.0) -
     memory pool; a NumPy `frame` runs `sharpen_ref`. The two agree bit for bit.
     """
     clipped, amount32, radius = _check_sharpen(frame, box, amount, radius)
-    if not _on_gpu(frame=frame):
+    if not on_gpu(frame=frame):
         return sharpen_ref(frame, box, amount=amount, radius=radius)
     return _sharpen_cuda(frame, clipped, amount32, radius)
 
