@@ -51,9 +51,8 @@ from typing import Any
 
 import numpy as np
 
-from ._xp import check_array, get_xp
+from ._xp import check_array, get_xp, on_gpu
 from .mask import gaussian_blur
-from ._xp import on_gpu
 from .sharpen import Box, _check_frame, _check_real, _device_taps
 from .warp import _sample_bilinear, invert_affine
 
