@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
 from types import TracebackType
@@ -120,6 +120,10 @@ class VideoInfo:
     """Codec of the first audio stream, None when there is no audio stream."""
     audio_rate: int | None
     """Sample rate of the first audio stream."""
+    rotation: int = 0
+    """Display rotation the file asks for (0, 90, 180 or 270 degrees counter-clockwise, e.g. from a
+    phone held upright). The reader turns frames upright, as the `ffmpeg` tool does by default, and
+    `width` and `height` are those of the upright picture."""
 
 
 @dataclass
@@ -225,14 +229,41 @@ def _info(container: InputContainer, video: VideoStream, audio: AudioStream | No
     )
 
 
+def _quarter_turns(degrees: float) -> int:
+    """Counter-clockwise quarter turns (0-3) for a display-matrix angle such as -90."""
+    return int(round(degrees / 90.0)) % 4
+
+
+def _display_rotation(path: str) -> int:
+    """The first frame's display rotation in degrees (0, 90, 180, 270 counter-clockwise).
+
+    FFmpeg exposes the display matrix on decoded frames, so this decodes one frame from a separate
+    opening of the file; an unreadable file counts as unrotated and fails later with a proper error.
+    """
+    try:
+        with av.open(path) as c:
+            for vframe in c.decode(video=0):
+                return _quarter_turns(vframe.rotation) * 90
+    except (av.error.FFmpegError, OSError, StopIteration, ValueError):
+        pass
+    return 0
+
+
+def _upright(info: VideoInfo, rotation: int) -> VideoInfo:
+    if rotation in (90, 270):
+        return replace(info, width=info.height, height=info.width, rotation=rotation)
+    return replace(info, rotation=rotation)
+
+
 def probe(path: str | os.PathLike[str]) -> VideoInfo:
     """Read a video file's header. Raises `InputNotFoundError` or `InputError`."""
     name = os.fspath(path)
     container = _open_input(name)
     try:
-        return _info(container, _video_stream(container, name), _first_audio(container), name)
+        info = _info(container, _video_stream(container, name), _first_audio(container), name)
     finally:
         container.close()
+    return _upright(info, _display_rotation(name))
 
 
 class VideoReader:
@@ -250,7 +281,9 @@ class VideoReader:
         try:
             self._video: VideoStream = _video_stream(self._container, self.path)
             self.audio_stream: AudioStream | None = _first_audio(self._container)
-            self.info: VideoInfo = _info(self._container, self._video, self.audio_stream, self.path)
+            self.info: VideoInfo = _upright(
+                _info(self._container, self._video, self.audio_stream, self.path),
+                _display_rotation(self.path))
             ctx = self._video.codec_context
             # Frame threading decodes several frames at once; files are read ahead of time anyway,
             # so its extra latency costs nothing here. 0 lets FFmpeg pick one thread per core.
@@ -350,6 +383,11 @@ class VideoReader:
             if isinstance(e, MemoryError):
                 raise
             raise _decode_error(self.path, f"cannot convert its {vframe.format.name} frames to RGB ({_reason(e)})") from e
+        turns = _quarter_turns(vframe.rotation)
+        if turns:
+            # Turn the picture upright, as `ffmpeg` does by default, so that faces are upright for
+            # the detector and the output plays the right way up without a display matrix.
+            rgb = np.rot90(rgb, k=turns)
         if not rgb.flags.c_contiguous:
             # FFmpeg pads rows to its SIMD alignment; downstream (OpenCV, GPU upload) wants them packed.
             rgb = np.ascontiguousarray(rgb)

@@ -441,3 +441,28 @@ def test_failed_job_leaves_no_empty_output(tmp_path: Path) -> None:
         with VideoWriter(dst, width=96, height=64, time_base=Fraction(1, 30), rate=Fraction(30)):
             raise InputError("no frames")
     assert not dst.exists()
+
+
+def test_display_rotation_is_applied_like_ffmpeg(tmp_path: Path) -> None:
+    """A phone clip stored sideways with a display matrix comes out upright, as `ffmpeg` shows it."""
+    path = tmp_path / "portrait.mp4"
+    coded = np.zeros((32, 64, 3), np.uint8)
+    coded[:16, :32] = 250  # bright top-left quadrant of the coded picture
+    with av.open(str(path), "w") as c:
+        s = c.add_stream("libx264", rate=10)
+        s.width, s.height, s.pix_fmt = 64, 32, "yuv420p"
+        s.set_display_rotation(-90)  # display = coded turned 90 degrees clockwise
+        for i in range(3):
+            f = av.VideoFrame.from_ndarray(coded, format="rgb24")
+            f.pts = i
+            c.mux(s.encode(f))
+        c.mux(s.encode(None))
+    info = probe(path)
+    assert (info.width, info.height, info.rotation) == (32, 64, 270)
+    with VideoReader(path) as r:
+        frames = [x for x in r if not isinstance(x, AudioPacket)]
+    assert len(frames) == 3
+    img = frames[0].data
+    assert img.shape == (64, 32, 3) and img.flags.c_contiguous
+    # Turned clockwise, the coded top-left quadrant is now the top-right one.
+    assert img[:32, 16:].mean() > 200 and img[:32, :16].mean() < 50 and img[32:].mean() < 50
