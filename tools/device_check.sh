@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the `device` tool), from the repository root:
-#   tools/device_check.sh [tests|bench|all]   (default: all)
+#   tools/device_check.sh [tests|bench|kernels|swap|all]   (default: all; bench = kernels + swap)
 # Installs the carried wheels (.whl/, ignored by git), makes `swapstream` importable from this tree,
 # runs `pytest -m gpu`, then the benchmarks. Logs and JSON go to $OUT (or ./device_out locally).
 # Carry: .whl (ai-edge-litert, pydantic and their small deps for Python 3.12) and .models (the
@@ -35,7 +35,10 @@ if [[ "$what" == tests || "$what" == all ]]; then
   python3 -m pytest -m gpu -rs -v -s -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_gpu.log"
   rc=${PIPESTATUS[0]}
 fi
-if [[ "$what" == bench || "$what" == all ]]; then
+if [[ "$what" == bench || "$what" == kernels || "$what" == all ]]; then
   python3 tools/bench_kernels.py --out "$OUT" 2>&1 | tee "$OUT/bench_kernels.log" || rc=1
+fi
+if [[ "$what" == bench || "$what" == swap || "$what" == all ]]; then
+  python3 tools/bench_swap.py --out "$OUT" 2>&1 | tee "$OUT/bench_swap.log" || rc=1
 fi
 exit "$rc"

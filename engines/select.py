@@ -1,0 +1,58 @@
+"""Pick a runner: TensorRT, then PyTorch on CUDA, then ONNX Runtime, and say why."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Literal
+
+from .runner import Runner
+
+log = logging.getLogger(__name__)
+
+RunnerName = Literal["auto", "tensorrt", "torch", "onnxruntime"]
+
+
+def torch_cuda_available() -> tuple[bool, str]:
+    try:
+        import torch
+    except ImportError:
+        return False, "PyTorch is not installed"
+    if not torch.cuda.is_available():
+        return False, "PyTorch sees no CUDA device"
+    return True, f"PyTorch {torch.__version__} on {torch.cuda.get_device_name()}"
+
+
+def choose_runner(preference: RunnerName = "auto") -> tuple[str, str]:
+    """(runner name, reason). `auto` takes the first of tensorrt, torch, onnxruntime that works."""
+    if preference != "auto":
+        return preference, "asked for in the configuration"
+    try:
+        from .tensorrt_runner import tensorrt_available
+
+        ok, why = tensorrt_available()
+    except ImportError:
+        ok, why = False, "the TensorRT runner is not part of this build"
+    if ok:
+        return "tensorrt", why
+    ok_t, why_t = torch_cuda_available()
+    if ok_t:
+        return "torch", f"TensorRT unavailable ({why}); {why_t}"
+    return "onnxruntime", f"TensorRT unavailable ({why}); {why_t}; ONNX Runtime runs on the CPU"
+
+
+def make_runner(model: str | Path, preference: RunnerName = "auto", **options: Any) -> Runner:
+    """A runner for the ONNX file `model`, chosen by `choose_runner`; the choice is logged."""
+    name, why = choose_runner(preference)
+    log.info("runner for %s: %s (%s)", Path(str(model)).name, name, why)
+    if name == "tensorrt":
+        from .tensorrt_runner import TensorRTRunner
+
+        return TensorRTRunner(model, **options)
+    if name == "torch":
+        from .torch_runner import TorchRunner
+
+        return TorchRunner(model, **options)
+    from .ort_runner import OnnxRuntimeRunner
+
+    return OnnxRuntimeRunner(model, **{k: v for k, v in options.items() if k in ("providers", "threads")})

@@ -1,0 +1,210 @@
+"""PyTorch runner: native modules in fp16 + channels_last, one CUDA graph per batch size.
+
+It runs on CuPy-owned streams through `torch.cuda.ExternalStream` and reads and writes CuPy buffers
+through DLPack, so no frame data crosses the host. On a machine without CUDA it runs the same
+module in fp32 eagerly on the CPU (that is what CI exercises).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from .runner import FeedError, Runner, RunnerError, TensorSpec, array_module_name
+from .torch_models import build_inswapper, is_inswapper, onnx_initializers
+
+log = logging.getLogger(__name__)
+
+Precision = Literal["auto", "fp16", "fp32"]
+
+
+def pick_precision(precision: Precision, device: str) -> str:
+    """fp16 only where Tensor Cores run it (compute capability 7.0 or higher), else fp32."""
+    if precision != "auto":
+        return precision
+    if device == "cpu":
+        return "fp32"
+    import torch
+
+    major, _ = torch.cuda.get_device_capability()
+    return "fp16" if major >= 7 else "fp32"
+
+
+class TorchRunner(Runner):
+    """Runs a model from an ONNX file with a native PyTorch module (or onnx2torch as a fallback).
+
+    Outputs returned on the GPU are views of static buffers (one set per batch size and stream) that
+    the next call with that batch size overwrites; copy them if they must live longer.
+    """
+
+    name = "torch"
+
+    def __init__(self, onnx_model: str | Path | Any, *, device: str = "auto",
+                 precision: Precision = "auto", max_batch: int = 4, cuda_graphs: bool = True,
+                 channels_last: bool = True, check_finite: bool = True) -> None:
+        super().__init__()
+        self._src = onnx_model
+        self._device_pref = device
+        self._precision_pref = precision
+        self.max_batch = max_batch
+        self.cuda_graphs = cuda_graphs
+        self.channels_last = channels_last
+        self.check_finite = check_finite
+        self.fp32_reruns = 0
+        """Calls whose fp16 output had NaN or Inf and were run again in fp32."""
+        self.graph_failures = 0
+        self._graphs: dict[tuple[int, int], Any] = {}
+        self._module: Any = None
+        self._module32: Any = None
+        self._module32_on_device: Any = None
+
+    # -- loading ------------------------------------------------------------------------------
+
+    def _activate_impl(self) -> None:
+        import onnx
+        import torch
+
+        model = self._src if hasattr(self._src, "graph") else onnx.load(str(self._src))
+        self._onnx = model
+        dev = self._device_pref
+        if dev == "auto":
+            dev = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = dev
+        self.precision = pick_precision(self._precision_pref, dev)
+        inits = onnx_initializers(model)
+        if is_inswapper(inits):
+            module = build_inswapper(inits)
+            self.architecture = "inswapper"
+        else:
+            module = self._fallback(model)
+            self.architecture = "onnx2torch"
+        dtype = torch.float16 if self.precision == "fp16" else torch.float32
+        if dev != "cpu":
+            # cuDNN autotuning picks the fastest convolution for each fixed shape (we have four batch
+            # sizes, each captured once). In fp32, TF32 would cost ~1e-3 relative error, ten times
+            # the fp32 contract: turn it off. Both are process-wide torch settings.
+            torch.backends.cudnn.benchmark = True
+            if self.precision == "fp32":
+                torch.backends.cudnn.allow_tf32 = False
+                torch.backends.cuda.matmul.allow_tf32 = False
+        # The fp32 module stays on the host until an fp16 batch overflows and needs a rerun.
+        self._module32 = module
+        self._module32_on_device = None
+        import copy
+
+        module = copy.deepcopy(module).to(device=dev, dtype=dtype)
+        if self.channels_last and dev != "cpu":
+            module = module.to(memory_format=torch.channels_last)
+        self._module = module.eval()
+        init_names = set(inits)
+        elem = {1: np.float32, 10: np.float16}
+        self.inputs = [TensorSpec(i.name, tuple(d.dim_param or (d.dim_value or None)
+                                                for d in i.type.tensor_type.shape.dim),
+                                  np.dtype(elem.get(i.type.tensor_type.elem_type, np.float32)))
+                       for i in model.graph.input if i.name not in init_names]
+        self.outputs = [TensorSpec(o.name, tuple(d.dim_param or (d.dim_value or None)
+                                                 for d in o.type.tensor_type.shape.dim),
+                                   np.dtype(np.float32)) for o in model.graph.output]
+        log.info("torch runner: %s on %s in %s, CUDA graphs %s", self.architecture, dev,
+                 self.precision, "on" if self.cuda_graphs and dev != "cpu" else "off")
+
+    def _fallback(self, model: Any) -> Any:
+        try:
+            from onnx2torch import convert
+        except ImportError:
+            raise RunnerError("this model has no native PyTorch module and onnx2torch is not "
+                              "installed; use the onnxruntime or tensorrt runner") from None
+        log.warning("no native module for this model: converting with onnx2torch (slow, and not "
+                    "capturable in a CUDA graph)")
+        self.cuda_graphs = False
+        return convert(model)
+
+    def _deactivate_impl(self) -> None:
+        self._graphs.clear()
+        self._module = None
+
+    # -- running ------------------------------------------------------------------------------
+
+    def _to_torch(self, name: str, a: Any) -> Any:
+        import torch
+
+        mod = array_module_name(a)
+        if mod == "torch":
+            t = a
+        elif mod == "cupy":
+            t = torch.from_dlpack(a)
+        elif mod == "numpy":
+            t = torch.from_numpy(np.ascontiguousarray(a))
+        else:
+            raise FeedError(f"torch: input '{name}' must be a NumPy, CuPy or torch array, got {mod}")
+        return t.to(self.device, non_blocking=True)
+
+    def _run_module(self, module: Any, args: list[Any]) -> Any:
+        import torch
+
+        with torch.inference_mode():
+            if self.channels_last and self.device != "cpu":
+                args = [a.contiguous(memory_format=torch.channels_last) if a.dim() == 4 else a for a in args]
+            return module(*args)
+
+    def _infer_impl(self, feed: dict[str, Any], stream: Any) -> dict[str, Any]:
+        import torch
+
+        args = [self._to_torch(s.name, feed[s.name]) for s in self.inputs]
+        batch = int(args[0].shape[0])
+        if batch > self.max_batch:
+            raise FeedError(f"torch: batch {batch} is larger than max_batch {self.max_batch}")
+        if self.device == "cpu":
+            out = self._run_module(self._module, args)
+            return {self.outputs[0].name: out.numpy()}
+        ext = torch.cuda.ExternalStream(stream.ptr) if stream is not None else torch.cuda.current_stream()
+        with torch.cuda.stream(ext):
+            out = self._replay(batch, args, ext) if self.cuda_graphs else self._run_module(self._module, args)
+            if self.check_finite and self.precision == "fp16" and not bool(torch.isfinite(out).all()):
+                # fp16 overflowed somewhere in this batch: run it again in fp32, and count it.
+                self.fp32_reruns += 1
+                log.warning("non-finite fp16 output: rerunning the batch in fp32 (%d so far)",
+                            self.fp32_reruns)
+                if self._module32_on_device is None:
+                    self._module32_on_device = self._module32.to(self.device)
+                out = self._run_module(self._module32_on_device, args)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("torch: batch %d, output %s %s, %d MB allocated", batch, out.dtype,
+                      tuple(out.shape), torch.cuda.memory_allocated() >> 20)
+        import cupy
+
+        return {self.outputs[0].name: cupy.from_dlpack(out)}
+
+    def _replay(self, batch: int, args: list[Any], ext: Any) -> Any:
+        """Copy the inputs into this batch size's static buffers and replay its graph (capturing it
+        on first use). Falls back to eager execution if capture fails."""
+        import torch
+
+        key = (batch, int(ext.cuda_stream))
+        entry = self._graphs.get(key)
+        if entry is None:
+            static_in = [a.clone() for a in args]
+            try:
+                # Warm up on the capture stream (cuDNN picks algorithms, allocators settle).
+                for _ in range(2):
+                    self._run_module(self._module, static_in)
+                ext.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, stream=ext):
+                    static_out = self._run_module(self._module, static_in)
+                entry = (graph, static_in, static_out)
+            except RuntimeError as e:
+                self.graph_failures += 1
+                log.warning("CUDA graph capture failed for batch %d (%s): running eagerly", batch,
+                            str(e).splitlines()[0])
+                self.cuda_graphs = False
+                return self._run_module(self._module, args)
+            self._graphs[key] = entry
+        graph, static_in, static_out = entry
+        for dst, src in zip(static_in, args):
+            dst.copy_(src, non_blocking=True)
+        graph.replay()
+        return static_out

@@ -1,0 +1,166 @@
+"""Neural swappers (the FaceFusion zoo): alignment, embedding, batched inference and paste-back.
+
+The per-pixel work runs through `swapstream.kernels` ops (`crop_batch` for the fused crop and
+normalisation, `paste_back` for the fused inverse warp, box mask and blend), so it stays on the GPU
+when frames are CuPy arrays and runs the NumPy references otherwise. The model runs through any
+`Runner` (ONNX Runtime, PyTorch, TensorRT).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import cv2
+import numpy as np
+
+from ..engines.runner import Runner
+from ..errors import NoFaceError
+from ..kernels._xp import get_xp
+from ..kernels.crop import crop_batch
+from ..kernels.paste import paste_back
+from ..kernels.warp import invert_affine
+from ..types import Face
+
+log = logging.getLogger(__name__)
+
+EmbeddingKind = Literal["emap", "normalized", "raw"]
+OutputRange = Literal["0_1_clip", "std_mean"]
+
+
+@dataclass(frozen=True)
+class SwapContract:
+    """What a swapper model expects and returns (MODELS.md, "Swappers")."""
+
+    size: int
+    """Square input and output size in pixels."""
+    template: np.ndarray
+    """(5, 2) warp template, normalised to the crop size."""
+    mean: tuple[float, float, float]
+    """Per-channel mean of the (x/255 - mean)/std input normalisation, RGB."""
+    std: tuple[float, float, float]
+    """Per-channel std of that normalisation."""
+    embedding: EmbeddingKind
+    """How the source embedding becomes the model's source input."""
+    output_range: OutputRange
+    """`0_1_clip`: output is RGB in [0, 1]; `std_mean`: output * std + mean gives [0, 1]."""
+    target_name: str = "target"
+    source_name: str = "source"
+
+
+def align_matrix(kps: np.ndarray, template: np.ndarray, size: int) -> np.ndarray:
+    """2x3 similarity transform from frame pixels to crop pixels that puts the 5 points on the
+    template, fitted as FaceFusion does (`estimateAffinePartial2D`, RANSAC with a threshold so wide
+    that all five points count, i.e. a least-squares fit)."""
+    src = np.asarray(kps, dtype=np.float32).reshape(5, 2)
+    dst = (np.asarray(template, dtype=np.float32) * size).reshape(5, 2)
+    m, _ = cv2.estimateAffinePartial2D(src, dst, method=cv2.RANSAC, ransacReprojThreshold=100)
+    if m is None:
+        raise NoFaceError("the face's 5 key points are degenerate (all on a line); cannot align it")
+    return m.astype(np.float64)
+
+
+def source_vector(embedding: np.ndarray, kind: EmbeddingKind, emap: np.ndarray | None) -> np.ndarray:
+    """The model's source input from a raw ArcFace embedding (1, 512) float32."""
+    e = np.asarray(embedding, dtype=np.float64).reshape(1, -1)
+    if kind == "raw":
+        return e.astype(np.float32)
+    e = e / np.linalg.norm(e)
+    if kind == "normalized":
+        return e.astype(np.float32)
+    if emap is None:
+        raise ValueError("an 'emap' swapper needs the model's emap matrix")
+    latent = e @ emap.astype(np.float64)
+    return (latent / np.linalg.norm(latent)).astype(np.float32)
+
+
+class Embedder:
+    """ArcFace: a face aligned to arcface_112_v2 at 112x112, RGB, x/127.5 - 1 -> (1, 512)."""
+
+    def __init__(self, runner: Runner, template: np.ndarray, size: int = 112) -> None:
+        self.runner = runner
+        self.template = template
+        self.size = size
+        self.input_name = runner.inputs[0].name
+
+    def embed(self, image: Any, face: Face) -> np.ndarray:
+        """Raw embedding (1, 512) float32 of `face` in `image` (HxWx3 uint8 RGB, host or GPU)."""
+        xp = get_xp(image)
+        m = align_matrix(face.kps, self.template, self.size)
+        mats = xp.asarray(invert_affine(m)[None].astype(np.float32))
+        batch = xp.empty((1, 3, self.size, self.size), xp.float32)
+        crop_batch(image, mats, batch, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+        out = self.runner.infer({self.input_name: batch})
+        e = next(iter(out.values()))
+        e = e.get() if hasattr(e, "get") else np.asarray(e)
+        return np.asarray(e, dtype=np.float32).reshape(1, -1)
+
+
+class NeuralSwapper:
+    """Swaps a source identity into faces with a zoo swapper model, up to `max_batch` faces a call."""
+
+    def __init__(self, contract: SwapContract, runner: Runner, embedder: Embedder, *,
+                 emap: np.ndarray | None = None, max_batch: int = 4, blur: float = 0.3,
+                 padding: tuple[float, float, float, float] = (0, 0, 0, 0)) -> None:
+        self.contract = contract
+        self.runner = runner
+        self.embedder = embedder
+        self.emap = emap
+        self.max_batch = max_batch
+        self.blur = blur
+        self.padding = padding
+        self._source: np.ndarray | None = None
+        self.batches_run = 0
+        """Model calls made, for statistics."""
+
+    def set_source(self, image: Any, face: Face) -> None:
+        """Compute the source identity once, from `face` in `image`."""
+        e = self.embedder.embed(image, face)
+        self._source = source_vector(e, self.contract.embedding, self.emap)
+
+    def swap(self, frame: Any, faces: list[Face]) -> int:
+        """Swap every face of one frame in place; returns the number swapped."""
+        return self.swap_many([(frame, f) for f in faces])
+
+    def swap_many(self, items: list[tuple[Any, Face]]) -> int:
+        """Swap faces from one or more frames, batching up to `max_batch` faces per model call."""
+        if self._source is None:
+            raise RuntimeError("NeuralSwapper.swap called before set_source")
+        done = 0
+        for start in range(0, len(items), self.max_batch):
+            done += self._swap_batch(items[start:start + self.max_batch])
+        return done
+
+    def _swap_batch(self, items: list[tuple[Any, Face]]) -> int:
+        c = self.contract
+        n = len(items)
+        if n == 0:
+            return 0
+        xp = get_xp(items[0][0])
+        s = c.size
+        to_frame = []
+        batch = xp.empty((n, 3, s, s), xp.float32)
+        # One crop launch per frame, all of that frame's faces at once.
+        by_frame: dict[int, list[int]] = {}
+        for i, (frame, face) in enumerate(items):
+            m = align_matrix(face.kps, c.template, s)
+            to_frame.append(invert_affine(m))
+            by_frame.setdefault(id(frame), []).append(i)
+        for idx in by_frame.values():
+            frame = items[idx[0]][0]
+            mats = xp.asarray(np.stack([to_frame[i] for i in idx]).astype(np.float32))
+            sub = xp.empty((len(idx), 3, s, s), xp.float32)
+            crop_batch(frame, mats, sub, mean=c.mean, std=c.std)
+            batch[xp.asarray(idx)] = sub
+        source = xp.asarray(np.repeat(self._source, n, axis=0))
+        out = self.runner.infer({c.target_name: batch, c.source_name: source})
+        y = xp.asarray(next(iter(out.values())), dtype=xp.float32)
+        self.batches_run += 1
+        if c.output_range == "std_mean":
+            y = y * xp.asarray(c.std, dtype=xp.float32)[None, :, None, None] + \
+                xp.asarray(c.mean, dtype=xp.float32)[None, :, None, None]
+        crops = xp.ascontiguousarray(xp.clip(y, 0.0, 1.0).transpose(0, 2, 3, 1) * 255.0)
+        for i, (frame, _face) in enumerate(items):
+            paste_back(frame, crops[i], to_frame[i], blur=self.blur, padding=self.padding)
+        return n
