@@ -28,6 +28,10 @@ app = typer.Typer(
     # else is a bug whose plain traceback is more useful than a decorated one.
     pretty_exceptions_enable=False,
 )
+# `swapstream models list|download|verify` (engines/zoo.py, engines/download.py).
+from .models_cli import app as models_app  # noqa: E402
+
+app.add_typer(models_app, name="models")
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False)
 
