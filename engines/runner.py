@@ -54,6 +54,8 @@ class Runner(ABC):
 
     name: str = "runner"
     """Backend name, for logs ("onnxruntime", "torch", "tensorrt")."""
+    wants_device_arrays: bool = False
+    """True when feeds must already be on the GPU (TensorRT binds device pointers only)."""
 
     def __init__(self) -> None:
         self.inputs: list[TensorSpec] = []

@@ -41,18 +41,33 @@ def choose_runner(preference: RunnerName = "auto") -> tuple[str, str]:
     return "onnxruntime", f"TensorRT unavailable ({why}); {why_t}; ONNX Runtime runs on the CPU"
 
 
-def make_runner(model: str | Path, preference: RunnerName = "auto", **options: Any) -> Runner:
-    """A runner for the ONNX file `model`, chosen by `choose_runner`; the choice is logged."""
+def make_runner(model: str | Path, preference: RunnerName = "auto", *,
+                precision: str = "auto") -> Runner:
+    """A runner for the ONNX file `model`, chosen by `choose_runner`; the choice is logged.
+
+    PyTorch runs only architectures that have a native module (see torch_models); under `auto`, any
+    other model goes to ONNX Runtime, which uses its CUDA provider where one is installed.
+    """
     name, why = choose_runner(preference)
+    loaded: Any = None
+    if name == "torch" and preference == "auto":
+        import onnx
+
+        from .torch_models import is_inswapper, onnx_initializers
+
+        loaded = onnx.load(str(model))
+        if not is_inswapper(onnx_initializers(loaded)):
+            name, why = "onnxruntime", "no native PyTorch module for this architecture"
+            loaded = None
     log.info("runner for %s: %s (%s)", Path(str(model)).name, name, why)
     if name == "tensorrt":
         from .tensorrt_runner import TensorRTRunner
 
-        return TensorRTRunner(model, **options)
+        return TensorRTRunner(model, precision="fp32" if precision == "fp32" else "fp16")
     if name == "torch":
         from .torch_runner import TorchRunner
 
-        return TorchRunner(model, **options)
+        return TorchRunner(loaded if loaded is not None else model, precision=precision)  # type: ignore[arg-type]
     from .ort_runner import OnnxRuntimeRunner
 
-    return OnnxRuntimeRunner(model, **{k: v for k, v in options.items() if k in ("providers", "threads")})
+    return OnnxRuntimeRunner(model)

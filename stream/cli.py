@@ -32,6 +32,10 @@ app = typer.Typer(
 from .models_cli import app as models_app  # noqa: E402
 
 app.add_typer(models_app, name="models")
+# `swapstream engines build` (TensorRT engines, engines/tensorrt_runner.py).
+from .engines_cli import app as engines_app  # noqa: E402
+
+app.add_typer(engines_app, name="engines")
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False)
 
@@ -67,11 +71,38 @@ def _progress() -> Progress:
         console=err, transient=False)
 
 
+def _confirm_licence(text: str) -> bool:
+    """Ask on the terminal; a non-interactive run must pass --accept-licence instead."""
+    if not sys.stdin.isatty():
+        return False
+    err.print(Text(text))
+    return typer.confirm("Accept this licence and download?", default=False, err=True)
+
+
+def _download_progress() -> tuple[Progress, "object"]:
+    bar = Progress(TextColumn("[bold]downloading {task.description}"), BarColumn(),
+                   TaskProgressColumn(), TimeRemainingColumn(), console=err, transient=True)
+    tasks: dict[str, int] = {}
+
+    def report(name: str, done: int, total: int) -> None:
+        if name not in tasks:
+            bar.start()
+            tasks[name] = bar.add_task(name, total=total or None)
+        bar.update(tasks[name], completed=done, total=total or None)
+
+    return bar, report
+
+
 def _run_job(cfg: Config, source: Path | None, input_path: Path, output: Path, quiet: bool,
              source_image: tuple[object, str] | None = None) -> "object":
     from .pipeline import FileJob
 
-    job = FileJob(cfg)
+    dl_bar, dl_report = _download_progress()
+    try:
+        job = FileJob(cfg, confirm=_confirm_licence,
+                      download_progress=None if quiet else dl_report)  # type: ignore[arg-type]
+    finally:
+        dl_bar.stop()
     try:
         if source_image is not None:
             job.set_source_image(*source_image)  # type: ignore[arg-type]
@@ -122,9 +153,13 @@ def run(
                     "(repeatable), e.g. --set mesh.keep_eyes=true.")] = None,
     models_dir: Annotated[Optional[Path], typer.Option("--models-dir", help="Folder with model files.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    accept_licence: Annotated[bool, typer.Option("--accept-licence",
+                              help="Accept zoo model licences without asking (non-interactive runs).")] = False,
 ) -> None:
     """Swap the face from SOURCE into every face of INPUT and write OUTPUT."""
     cfg = _config(config, set_, models_dir)
+    if accept_licence:
+        cfg.neural.accept_licence = True
     stats = _run_job(cfg, source, input, output, quiet)
     _summary(stats, output)
 

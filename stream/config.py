@@ -80,9 +80,32 @@ class EncodeConfig(_Section):
     """Encoder threads (0: let x264 choose)."""
 
 
+class NeuralConfig(_Section):
+    runner: Literal["auto", "tensorrt", "torch", "onnxruntime"] = "auto"
+    """Inference backend for zoo models; `auto` picks TensorRT, then PyTorch on CUDA, then ONNX Runtime."""
+    precision: Literal["auto", "fp16", "fp32"] = "auto"
+    """fp16 where the GPU has Tensor Cores (compute capability 7.0+), else fp32."""
+    max_batch: int = Field(4, ge=1, le=4)
+    """Most faces per swap call (faces from several frames are batched together)."""
+    embedder: str = "arcface_w600k_r50"
+    """Zoo model that computes the source identity embedding."""
+    detector: str = "builtin"
+    """Face detector: `builtin` (BlazeFace + Face Mesh, offline) or a zoo detector (scrfd_2.5g, yoloface_8n)."""
+    detect_every: int = Field(1, ge=1)
+    """With a zoo detector: detect every N frames and carry the faces forward in between."""
+    min_score: float = Field(0.5, ge=0.0, le=1.0)
+    """With a zoo detector: minimum detection score."""
+    blur: float = Field(0.3, ge=0.0, le=1.0)
+    """Paste-back box-mask blur, as FaceFusion's face_mask_blur."""
+    download: bool = True
+    """Download missing zoo models (needs the network and, the first time, --accept-licence)."""
+    accept_licence: bool = False
+    """Accept each model's licence without asking (for non-interactive runs)."""
+
+
 class Config(_Section):
-    swapper: Literal["mesh"] = "mesh"
-    """Which swapper replaces the faces. `mesh` is built in and needs no downloads."""
+    swapper: str = "mesh"
+    """Which swapper replaces the faces: `mesh` (built in, no downloads) or a zoo swapper such as inswapper_128."""
     device: Literal["auto", "cpu"] = "auto"
     """Where to run: `auto` uses the GPU when one is usable, else the CPU."""
     models_dir: Path | None = None
@@ -95,8 +118,25 @@ class Config(_Section):
     """Temporal landmark smoothing."""
     mesh: MeshConfig = MeshConfig()
     """The built-in mesh swapper."""
+    neural: NeuralConfig = NeuralConfig()
+    """Zoo models: runner, precision, batching, detector and downloads."""
     encode: EncodeConfig = EncodeConfig()
     """Video encoding of file outputs."""
+
+
+def _check_names(cfg: "Config", source: str) -> None:
+    """Zoo names are validated against the registry, with the known names in the message."""
+    from .engines.zoo import MODELS
+
+    swappers = ["mesh"] + [n for n, m in MODELS.items() if m.kind == "swapper"]
+    detectors = ["builtin"] + [n for n, m in MODELS.items() if m.kind == "detector"]
+    embedders = [n for n, m in MODELS.items() if m.kind == "embedder"]
+    for key, value, known in (("swapper", cfg.swapper, swappers),
+                              ("neural.detector", cfg.neural.detector, detectors),
+                              ("neural.embedder", cfg.neural.embedder, embedders)):
+        if value not in known:
+            raise ConfigError(f"invalid value {value!r} for config key '{key}' in {source}: "
+                              f"choose one of {', '.join(known)}")
 
 
 def _format_error(err: ValidationError, source: str) -> str:
@@ -165,13 +205,15 @@ def load_config(preset: str | Path | None = None, overrides: list[str] | None = 
         Config.model_validate(tree)
     except ValidationError as err:
         raise ConfigError(_format_error(err, source)) from None
+    _check_names(Config.model_validate(tree), source)
     for item in overrides or []:
         key, value = parse_override(item)
         _set_dotted(tree, key, value)
         try:
-            Config.model_validate(tree)
+            cfg = Config.model_validate(tree)
         except ValidationError as err:
             raise ConfigError(_format_error(err, f"--set {item}")) from None
+        _check_names(cfg, f"--set {item}")
     return Config.model_validate(tree)
 
 

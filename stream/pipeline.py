@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -26,6 +27,10 @@ SYNTHETIC_TAGS = {"comment": "AI-modified: faces swapped by SwapStream", "encode
 
 ProgressFn = Callable[[int, int], None]
 """Called with (frames done, expected total or 0 when unknown)."""
+ConfirmFn = Callable[[str], bool]
+"""Asked to accept a model licence (its text) before the model's first download."""
+DownloadProgressFn = Callable[[str, int, int], None]
+"""Called with (model name, bytes done, total bytes) while a model downloads."""
 
 
 @dataclass
@@ -79,10 +84,23 @@ def expected_frames(info: VideoInfo) -> int:
 class FileJob:
     """One source identity, one input video, one output video."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, confirm: ConfirmFn | None = None,
+                 download_progress: DownloadProgressFn | None = None) -> None:
         self.config = config
-        self.analyser = FaceAnalyser(config)
-        self.swapper = MeshSwapper(config.mesh, self.analyser.topology)
+        self.neural: Any = None
+        self.analyser: Any
+        self.swapper: Any
+        if config.swapper == "mesh":
+            self.analyser = FaceAnalyser(config)
+            self.swapper = MeshSwapper(config.mesh, self.analyser.topology)
+        else:
+            # Imported here: the neural stages pull in ONNX and the runners, which the built-in
+            # mesh path does not need.
+            from .neural.factory import NeuralStages
+
+            self.neural = NeuralStages(config, confirm=confirm, progress=download_progress)
+            self.swapper = self.neural.swapper
+            self.analyser = self.neural.analyser or FaceAnalyser(config)
 
     def set_source(self, path: str | os.PathLike[str]) -> None:
         """Take the identity from the largest face in an image file."""
@@ -106,16 +124,31 @@ class FileJob:
                 rate=info.avg_rate, crf=enc.crf, preset=enc.preset, codec=enc.codec,
                 audio_from=reader.audio_stream, metadata=SYNTHETIC_TAGS, threads=enc.threads) as writer:
             t0 = time.perf_counter()
+            # Frames wait here until their faces are swapped: a neural swapper batches the faces of
+            # several frames into one model call. Audio goes straight through; frames keep their order.
+            pending: list[tuple[Frame, list[Any]]] = []
+
+            def flush() -> None:
+                self._swap(pending, stats)
+                for frame, _ in pending:
+                    writer.write(frame)
+                    stats.frames += 1
+                    if progress is not None:
+                        progress(stats.frames, total)
+                pending.clear()
+
             for item in reader:
                 if isinstance(item, AudioPacket):
                     writer.write_audio(item)
                     stats.audio_packets += 1
                     continue
-                self._process(item, stats)
-                writer.write(item)
-                stats.frames += 1
-                if progress is not None:
-                    progress(stats.frames, total)
+                faces = self.analyser.track(item)
+                stats.tracks.update(f.track_id for f in faces)
+                pending.append((item, faces))
+                if self.neural is None or sum(len(f) for _, f in pending) >= self.swapper.max_batch \
+                        or len(pending) >= self.swapper.max_batch:
+                    flush()
+            flush()
             stats.seconds = time.perf_counter() - t0
             if stats.frames == 0:
                 # Raised inside the writer's block, so that it removes the empty output file.
@@ -123,13 +156,19 @@ class FileJob:
                                  f"a complete video file.")
         return stats
 
-    def _process(self, frame: Frame, stats: JobStats) -> None:
-        faces = self.analyser.track(frame)
-        stats.tracks.update(f.track_id for f in faces)
-        done = self.swapper.swap(frame.data, faces)
-        if done:
-            stats.frames_swapped += 1
-            stats.faces_swapped += len(done)
+    def _swap(self, pending: list[tuple[Frame, list[Any]]], stats: JobStats) -> None:
+        if self.neural is not None:
+            items = [(frame.data, face) for frame, faces in pending for face in faces]
+            stats.faces_swapped += self.swapper.swap_many(items)
+            stats.frames_swapped += sum(1 for _, faces in pending if faces)
+            return
+        for frame, faces in pending:
+            done = self.swapper.swap(frame.data, faces)
+            if done:
+                stats.frames_swapped += 1
+                stats.faces_swapped += len(done)
 
     def close(self) -> None:
         self.analyser.close()
+        if self.neural is not None:
+            self.neural.close()

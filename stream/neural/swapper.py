@@ -101,12 +101,15 @@ class NeuralSwapper:
     """Swaps a source identity into faces with a zoo swapper model, up to `max_batch` faces a call."""
 
     def __init__(self, contract: SwapContract, runner: Runner, embedder: Embedder, *,
-                 emap: np.ndarray | None = None, max_batch: int = 4, blur: float = 0.3,
+                 emap: np.ndarray | None = None, converter: Runner | None = None,
+                 max_batch: int = 4, blur: float = 0.3,
                  padding: tuple[float, float, float, float] = (0, 0, 0, 0)) -> None:
         self.contract = contract
         self.runner = runner
         self.embedder = embedder
         self.emap = emap
+        self.converter = converter
+        """Maps the ArcFace embedding into the swapper's own space (crossface_* for simswap, ghost)."""
         self.max_batch = max_batch
         self.blur = blur
         self.padding = padding
@@ -117,6 +120,10 @@ class NeuralSwapper:
     def set_source(self, image: Any, face: Face) -> None:
         """Compute the source identity once, from `face` in `image`."""
         e = self.embedder.embed(image, face)
+        if self.converter is not None:
+            out = self.converter.infer({self.converter.inputs[0].name: e})
+            c = next(iter(out.values()))
+            e = np.asarray(c.get() if hasattr(c, "get") else c, dtype=np.float32).reshape(1, -1)
         self._source = source_vector(e, self.contract.embedding, self.emap)
 
     def swap(self, frame: Any, faces: list[Face]) -> int:
@@ -154,8 +161,14 @@ class NeuralSwapper:
             crop_batch(frame, mats, sub, mean=c.mean, std=c.std)
             batch[xp.asarray(idx)] = sub
         source = xp.asarray(np.repeat(self._source, n, axis=0))
+        if self.runner.wants_device_arrays and xp is np:
+            import cupy
+
+            batch, source = cupy.asarray(batch), cupy.asarray(source)
         out = self.runner.infer({c.target_name: batch, c.source_name: source})
-        y = xp.asarray(next(iter(out.values())), dtype=xp.float32)
+        y = next(iter(out.values()))
+        # A GPU runner may return device arrays for host frames (and the reverse): meet the frames.
+        y = xp.asarray(y.get() if xp is np and hasattr(y, "get") else y, dtype=xp.float32)
         self.batches_run += 1
         if c.output_range == "std_mean":
             y = y * xp.asarray(c.std, dtype=xp.float32)[None, :, None, None] + \

@@ -1,0 +1,107 @@
+"""Build the neural swap stages from the configuration and the model zoo."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from ..config import Config
+from ..engines.download import ModelStore
+from ..engines.errors import EngineUserError, ModelMissingError
+from ..engines.runner import Runner
+from ..engines.select import make_runner
+from ..engines.zoo import TEMPLATES, ModelSpec, get_spec
+from .analyser import DetectorAnalyser
+from .swapper import Embedder, NeuralSwapper, SwapContract
+
+log = logging.getLogger(__name__)
+
+ConfirmFn = Callable[[str], bool]
+
+
+def contract_of(spec: ModelSpec) -> SwapContract:
+    """The swap contract of a zoo swapper, or a clear error for the ones not supported yet."""
+    if spec.kind != "swapper":
+        raise EngineUserError(f"'{spec.name}' is a {spec.kind}, not a swapper")
+    if spec.source_input != "embedding":
+        raise EngineUserError(f"'{spec.name}' takes a source image rather than an embedding; "
+                              f"that contract is not supported yet: use inswapper_128, "
+                              f"hyperswap_1a_256 or simswap_256")
+    if spec.template is None or spec.size is None:
+        raise EngineUserError(f"zoo entry '{spec.name}' has no template or size")
+    if spec.embedding == "emap":
+        kind = "emap"
+    elif spec.embedding_l2:
+        kind = "normalized"
+    else:
+        kind = "raw"
+    return SwapContract(size=spec.size, template=TEMPLATES[spec.template], mean=spec.mean,
+                        std=spec.std, embedding=kind,  # type: ignore[arg-type]
+                        output_range="std_mean" if spec.output_range == "std_mean" else "0_1_clip")
+
+
+class NeuralStages:
+    """The runners, analyser and swapper of one neural configuration; close() frees them."""
+
+    def __init__(self, cfg: Config, *, models_dir: Path | None = None,
+                 confirm: ConfirmFn | None = None,
+                 progress: Callable[[str, int, int], None] | None = None) -> None:
+        self.cfg = cfg
+        self.store = ModelStore(models_dir or cfg.models_dir)
+        self._confirm = confirm
+        self._progress = progress
+        self._runners: list[Runner] = []
+        nc = cfg.neural
+        spec = get_spec(cfg.swapper)
+        contract = contract_of(spec)
+        swap_path = self._model(spec.name)
+        runner = self._runner(swap_path)
+        emb_spec = get_spec(nc.embedder)
+        embedder = Embedder(self._runner(self._model(emb_spec.name)),
+                            TEMPLATES[emb_spec.template or "arcface_112_v2"], emb_spec.size or 112)
+        emap = None
+        if contract.embedding == "emap":
+            import onnx
+
+            from ..engines.torch_models import emap_of
+
+            emap = emap_of(onnx.load(str(swap_path)))
+        converter = None
+        if spec.converter:
+            converter = self._runner(self._model(spec.converter))
+        self.swapper = NeuralSwapper(contract, runner, embedder, emap=emap, converter=converter,
+                                     max_batch=nc.max_batch, blur=nc.blur)
+        self.analyser: DetectorAnalyser | None = None
+        if nc.detector != "builtin":
+            det = get_spec(nc.detector)
+            self.analyser = DetectorAnalyser(
+                self._runner(self._model(det.name)), det.detector_family or "scrfd", det.size or 640,
+                min_score=nc.min_score, detect_every=nc.detect_every,
+                max_faces=cfg.detector.max_faces)
+
+    def _model(self, name: str) -> Path:
+        try:
+            return self.store.path(name)
+        except ModelMissingError:
+            if not self.cfg.neural.download:
+                raise
+        log.info("downloading %s", name)
+        progress = None
+        if self._progress is not None:
+            report = self._progress
+            progress = lambda done, total: report(name, done, total)  # noqa: E731
+        return self.store.download(name, accept_licence=self.cfg.neural.accept_licence,
+                                   confirm=self._confirm, progress=progress)
+
+    def _runner(self, path: Path) -> Runner:
+        nc = self.cfg.neural
+        runner = make_runner(path, nc.runner, precision=nc.precision)
+        runner.activate()
+        self._runners.append(runner)
+        return runner
+
+    def close(self) -> None:
+        for r in self._runners:
+            r.deactivate()
+        self._runners.clear()
