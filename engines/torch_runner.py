@@ -44,7 +44,8 @@ class TorchRunner(Runner):
 
     def __init__(self, onnx_model: str | Path | Any, *, device: str = "auto",
                  precision: Precision = "auto", max_batch: int = 4, cuda_graphs: bool = True,
-                 channels_last: bool = True, check_finite: bool = True) -> None:
+                 channels_last: bool = True, check_finite: bool = True,
+                 compile: bool = False) -> None:
         super().__init__()
         self._src = onnx_model
         self._device_pref = device
@@ -53,6 +54,9 @@ class TorchRunner(Runner):
         self.cuda_graphs = cuda_graphs
         self.channels_last = channels_last
         self.check_finite = check_finite
+        self.compile = compile
+        """torch.compile the module (Inductor fuses the element-wise glue between convolutions into
+        Triton kernels); costs tens of seconds per batch size at start-up."""
         self.fp32_reruns = 0
         """Calls whose fp16 output had NaN or Inf and were run again in fp32."""
         self.graph_failures = 0
@@ -99,6 +103,9 @@ class TorchRunner(Runner):
         if self.channels_last and dev != "cpu":
             module = module.to(memory_format=torch.channels_last)
         self._module = module.eval()
+        if self.compile and dev != "cpu":
+            # Static shapes: one compiled variant per batch size, each then captured in its graph.
+            self._module = torch.compile(self._module, dynamic=False, fullgraph=True)
         init_names = set(inits)
         elem = {1: np.float32, 10: np.float16}
         self.inputs = [TensorSpec(i.name, tuple(d.dim_param or (d.dim_value or None)
