@@ -42,7 +42,7 @@ def choose_runner(preference: RunnerName = "auto") -> tuple[str, str]:
 
 
 def make_runner(model: str | Path, preference: RunnerName = "auto", *,
-                precision: str = "auto") -> Runner:
+                precision: str = "auto", compile: bool = False) -> Runner:
     """A runner for the ONNX file `model`, chosen by `choose_runner`; the choice is logged.
 
     PyTorch runs only architectures that have a native module (see torch_models); under `auto`, any
@@ -67,7 +67,8 @@ def make_runner(model: str | Path, preference: RunnerName = "auto", *,
     if name == "torch":
         from .torch_runner import TorchRunner
 
-        return TorchRunner(loaded if loaded is not None else model, precision=precision)  # type: ignore[arg-type]
+        return TorchRunner(loaded if loaded is not None else model, precision=precision,  # type: ignore[arg-type]
+                           compile=compile)
     from .ort_runner import OnnxRuntimeRunner
 
     return OnnxRuntimeRunner(model)

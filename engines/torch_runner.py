@@ -64,6 +64,7 @@ class TorchRunner(Runner):
         self._module: Any = None
         self._module32: Any = None
         self._module32_on_device: Any = None
+        self._eager: Any = None
 
     # -- loading ------------------------------------------------------------------------------
 
@@ -103,8 +104,10 @@ class TorchRunner(Runner):
         if self.channels_last and dev != "cpu":
             module = module.to(memory_format=torch.channels_last)
         self._module = module.eval()
+        self._eager = self._module
         if self.compile and dev != "cpu":
             # Static shapes: one compiled variant per batch size, each then captured in its graph.
+            # Compilation happens lazily, at the first call of each batch size (see _replay).
             self._module = torch.compile(self._module, dynamic=False, fullgraph=True)
         init_names = set(inits)
         elem = {1: np.float32, 10: np.float16}
@@ -204,6 +207,14 @@ class TorchRunner(Runner):
                     static_out = self._run_module(self._module, static_in)
                 entry = (graph, static_in, static_out)
             except RuntimeError as e:
+                if self._module is not self._eager:
+                    # Inductor could not compile here (no Triton, no C compiler...): go on with
+                    # the plain module, still in CUDA graphs.
+                    log.warning("torch.compile failed (%s): using the uncompiled module",
+                                str(e).splitlines()[0][:200])
+                    self._module = self._eager
+                    self.compile = False
+                    return self._replay(batch, args, ext)
                 self.graph_failures += 1
                 log.warning("CUDA graph capture failed for batch %d (%s): running eagerly", batch,
                             str(e).splitlines()[0])

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the `device` tool), from the repository root:
-#   tools/device_check.sh [tests|bench|kernels|swap|all]   (default: all; bench = kernels + swap)
+#   tools/device_check.sh [tests|engines|bench|kernels|swap|all]   (default: all; bench = kernels + swap)
 # Installs the carried wheels (.whl/, ignored by git), makes `swapstream` importable from this tree,
 # runs `pytest -m gpu`, then the benchmarks. Logs and JSON go to $OUT (or ./device_out locally).
 # Carry: .whl (ai-edge-litert, pydantic and their small deps for Python 3.12) and .models (the
@@ -31,7 +31,7 @@ export SWAPSTREAM_MODELS_DIR="$PWD/.models"
 } 2>&1 | tee "$OUT/env.txt"
 
 rc=0
-if [[ "$what" == swap ]]; then
+if [[ "$what" == swap || "$what" == engines ]]; then
   # The runner's accuracy against ONNX Runtime goes with its benchmark.
   python3 -m pytest -m gpu -rs -v -p no:cacheprovider tests/engines 2>&1 | tee "$OUT/pytest_gpu_engines.log"
   rc=${PIPESTATUS[0]}

@@ -96,7 +96,7 @@ class NeuralStages:
 
     def _runner(self, path: Path) -> Runner:
         nc = self.cfg.neural
-        runner = make_runner(path, nc.runner, precision=nc.precision)
+        runner = make_runner(path, nc.runner, precision=nc.precision, compile=nc.compile)
         runner.activate()
         self._runners.append(runner)
         return runner

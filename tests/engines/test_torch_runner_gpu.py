@@ -22,19 +22,22 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(b.astype(np.float64)))
 
 
-@pytest.mark.parametrize("precision,tol", [
+@pytest.mark.parametrize("precision,tol,compile", [
     # fp16 weights and activations carry ~3 decimal digits; 1e-2 is the contract.
-    ("fp16", 1e-2),
+    ("fp16", 1e-2, False),
+    # The same with torch.compile: Inductor's fused kernels round in other places, same contract.
+    ("fp16", 1e-2, True),
     # fp32 with TF32 off: only summation order differs from ONNX Runtime's CPU kernels.
-    ("fp32", 1e-4),
+    ("fp32", 1e-4, False),
 ])
-def test_torch_runner_matches_onnxruntime(cp: ModuleType, precision: str, tol: float) -> None:
+def test_torch_runner_matches_onnxruntime(cp: ModuleType, precision: str, tol: float,
+                                          compile: bool) -> None:
     pytest.importorskip("torch")
     model = inswapper(width=32, blocks=2, seed=3)
     rng = np.random.default_rng()
     stream = cp.cuda.Stream(non_blocking=True)
     with OnnxRuntimeRunner(model.SerializeToString(), providers="cpu") as ort, \
-            TorchRunner(model, device="cuda", precision=precision) as tr:
+            TorchRunner(model, device="cuda", precision=precision, compile=compile) as tr:
         assert tr.architecture == "inswapper"
         for batch in (1, 2, 3, 4):
             for _ in range(2):  # the second call replays the captured graph
@@ -49,3 +52,4 @@ def test_torch_runner_matches_onnxruntime(cp: ModuleType, precision: str, tol: f
                 err = rel_err(got, ref)
                 assert err <= tol, f"batch {batch}: relative error {err:.2e} > {tol}"
         assert tr.graph_failures == 0
+        assert tr.compile == compile  # compiled for real, not silently fallen back
