@@ -20,11 +20,11 @@ import re
 import secrets
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
+from .filelock import exclusive
 from .builtin import default_models_dir
 from .errors import EngineUserError, ModelMissingError
 from .zoo import ASSETS_BASE_URL, MODELS, ModelSpec, crc32_file, get_spec, parse_hash
@@ -94,22 +94,6 @@ def _write_atomic(path: Path, data: bytes) -> None:
 def _one_line(reason: object) -> str:
     text = " ".join(str(reason).split())
     return text or type(reason).__name__
-
-
-@contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
-    """Serialise downloads into one cache between processes, so that two never append to one `.part`."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: no flock; the CRC check still catches a mangled file
-        yield
-        return
-    with open(lock_path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 class ModelStore:
@@ -251,7 +235,7 @@ class ModelStore:
             self._remember_licence(spec)
 
         self.cache_dir.mkdir(parents=True, exist_ok=True)
-        with _exclusive(self.cache_dir / ".download.lock"):
+        with exclusive(self.cache_dir / ".download.lock"):
             return self._download_locked(spec, progress)
 
     def _download_locked(self, spec: ModelSpec, progress: Progress | None) -> Path:

@@ -29,13 +29,14 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
+from .filelock import exclusive
 from .errors import EngineUserError, ModelMissingError
 from .runner import FeedError, Runner, RunnerError, TensorSpec, array_module_name
 
@@ -233,23 +234,6 @@ def _write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
-
-
-@contextlib.contextmanager
-def _file_lock(lock_path: Path) -> Iterator[None]:
-    """Serialise builds of one engine between processes: a build takes minutes and doing it twice at
-    once (two streams starting together) wastes them."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: no flock; the atomic rename still keeps the cache consistent
-        yield
-        return
-    with open(lock_path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 # ------------------------------------------------------------------------ fp16 ONNX conversion
@@ -811,7 +795,7 @@ def ensure_engine(onnx_path: str | Path, *, cache_dir: str | Path | None = None,
     if engine_path.is_file() and not force:
         return EngineBuildResult(engine_path, False, 0.0, key)
     folder.mkdir(parents=True, exist_ok=True)
-    with _file_lock(engine_path.with_name(engine_path.name + ".lock")):
+    with exclusive(engine_path.with_name(engine_path.name + ".lock")):
         if engine_path.is_file() and not force:  # another process built it while we waited
             return EngineBuildResult(engine_path, False, 0.0, key)
         t0 = time.perf_counter()

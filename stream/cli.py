@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 from rich.table import Table
@@ -17,7 +16,7 @@ from rich.text import Text
 
 from . import __version__
 from .config import Config, describe, load_config
-from .errors import USER_ERRORS
+from .console import err, out, run_app
 
 app = typer.Typer(
     name="swapstream",
@@ -36,8 +35,6 @@ app.add_typer(models_app, name="models")
 from .engines_cli import app as engines_app  # noqa: E402
 
 app.add_typer(engines_app, name="engines")
-err = Console(stderr=True, highlight=False)
-out = Console(highlight=False)
 
 
 def _version(value: bool) -> None:
@@ -221,17 +218,8 @@ def config_cmd(
 
 
 def main() -> None:
-    """Entry point: user errors become one line on stderr and a non-zero exit.
-
-    Click (inside Typer) already turns usage errors into a message and exit code 2; what reaches
-    here is our own user errors, which bad input raises from deep inside a job.
-    """
-    try:
-        app()
-    except USER_ERRORS as e:
-        # Text, not markup: paths and values may contain "[...]", which Rich would read as style tags.
-        err.print(Text("error: ", style="bold red") + Text(str(e)), soft_wrap=True)
-        sys.exit(getattr(e, "exit_code", 2))
+    """Entry point of the `swapstream` command."""
+    run_app(app)
 
 
 if __name__ == "__main__":

@@ -8,20 +8,18 @@ same on its own.
 
 from __future__ import annotations
 
-import sys
 import time
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from .engines.tensorrt_runner import (ENGINE_CACHE_ENV, ensure_engine, resolve_model,
                                       tensorrt_available)
-from .errors import USER_ERRORS, EngineUserError
+from .errors import EngineUserError
 
 app = typer.Typer(
     name="engines",
@@ -31,8 +29,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-err = Console(stderr=True, highlight=False)
-out = Console(highlight=False)
+from .console import err, out, run_app
 
 
 @app.callback()
@@ -94,11 +91,7 @@ def build(
 
 def main() -> None:
     """`python -m swapstream.engines_cli`: user errors are one line on stderr and a non-zero exit."""
-    try:
-        app()
-    except USER_ERRORS as e:
-        err.print(Text("error: ", style="bold red") + Text(str(e)), soft_wrap=True)
-        sys.exit(getattr(e, "exit_code", 2))
+    run_app(app)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.progress import (BarColumn, DownloadColumn, Progress, TaskID, TextColumn,
                            TimeRemainingColumn, TransferSpeedColumn)
@@ -29,8 +28,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-err = Console(stderr=True, highlight=False)
-out = Console(highlight=False)
+from .console import err, out
 
 ModelsDir = Annotated[Optional[Path], typer.Option(
     "--models-dir", help="Folder with model files placed by hand; looked in before the download cache.")]
