@@ -90,13 +90,31 @@ def _download_progress() -> tuple[Progress, "object"]:
     return bar, report
 
 
-def _run_job(cfg: Config, source: Path | None, input_path: Path, output: Path, quiet: bool,
-             source_image: tuple[object, str] | None = None) -> "object":
+def _job_class(cfg: Config) -> type:
+    """The GPU job when the configuration allows and a GPU is usable, else the CPU one; says why."""
+    from .gpu.job import GpuFileJob, gpu_available
+    from .errors import ConfigError
     from .pipeline import FileJob
 
+    ok, why = gpu_available()
+    if cfg.device == "cpu":
+        err.print(Text("using the CPU path (device: cpu)"))
+        return FileJob
+    if ok:
+        err.print(Text(f"using the GPU path: {why}"))
+        return GpuFileJob
+    if cfg.device == "cuda":
+        raise ConfigError(f"device is 'cuda' but the GPU path cannot run: {why}. Use --set device=auto.")
+    err.print(Text(f"using the CPU path: {why}"))
+    return FileJob
+
+
+def _run_job(cfg: Config, source: Path | None, input_path: Path, output: Path, quiet: bool,
+             source_image: tuple[object, str] | None = None) -> "object":
+    job_class = _job_class(cfg)
     dl_bar, dl_report = _download_progress()
     try:
-        job = FileJob(cfg, confirm=_confirm_licence,
+        job = job_class(cfg, confirm=_confirm_licence,
                       download_progress=None if quiet else dl_report)  # type: ignore[arg-type]
     finally:
         dl_bar.stop()

@@ -109,8 +109,8 @@ class NeuralConfig(_Section):
 class Config(_Section):
     swapper: str = "mesh"
     """Which swapper replaces the faces: `mesh` (built in, no downloads) or a zoo swapper such as inswapper_128."""
-    device: Literal["auto", "cpu"] = "auto"
-    """Where to run: `auto` uses the GPU when one is usable, else the CPU."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where to run: `auto` uses the GPU when CuPy and a CUDA device are usable, else the CPU."""
     models_dir: Path | None = None
     """Folder with model files (default: $SWAPSTREAM_MODELS_DIR or ~/.cache/swapstream/models)."""
     detector: DetectorConfig = DetectorConfig()

@@ -165,7 +165,11 @@ class NeuralSwapper:
             import cupy
 
             batch, source = cupy.asarray(batch), cupy.asarray(source)
-        out = self.runner.infer({c.target_name: batch, c.source_name: source})
+        # On the GPU the model runs on the caller's current CuPy stream, ordered after the crop.
+        stream = None
+        if xp is not np:
+            stream = xp.cuda.get_current_stream()
+        out = self.runner.infer({c.target_name: batch, c.source_name: source}, stream)
         y = next(iter(out.values()))
         # A GPU runner may return device arrays for host frames (and the reverse): meet the frames.
         y = xp.asarray(y.get() if xp is np and hasattr(y, "get") else y, dtype=xp.float32)

@@ -1,0 +1,1 @@
+"""The GPU-resident pipeline: frames in GPU memory from upload to download, double-buffered."""

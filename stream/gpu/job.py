@@ -1,0 +1,168 @@
+"""The file job on the GPU: frames stay in GPU memory from upload to download, with double buffering.
+
+Stages and their CUDA streams (CuPy-owned), ordered by events, never by a device-wide sync:
+- upload: PyAV decodes on the host into a ring of pinned buffers; an asynchronous copy on the
+  upload stream puts each frame into a ring of device buffers;
+- compute: waits for the frame's upload event, then swaps (mesh or neural kernels, model runners);
+- download: waits for the compute event, copies the frame into a ring of pinned buffers;
+- encode: the host waits for that copy's event (the one host wait, where the encoder takes over)
+  and hands the pinned buffer to x264, one frame behind, so the copy of frame n overlaps the
+  compute of frame n+1.
+Face analysis runs on the host on the decoded frame it already has, while the GPU works.
+NVTX ranges mark every stage, so a profile shows the overlap.
+
+NVDEC decoding and NVENC encoding (PyNvVideoCodec) are the next step: this job decodes with PyAV.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..io.video import AudioPacket, VideoReader, VideoWriter, probe
+from ..pipeline import SYNTHETIC_TAGS, FileJob, JobStats, ProgressFn, expected_frames
+from ..types import Frame
+from .ring import Ring, Slot
+
+log = logging.getLogger(__name__)
+
+# Three slots: the slot of frame n is reused at frame n+3, after the writer (which keeps one frame
+# to compute durations) has encoded frame n at frame n+1. Two would race with that.
+RING_SLOTS = 3
+
+
+def gpu_available() -> tuple[bool, str]:
+    """Whether the GPU path can run here, and why (or why not)."""
+    try:
+        import cupy
+    except ImportError:
+        return False, "CuPy is not installed (pip install 'swapstream[gpu]')"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # no driver, or a broken one
+        return False, f"CUDA is not usable: {str(e).splitlines()[0]}"
+    if n == 0:
+        return False, "no CUDA device"
+    name = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    return True, f"CuPy {cupy.__version__} on {name}"
+
+
+@contextlib.contextmanager
+def nvtx(name: str) -> Iterator[None]:
+    """An NVTX range (visible in Nsight Systems), or nothing where NVTX is unavailable."""
+    try:
+        from cupy.cuda import nvtx as _nvtx
+
+        _nvtx.RangePush(name)
+    except Exception:  # NVTX is optional: profiling aid only
+        yield
+        return
+    try:
+        yield
+    finally:
+        _nvtx.RangePop()
+
+
+class GpuFileJob(FileJob):
+    """`FileJob` with its frames on the GPU. Same analyser, swappers and outputs; see the module doc."""
+
+    def run(self, input_path: str | Any, output_path: str | Any,
+            progress: ProgressFn | None = None) -> JobStats:
+        import cupy
+        import cupyx
+
+        inp, out = Path(input_path), Path(output_path)
+        info = probe(inp)
+        stats = JobStats(input_info=info)
+        total = expected_frames(info)
+        enc = self.config.encode
+        shape = (info.height, info.width, 3)
+        upload = cupy.cuda.Stream(non_blocking=True)
+        compute = cupy.cuda.Stream(non_blocking=True)
+        download = cupy.cuda.Stream(non_blocking=True)
+        pin_in: Ring[np.ndarray] = Ring(RING_SLOTS, lambda _i: cupyx.empty_pinned(shape, np.uint8))
+        dev: Ring[Any] = Ring(RING_SLOTS, lambda _i: cupy.empty(shape, cupy.uint8))
+        pin_out: Ring[np.ndarray] = Ring(RING_SLOTS, lambda _i: cupyx.empty_pinned(shape, np.uint8))
+        # Frames whose download is in flight, oldest first: (pinned slot, D2H event, frame).
+        in_flight: deque[tuple[Slot[np.ndarray], Any, Frame]] = deque()
+        self.stage_seconds = {"analyse": 0.0, "submit": 0.0, "encode": 0.0}
+
+        with VideoReader(inp) as reader, VideoWriter(
+                out, width=info.width, height=info.height, time_base=info.time_base,
+                rate=info.avg_rate, crf=enc.crf, preset=enc.preset, codec=enc.codec,
+                audio_from=reader.audio_stream, metadata=SYNTHETIC_TAGS, threads=enc.threads) as writer:
+
+            def finish_oldest() -> None:
+                slot, event, frame = in_flight.popleft()
+                t = time.perf_counter()
+                with nvtx("encode"):
+                    event.synchronize()  # the encoder hand-over: the only host wait per frame
+                    writer.write(Frame(slot.buffer, frame.pts, frame.time_base, frame.index))
+                self.stage_seconds["encode"] += time.perf_counter() - t
+                stats.frames += 1
+                if progress is not None:
+                    progress(stats.frames, total)
+
+            t0 = time.perf_counter()
+            for item in reader:
+                if isinstance(item, AudioPacket):
+                    writer.write_audio(item)
+                    stats.audio_packets += 1
+                    continue
+                t = time.perf_counter()
+                with nvtx("analyse"):
+                    faces = self.analyser.track(item)
+                stats.tracks.update(f.track_id for f in faces)
+                self.stage_seconds["analyse"] += time.perf_counter() - t
+                t = time.perf_counter()
+                # Upload: host frame -> pinned slot -> device slot, asynchronously.
+                with nvtx("upload"):
+                    pin = pin_in.acquire(item.pts)
+                    np.copyto(pin.buffer, item.data)
+                    dslot = dev.acquire(item.pts)
+                    dslot.buffer.set(pin.buffer, stream=upload)
+                    uploaded = upload.record()
+                    pin_in.release(pin, uploaded)
+                # Compute: after the upload, on its own stream.
+                with nvtx("swap"), compute:
+                    compute.wait_event(uploaded)
+                    swapped = self._swap_gpu(dslot.buffer, faces)
+                    done = compute.record()
+                stats.faces_swapped += swapped
+                stats.frames_swapped += 1 if swapped else 0
+                # Download: after the compute, into a pinned slot, asynchronously.
+                with nvtx("download"):
+                    pout = pout_slot = pin_out.acquire(item.pts)
+                    download.wait_event(done)
+                    dslot.buffer.get(stream=download, out=pout.buffer, blocking=False)
+                    downloaded = download.record()
+                    dev.release(dslot, downloaded)
+                    pin_out.release(pout_slot, downloaded)
+                in_flight.append((pout, downloaded, item))
+                self.stage_seconds["submit"] += time.perf_counter() - t
+                # Encode the previous frame while this one is copied back.
+                while len(in_flight) > 1:
+                    finish_oldest()
+            while in_flight:
+                finish_oldest()
+            stats.seconds = time.perf_counter() - t0
+            if stats.frames == 0:
+                from ..errors import InputError
+
+                raise InputError(f"input '{inp}' has no decodable video frames. Check that it is "
+                                 f"a complete video file.")
+        self.ring_stalls = {"pinned_in": pin_in.stalls, "device": dev.stalls, "pinned_out": pin_out.stalls}
+        return stats
+
+    def _swap_gpu(self, frame: Any, faces: list[Any]) -> int:
+        if not faces:
+            return 0
+        done = self.swapper.swap(frame, faces)
+        return len(done) if isinstance(done, list) else int(done)
