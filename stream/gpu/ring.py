@@ -5,7 +5,7 @@ the copy of frame n can run while frame n+1 is being prepared (or computed), and
 runs ahead is held back instead of overwriting a buffer still in flight (back-pressure). Slots go
 round in order, so frames leave in the order they came.
 
-The ring knows nothing about CUDA: an event is anything with `synchronize()` and `query()` (CuPy
+The ring knows nothing about CUDA: an event is anything with `synchronize()` and a `done` property (CuPy
 events on the GPU; `HostEvent` on the CPU, which the tests use with a worker thread standing in for a
 copy engine).
 """
@@ -21,9 +21,12 @@ T = TypeVar("T")
 
 
 class EventLike(Protocol):
-    def synchronize(self) -> None: ...
+    """What a CuPy event offers: `done` (has the marked work finished?) and `synchronize()`."""
 
-    def query(self) -> bool: ...
+    @property
+    def done(self) -> bool: ...
+
+    def synchronize(self) -> None: ...
 
 
 class HostEvent:
@@ -40,7 +43,8 @@ class HostEvent:
     def synchronize(self) -> None:
         self._ev.wait()
 
-    def query(self) -> bool:
+    @property
+    def done(self) -> bool:
         return self._ev.is_set()
 
 
@@ -74,7 +78,7 @@ class Ring(Generic[T]):
         """The next slot in order, once the work last recorded on it has finished."""
         slot = self.slots[self._next]
         self._next = (self._next + 1) % len(self.slots)
-        if slot.event is not None and not slot.event.query():
+        if slot.event is not None and not slot.event.done:
             self.stalls += 1
             slot.waits += 1
             slot.event.synchronize()
