@@ -180,6 +180,36 @@ def run(
 
 
 @app.command()
+def live(
+    source: Annotated[Path, typer.Option("--source", "-s", help="Image with the face to put in.")],
+    input: Annotated[str, typer.Option("--input", "-i", help="Live input: rtmp://HOST:PORT/APP/KEY (or a file).")],
+    rtmp_out: Annotated[Optional[str], typer.Option("--rtmp-out", help="Push the result to this RTMP URL.")] = None,
+    hls_dir: Annotated[Optional[Path], typer.Option("--hls-dir", help="Write a live HLS playlist (index.m3u8) and segments here.")] = None,
+    config: Annotated[Optional[str], typer.Option("--config", "-c", help="Preset name or YAML file.")] = "live",
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config key: key=value.")] = None,
+    max_frames: Annotated[Optional[int], typer.Option(help="Stop after this many frames (default: until the input ends).")] = None,
+    reconnect: Annotated[float, typer.Option(help="Seconds to keep reconnecting to a dropped input.")] = 60.0,
+) -> None:
+    """Swap faces in a live stream: pull RTMP, push RTMP and/or write HLS, without building up latency."""
+    from .live.job import LiveJob
+
+    cfg = _config(config, set_, None)
+    job = LiveJob(cfg)
+    try:
+        job.set_source(source)
+        err.print(Text(f"live: {input} -> {', '.join(x for x in (rtmp_out, str(hls_dir) if hls_dir else None) if x)}"))
+        stats = job.run_live(input, rtmp_out=rtmp_out, hls_dir=hls_dir, max_frames=max_frames,
+                             reconnect_seconds=reconnect)
+    finally:
+        job.close()
+    lat = sorted(stats.latency_ms)
+    p50 = lat[len(lat) // 2] if lat else 0.0
+    out.print(Text(f"frames in {stats.frames_in}, out {stats.frames_out}, dropped {stats.dropped}, "
+                   f"faces swapped {stats.faces_swapped}, audio packets {stats.audio_packets}, "
+                   f"reconnects {stats.reconnects}, swap-stage latency p50 {p50:.0f} ms"))
+
+
+@app.command()
 def demo(
     out_dir: Annotated[Path, typer.Option("--out-dir", help="Where to write demo.mp4 and the contact sheet.")] = Path("out"),
     seconds: Annotated[float, typer.Option(min=0.5, max=60, help="Length of the demo clip.")] = 4.0,

@@ -1,0 +1,129 @@
+"""The live job: pull a stream, swap faces, push it to RTMP and/or HLS without building up latency.
+
+A reader thread demuxes and decodes the input. Video frames wait in a small bounded buffer: when the
+swap falls behind, the oldest waiting frame is dropped and counted (a live stream must not lag),
+and frames leave in pts order. Audio packets are never dropped; they are passed through.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..io.video import AudioPacket
+from ..pipeline import FileJob
+from ..types import Frame
+from .streams import LiveReader, LiveWriter
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LiveStats:
+    """What a live run did."""
+
+    frames_in: int = 0
+    frames_out: int = 0
+    dropped: int = 0
+    """Frames dropped because the swap fell behind the input."""
+    faces_swapped: int = 0
+    audio_packets: int = 0
+    reconnects: int = 0
+    latency_ms: list[float] = field(default_factory=list)
+    """Per frame: time from the frame's arrival (decoded) to its hand-over to the outputs."""
+
+
+class LiveJob(FileJob):
+    """Swaps faces in a live input and writes live outputs. Construct like `FileJob`."""
+
+    def run_live(self, url: str, *, rtmp_out: str | None = None, hls_dir: Path | None = None,
+                 max_frames: int | None = None, buffer_frames: int = 2,
+                 stop: threading.Event | None = None, reconnect_seconds: float = 60.0) -> LiveStats:
+        if rtmp_out is None and hls_dir is None:
+            from ..errors import ConfigError
+
+            raise ConfigError("a live run needs an output: --rtmp-out URL and/or --hls-dir FOLDER")
+        stop = stop or threading.Event()
+        reader = LiveReader(url, reconnect_seconds=reconnect_seconds)
+        reader.open()
+        stats = LiveStats()
+        frames: deque[tuple[Frame, float]] = deque()
+        audio: deque[AudioPacket] = deque()
+        cond = threading.Condition()
+        finished = threading.Event()
+
+        def read() -> None:
+            try:
+                for item in reader:
+                    if stop.is_set():
+                        break
+                    with cond:
+                        if isinstance(item, AudioPacket):
+                            audio.append(item)
+                        else:
+                            stats.frames_in += 1
+                            if len(frames) >= buffer_frames:
+                                frames.popleft()  # the oldest waiting frame goes: keep up with live
+                                stats.dropped += 1
+                            frames.append((item, time.monotonic()))
+                        cond.notify()
+            finally:
+                finished.set()
+                with cond:
+                    cond.notify()
+
+        writers: list[LiveWriter] = []
+        thread = threading.Thread(target=read, name="live-reader", daemon=True)
+        thread.start()
+        try:
+            while not stop.is_set():
+                with cond:
+                    while not frames and not audio and not finished.is_set():
+                        cond.wait(0.1)
+                    pending_audio = list(audio)
+                    audio.clear()
+                    item = frames.popleft() if frames else None
+                if item is None and not pending_audio and finished.is_set():
+                    break
+                if item is not None:
+                    frame, arrived = item
+                    if not writers:
+                        writers = self._open_writers(frame, reader, rtmp_out, hls_dir)
+                    faces = self.analyser.track(frame)
+                    done = self.swapper.swap(frame.data, faces) if faces else 0
+                    stats.faces_swapped += len(done) if isinstance(done, list) else int(done)
+                    for w in writers:
+                        w.write(frame)
+                    stats.frames_out += 1
+                    stats.latency_ms.append((time.monotonic() - arrived) * 1e3)
+                    if max_frames is not None and stats.frames_out >= max_frames:
+                        break
+                for p in pending_audio:
+                    stats.audio_packets += 1
+                    for w in writers:
+                        w.write_audio(p)
+        finally:
+            reader.stop()
+            stop.set()
+            thread.join(timeout=10)
+            for w in writers:
+                w.close()
+            stats.reconnects = reader.reconnects
+        return stats
+
+    def _open_writers(self, first: Frame, reader: LiveReader, rtmp_out: str | None,
+                      hls_dir: Path | None) -> list[LiveWriter]:
+        h, w = first.data.shape[:2]
+        common: dict[str, Any] = dict(width=w, height=h, fps=reader.info_fps, time_base=first.time_base,
+                                      audio_from=reader.audio_stream, crf=self.config.encode.crf)
+        out = []
+        if rtmp_out:
+            out.append(LiveWriter(rtmp_out, kind="rtmp", **common))
+        if hls_dir is not None:
+            out.append(LiveWriter(str(hls_dir / "index.m3u8"), kind="hls", **common))
+        return out

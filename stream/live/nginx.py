@@ -1,0 +1,121 @@
+"""nginx with the RTMP module: a config builder (a pure function) and a process wrapper.
+
+SwapStream does not speak RTMP's handshake itself: a real server (nginx-rtmp here, or MediaMTX)
+accepts publishers such as OBS, and SwapStream pulls from it and pushes back to it. The config's
+`on_publish` points at SwapStream's stream-key check (`live/auth.py`), so a wrong key is refused by
+the server before any media flows.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from types import TracebackType
+
+from ..errors import SwapStreamError
+
+RTMP_MODULE_PATHS = ("/usr/lib/nginx/modules/ngx_rtmp_module.so",
+                     "/usr/share/nginx/modules/ngx_rtmp_module.so")
+
+
+def nginx_rtmp_config(*, rtmp_port: int, prefix: Path, app: str = "live",
+                      auth_url: str | None = None, module_path: str | None = None) -> str:
+    """An nginx.conf for one RTMP application on 127.0.0.1:`rtmp_port`, running unprivileged in
+    `prefix` (pid, logs and temp files there), with live streams only (no recording) and, when
+    `auth_url` is given, publishers checked by an HTTP callback (2xx accepts, anything else refuses)."""
+    load = f"load_module {module_path};\n" if module_path else ""
+    auth = f"            on_publish {auth_url};\n" if auth_url else ""
+    return (
+        f"{load}"
+        f"daemon off;\n"
+        f"master_process off;\n"
+        f"pid {prefix}/nginx.pid;\n"
+        f"error_log {prefix}/error.log info;\n"
+        f"events {{ worker_connections 256; }}\n"
+        f"rtmp {{\n"
+        f"    server {{\n"
+        f"        listen 127.0.0.1:{rtmp_port};\n"
+        f"        chunk_size 4096;\n"
+        f"        application {app} {{\n"
+        f"            live on;\n"
+        f"            record off;\n"
+        f"{auth}"
+        f"        }}\n"
+        f"    }}\n"
+        f"}}\n"
+    )
+
+
+def free_port() -> int:
+    """An ephemeral TCP port on loopback that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise SwapStreamError(f"nothing listens on 127.0.0.1:{port} after {timeout:.0f} s")
+
+
+class NginxRtmp:
+    """An nginx-rtmp server process on loopback, for local setups and tests. Context manager."""
+
+    def __init__(self, prefix: Path, *, rtmp_port: int | None = None, app: str = "live",
+                 auth_url: str | None = None) -> None:
+        binary = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+        if binary is None:
+            raise SwapStreamError("nginx is not installed: install the Debian packages nginx and "
+                                  "libnginx-mod-rtmp (or point SwapStream at another RTMP server)")
+        module = next((p for p in RTMP_MODULE_PATHS if Path(p).exists()), None)
+        if module is None:
+            raise SwapStreamError("nginx's RTMP module is missing: install libnginx-mod-rtmp")
+        self.binary = binary
+        self.prefix = prefix
+        self.port = rtmp_port or free_port()
+        self.app = app
+        prefix.mkdir(parents=True, exist_ok=True)
+        self.conf = prefix / "nginx.conf"
+        self.conf.write_text(nginx_rtmp_config(rtmp_port=self.port, prefix=prefix, app=app,
+                                               auth_url=auth_url, module_path=module))
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def url(self, key: str) -> str:
+        return f"rtmp://127.0.0.1:{self.port}/{self.app}/{key}"
+
+    def start(self) -> "NginxRtmp":
+        self._proc = subprocess.Popen([self.binary, "-p", str(self.prefix), "-c", str(self.conf)],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            wait_for_port(self.port)
+        except SwapStreamError:
+            self.stop()
+            log = (self.prefix / "error.log")
+            tail = log.read_text()[-400:] if log.exists() else ""
+            raise SwapStreamError(f"nginx did not start on port {self.port}: {tail.strip()}") from None
+        return self
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+
+    def __enter__(self) -> "NginxRtmp":
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()

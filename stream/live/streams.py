@@ -1,0 +1,267 @@
+"""Live inputs and outputs over PyAV (FFmpeg): RTMP pull with reconnect, RTMP push and HLS out.
+
+The options and arguments are built by pure functions (`rtmp_input_options`, `x264_live_options`,
+`hls_options`) so that tests pin them exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import av
+import numpy as np
+
+from ..errors import InputError, OutputError
+from ..io.video import AudioPacket
+from ..types import Frame
+
+log = logging.getLogger(__name__)
+
+
+def rtmp_input_options() -> dict[str, str]:
+    """FFmpeg options for pulling a live RTMP stream with the least buffering."""
+    return {"rtmp_live": "live", "fflags": "nobuffer", "flags": "low_delay",
+            "analyzeduration": "1000000", "probesize": "500000"}
+
+
+def x264_live_options(fps: float, *, preset: str = "ultrafast", crf: int = 23,
+                      keyint_seconds: float = 1.0) -> dict[str, str]:
+    """libx264 for live outputs: no B-frames (no reordering delay), a keyframe every second so that
+    players and HLS segments can start anywhere, zerolatency tuning."""
+    g = max(1, round(fps * keyint_seconds))
+    return {"preset": preset, "tune": "zerolatency", "crf": str(crf), "bf": "0", "g": str(g),
+            "keyint_min": str(g), "sc_threshold": "0"}
+
+
+def hls_options(folder: Path, *, segment_seconds: float = 1.0, list_size: int = 6) -> dict[str, str]:
+    """A sliding-window live playlist: short segments, old ones deleted."""
+    return {"hls_time": f"{segment_seconds:g}", "hls_list_size": str(list_size),
+            "hls_flags": "delete_segments+independent_segments+omit_endlist",
+            "hls_segment_filename": str(folder / "seg_%05d.ts")}
+
+
+class LiveReader:
+    """Frames and audio packets from a live URL (or a file), reconnecting when the input drops.
+
+    After a reconnect the new publisher's timestamps start again; the reader shifts them so that
+    `pts` keeps increasing across the gap (in the first connection's time base).
+    """
+
+    def __init__(self, url: str, *, reconnect_seconds: float = 60.0, open_timeout: float = 5.0,
+                 read_timeout: float = 5.0) -> None:
+        self.url = url
+        self.reconnect_seconds = reconnect_seconds
+        # A read that waits longer than this is a dropped input (nginx keeps a player's connection
+        # open after its publisher leaves): it ends the read and starts reconnecting.
+        self.timeouts = (open_timeout, read_timeout)
+        self.reconnects = 0
+        self.audio_stream: Any = None
+        self.info_fps: float = 30.0
+        self._offset = 0
+        self._last_pts: int | None = None
+        self._time_base: Fraction | None = None
+        self._index = 0
+        self._stopped = False
+        self._container: Any = None
+
+    def _open(self) -> Any:
+        opts = rtmp_input_options() if self.url.startswith("rtmp") else {}
+        return av.open(self.url, options=opts, timeout=self.timeouts)
+
+    def open(self) -> None:
+        """First connection: a failure here is the user's input error."""
+        try:
+            self._container = self._open()
+        except (av.error.FFmpegError, OSError) as e:
+            raise InputError(f"cannot open live input '{self.url}': {e}. Check the URL and that "
+                             f"the stream is being published.") from None
+        if not self._container.streams.video:
+            raise InputError(f"live input '{self.url}' has no video stream")
+        v = self._container.streams.video[0]
+        if v.codec_context.name not in ("h264", "hevc"):
+            log.warning("live input codec is %s; H.264 is what every path supports", v.codec_context.name)
+        self._time_base = v.time_base
+        self.info_fps = float(v.average_rate or v.guessed_rate or 30)
+        self.audio_stream = self._container.streams.audio[0] if self._container.streams.audio else None
+
+    def stop(self) -> None:
+        self._stopped = True
+
+    def __iter__(self) -> Iterator[Frame | AudioPacket]:
+        if self._container is None:
+            self.open()
+        while not self._stopped:
+            try:
+                yield from self._read(self._container)
+            except (av.error.FFmpegError, OSError) as e:
+                log.warning("live input '%s' dropped: %s", self.url, e)
+            finally:
+                self._container.close()
+            if self._stopped or not self._reconnect():
+                return
+
+    def _read(self, c: Any) -> Iterator[Frame | AudioPacket]:
+        v = c.streams.video[0]
+        streams = [v] + ([c.streams.audio[0]] if c.streams.audio else [])
+        shift = None
+        for packet in c.demux(streams):
+            if self._stopped:
+                return
+            if packet.stream.type == "audio":
+                if packet.size:
+                    yield AudioPacket(packet)
+                continue
+            for vf in packet.decode():
+                pts = vf.pts if vf.pts is not None else (self._last_pts or 0) + 1
+                if shift is None:
+                    # A new connection: continue after the last frame we gave out.
+                    shift = 0 if self._last_pts is None else self._last_pts + 1 - pts
+                pts += shift
+                if self._last_pts is not None and pts <= self._last_pts:
+                    pts = self._last_pts + 1
+                self._last_pts = pts
+                rgb = np.ascontiguousarray(vf.to_ndarray(format="rgb24"))
+                yield Frame(rgb, pts=pts, time_base=self._time_base or v.time_base, index=self._index)
+                self._index += 1
+
+    def _reconnect(self) -> bool:
+        deadline = time.monotonic() + self.reconnect_seconds
+        delay = 0.25
+        while not self._stopped and time.monotonic() < deadline:
+            time.sleep(delay)
+            try:
+                self._container = self._open()
+                if self._container.streams.video:
+                    self.reconnects += 1
+                    log.info("live input '%s' reconnected (%d)", self.url, self.reconnects)
+                    return True
+                self._container.close()
+            except (av.error.FFmpegError, OSError):
+                pass
+            delay = min(delay * 2, 2.0)  # back off, but retry at least every 2 s
+        log.warning("live input '%s' did not come back within %.0f s: ending", self.url,
+                    self.reconnect_seconds)
+        return False
+
+
+class LiveWriter:
+    """Encodes RGB frames with x264 (+ AAC audio) and pushes them to an RTMP URL (FLV) or writes an
+    HLS playlist. A push that fails reconnects with back-off; frames during the outage are counted
+    in `dropped`, never queued without bound."""
+
+    def __init__(self, target: str, *, width: int, height: int, fps: float, time_base: Fraction,
+                 audio_from: Any = None, kind: str = "rtmp", crf: int = 23,
+                 segment_seconds: float = 1.0, reconnect_seconds: float = 30.0) -> None:
+        self.target = target
+        self.kind = kind
+        self.width, self.height = width - width % 2, height - height % 2
+        self.fps = fps
+        self.time_base = time_base
+        self.audio_from = audio_from
+        self.crf = crf
+        self.segment_seconds = segment_seconds
+        self.reconnect_seconds = reconnect_seconds
+        self.frames = 0
+        self.dropped = 0
+        self._down_since: float | None = None
+        self._c: Any = None
+        self._open()
+
+    def _open(self) -> None:
+        try:
+            if self.kind == "hls":
+                folder = Path(self.target).parent
+                folder.mkdir(parents=True, exist_ok=True)
+                c = av.open(self.target, "w", format="hls",
+                            options=hls_options(folder, segment_seconds=self.segment_seconds))
+            else:
+                c = av.open(self.target, "w", format="flv", timeout=5.0)
+        except (av.error.FFmpegError, OSError) as e:
+            raise OutputError(f"cannot open live output '{self.target}': {e}. Check the URL or "
+                              f"folder, and that the server accepts this stream key.") from None
+        v = c.add_stream("libx264", rate=Fraction(self.fps).limit_denominator(1001))
+        v.width, v.height, v.pix_fmt = self.width, self.height, "yuv420p"
+        v.time_base = self.time_base
+        v.codec_context.time_base = self.time_base
+        v.options = x264_live_options(self.fps, crf=self.crf, keyint_seconds=self.segment_seconds)
+        self._v = v
+        self._a = None
+        if self.audio_from is not None and self.audio_from.codec_context.name == "aac":
+            self._a = c.add_stream_from_template(self.audio_from)
+        self._c = c
+
+    def write(self, frame: Frame) -> None:
+        if self._c is None and not self._retry():
+            self.dropped += 1
+            return
+        img = frame.data[: self.height, : self.width]
+        vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(img), format="rgb24")
+        vf.pts = frame.pts
+        vf.time_base = frame.time_base
+        try:
+            for p in self._v.encode(vf):
+                self._c.mux(p)
+            self.frames += 1
+        except (av.error.FFmpegError, OSError) as e:
+            log.warning("live output '%s' failed: %s; reconnecting", self.target, e)
+            self._drop_connection()
+            self.dropped += 1
+
+    def write_audio(self, packet: AudioPacket) -> None:
+        if self._c is None or self._a is None:
+            return
+        p = packet.packet
+        p.stream = self._a
+        try:
+            self._c.mux(p)
+        except (av.error.FFmpegError, OSError, ValueError):
+            pass  # a late or malformed audio packet is dropped, the stream goes on
+
+    def _drop_connection(self) -> None:
+        try:
+            if self._c is not None:
+                self._c.close()
+        except (av.error.FFmpegError, OSError):
+            pass
+        self._c = None
+        self._down_since = time.monotonic()
+        self._next_try = time.monotonic()
+        self._delay = 0.25
+
+    def _retry(self) -> bool:
+        now = time.monotonic()
+        if self._down_since is not None and now - self._down_since > self.reconnect_seconds:
+            raise OutputError(f"live output '{self.target}' has been unreachable for "
+                              f"{self.reconnect_seconds:.0f} s")
+        if now < self._next_try:
+            return False
+        try:
+            self._open()
+            self._down_since = None
+            return True
+        except OutputError:
+            self._next_try = now + self._delay
+            self._delay = min(self._delay * 2, 2.0)
+            return False
+
+    def close(self) -> None:
+        if self._c is None:
+            return
+        try:
+            for p in self._v.encode(None):
+                self._c.mux(p)
+        except (av.error.FFmpegError, OSError, ValueError):
+            pass
+        try:
+            self._c.close()
+        except (av.error.FFmpegError, OSError):
+            pass
+        self._c = None
+
+
+ProgressFn = Callable[[int], None]
