@@ -36,6 +36,8 @@ class LiveStats:
     reconnects: int = 0
     latency_ms: list[float] = field(default_factory=list)
     """Per frame: time from the frame's arrival (decoded) to its hand-over to the outputs."""
+    out_times: list[float] = field(default_factory=list)
+    """Monotonic clock at each output frame, to see gaps (a dropped input) and when output resumed."""
 
 
 class LiveJob(FileJob):
@@ -100,7 +102,9 @@ class LiveJob(FileJob):
                     for w in writers:
                         w.write(frame)
                     stats.frames_out += 1
-                    stats.latency_ms.append((time.monotonic() - arrived) * 1e3)
+                    now = time.monotonic()
+                    stats.latency_ms.append((now - arrived) * 1e3)
+                    stats.out_times.append(now)
                     if max_frames is not None and stats.frames_out >= max_frames:
                         break
                 for p in pending_audio:

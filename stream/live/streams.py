@@ -53,7 +53,7 @@ class LiveReader:
     """
 
     def __init__(self, url: str, *, reconnect_seconds: float = 60.0, open_timeout: float = 5.0,
-                 read_timeout: float = 5.0) -> None:
+                 read_timeout: float = 2.0) -> None:
         self.url = url
         self.reconnect_seconds = reconnect_seconds
         # A read that waits longer than this is a dropped input (nginx keeps a player's connection
@@ -84,7 +84,10 @@ class LiveReader:
             raise InputError(f"live input '{self.url}' has no video stream")
         v = self._container.streams.video[0]
         if v.codec_context.name not in ("h264", "hevc"):
-            log.warning("live input codec is %s; H.264 is what every path supports", v.codec_context.name)
+            name = v.codec_context.name
+            self._container.close()
+            raise InputError(f"live input '{self.url}' is {name} video; publish H.264 (in OBS: "
+                             f"Output > Encoder x264 or NVENC H.264)")
         self._time_base = v.time_base
         self.info_fps = float(v.average_rate or v.guessed_rate or 30)
         self.audio_stream = self._container.streams.audio[0] if self._container.streams.audio else None

@@ -29,7 +29,7 @@ from swapstream.demo import astronaut, grace_hopper, render_target_frame  # noqa
 from swapstream.live.auth import StreamKeyAuth  # noqa: E402
 from swapstream.live.job import LiveJob  # noqa: E402
 from swapstream.live.nginx import NginxRtmp, nginx_rtmp_config  # noqa: E402
-from swapstream.live.streams import hls_options, x264_live_options  # noqa: E402
+from swapstream.live.streams import hls_options, rtmp_input_options, x264_live_options  # noqa: E402
 
 FPS = 10
 BITS = 8
@@ -122,7 +122,9 @@ def test_rtmp_in_swap_rtmp_and_hls_out(server, tmp_path: Path) -> None:
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and not got:
         try:
-            with av.open(nginx.url("out"), options={"rtmp_live": "live"}, timeout=(5, 5)) as c:
+            # The viewer probes as little as the job does, so that its own start-up buffering does
+            # not count as SwapStream's latency.
+            with av.open(nginx.url("out"), options=rtmp_input_options(), timeout=(5, 5)) as c:
                 has_audio = bool(c.streams.audio)
                 for f in c.decode(video=0):
                     img = f.to_ndarray(format="rgb24")
@@ -188,3 +190,83 @@ def test_wrong_stream_key_is_refused(server, tmp_path: Path) -> None:
     rc = pub.wait(timeout=15)
     assert rc != 0
     assert "not-the-key" in auth.refused
+
+
+def test_input_server_restart_resumes_within_5_s(tmp_path: Path) -> None:
+    clip = tmp_path / "src.mp4"
+    make_clip(clip, seconds=3.0)
+
+    def loop_publish(url: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(["ffmpeg", "-hide_banner", "-loglevel", "error", "-re", "-stream_loop", "-1",
+                                 "-i", str(clip), "-c", "copy", "-f", "flv", url],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    nginx = NginxRtmp(tmp_path / "nginx").start()
+    port = nginx.port
+    pub = loop_publish(nginx.url("in"))
+    time.sleep(0.8)
+    job = LiveJob(load_config())
+    job.set_source_image(astronaut(), "astronaut")
+    stop = threading.Event()
+    result: dict = {}
+    worker = threading.Thread(target=lambda: result.setdefault("stats", job.run_live(
+        nginx.url("in"), hls_dir=tmp_path / "hls", stop=stop, reconnect_seconds=20.0)))
+    worker.start()
+    time.sleep(3.0)
+    # The input server goes away mid-stream, and comes back on the same port a moment later.
+    pub.terminate()
+    nginx.stop()
+    time.sleep(1.0)
+    nginx2 = NginxRtmp(tmp_path / "nginx2", rtmp_port=port).start()
+    back = time.monotonic()
+    pub2 = loop_publish(nginx2.url("in"))
+    time.sleep(7.0)
+    stop.set()
+    worker.join(timeout=20)
+    pub2.terminate()
+    nginx2.stop()
+    job.close()
+    stats = result["stats"]
+    after = [t for t in stats.out_times if t > back]
+    assert stats.reconnects >= 1 and after, "no frame after the server came back"
+    resumed = after[0] - back
+    print(f"input server restart: output resumed {resumed:.2f} s after the server was back")
+    assert resumed <= 5.0
+    assert len(after) > 20  # and it keeps going
+
+
+def test_non_h264_and_malformed_inputs_give_clear_errors(server, tmp_path: Path) -> None:
+    nginx, _auth = server
+    from swapstream.errors import InputError
+    from swapstream.live.streams import LiveReader
+
+    src = tmp_path / "mpeg4.flv"
+    # FLV with MPEG-4 Part 2 video ("flv1"/Sorenson is FLV's native non-H.264 codec).
+    subprocess.run(["ffmpeg", "-hide_banner", "-loglevel", "error", "-f", "lavfi", "-i",
+                    "testsrc=size=160x120:rate=10", "-t", "20", "-c:v", "flv1", str(src)], check=True)
+    pub = subprocess.Popen(["ffmpeg", "-hide_banner", "-loglevel", "error", "-re", "-i", str(src),
+                            "-c", "copy", "-f", "flv", nginx.url("in")],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.5)
+    try:
+        with pytest.raises(InputError, match=r"is flv video; publish H\.264"):
+            LiveReader(nginx.url("in")).open()
+    finally:
+        pub.terminate()
+    # A server that answers with garbage instead of RTMP.
+    import socket
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+
+    def garbage() -> None:
+        conn, _ = srv.accept()
+        conn.sendall(np.random.default_rng().integers(0, 256, 5000, dtype=np.uint8).tobytes())
+        conn.close()
+
+    threading.Thread(target=garbage, daemon=True).start()
+    with pytest.raises(InputError, match=rf"cannot open live input 'rtmp://127.0.0.1:{port}/live/x'"):
+        LiveReader(f"rtmp://127.0.0.1:{port}/live/x").open()
+    srv.close()
