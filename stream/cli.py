@@ -210,6 +210,40 @@ def live(
 
 
 @app.command()
+def serve(
+    source: Annotated[Path, typer.Option("--source", "-s", help="Image with the face to put in.")],
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="HTTP port for WHIP (POST /whip).")] = 8080,
+    config: Annotated[Optional[str], typer.Option("--config", "-c", help="Preset name or YAML file.")] = "live",
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config key: key=value.")] = None,
+) -> None:
+    """Serve WebRTC: a WHIP endpoint (OBS 30+, browsers) whose publisher gets the swapped video back."""
+    from fractions import Fraction
+
+    from aiohttp import web
+
+    from .live.webrtc import WhipServer
+    from .pipeline import FileJob
+    from .types import Frame
+
+    cfg = _config(config, set_, None)
+    job = FileJob(cfg)
+    job.set_source(source)
+
+    def swap(rgb: object, index: int) -> int:
+        faces = job.analyser.track(Frame(rgb, pts=index, time_base=Fraction(1, 30), index=index))
+        done = job.swapper.swap(rgb, faces) if faces else 0
+        return len(done) if isinstance(done, list) else int(done)
+
+    server = WhipServer(swap)  # type: ignore[arg-type]
+    err.print(Text(f"WHIP endpoint: http://{host}:{port}/whip  (OBS: Settings > Stream > Service WHIP)"))
+    try:
+        web.run_app(server.app, host=host, port=port, print=None)
+    finally:
+        job.close()
+
+
+@app.command()
 def demo(
     out_dir: Annotated[Path, typer.Option("--out-dir", help="Where to write demo.mp4 and the contact sheet.")] = Path("out"),
     seconds: Annotated[float, typer.Option(min=0.5, max=60, help="Length of the demo clip.")] = 4.0,
