@@ -18,11 +18,14 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 log = logging.getLogger(__name__)
+
+STATIC = Path(__file__).resolve().parent / "static"
 
 SwapFn = Callable[[np.ndarray, int], int]
 """Swaps faces in an RGB frame in place; gets the frame's index; returns faces swapped."""
@@ -96,11 +99,18 @@ class WhipServer:
         self.app.router.add_post("/whip", self._post)
         self.app.router.add_delete("/whip/{sid}", self._delete)
         self.app.router.add_get("/health", self._health)
+        self.app.router.add_get("/", self._page)
         self.app.on_shutdown.append(self._shutdown)
         # One worker: frames of all sessions are swapped in order, never concurrently on one model.
         from concurrent.futures import ThreadPoolExecutor
 
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swap")
+
+    async def _page(self, request: Any) -> Any:
+        """The preview page: publishes the browser's camera over WHIP and plays the swapped video."""
+        from aiohttp import web
+
+        return web.Response(text=(STATIC / "index.html").read_text(), content_type="text/html")
 
     async def _health(self, request: Any) -> Any:
         from aiohttp import web
