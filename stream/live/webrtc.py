@@ -95,11 +95,16 @@ class WhipServer:
 
         self.swap = swap
         self.sessions: dict[str, Session] = {}
+        self.viewers: dict[str, Session] = {}
+        """WHEP viewers: each gets the newest swapped frame of any publisher."""
         self.app = web.Application()
         self.app.router.add_post("/whip", self._post)
         self.app.router.add_delete("/whip/{sid}", self._delete)
+        self.app.router.add_post("/whep", self._post_whep)
+        self.app.router.add_delete("/whep/{sid}", self._delete_whep)
         self.app.router.add_get("/health", self._health)
         self.app.router.add_get("/", self._page)
+        self.app.router.add_get("/view", self._view_page)
         self.app.on_shutdown.append(self._shutdown)
         # One worker: frames of all sessions are swapped in order, never concurrently on one model.
         from concurrent.futures import ThreadPoolExecutor
@@ -111,6 +116,59 @@ class WhipServer:
         from aiohttp import web
 
         return web.Response(text=(STATIC / "index.html").read_text(), content_type="text/html")
+
+    async def _view_page(self, request: Any) -> Any:
+        """View-only page (WHEP), e.g. for an OBS Browser Source."""
+        from aiohttp import web
+
+        return web.Response(text=(STATIC / "view.html").read_text(), content_type="text/html")
+
+    async def _post_whep(self, request: Any) -> Any:
+        """WHEP: a viewer's recvonly offer gets the swapped video of the current publisher."""
+        from aiohttp import web
+        from aiortc import RTCPeerConnection, RTCSessionDescription
+
+        if request.content_type != "application/sdp":
+            return web.Response(status=415, text="WHEP offers must be Content-Type: application/sdp\n")
+        sdp = await request.text()
+        if "m=video" not in sdp:
+            return web.Response(status=400, text="the offer has no video section\n")
+        pc = RTCPeerConnection()
+        viewer = Session(pc=pc, out=_track_class()())
+        sid = uuid.uuid4().hex
+        try:
+            await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+            for t in pc.getTransceivers():
+                if t.kind == "video":
+                    t.sender.replaceTrack(viewer.out)
+                    t.direction = "sendonly"
+            await pc.setLocalDescription(await pc.createAnswer())
+        except Exception as e:  # aiortc raises ValueError and others for offers it cannot take
+            await pc.close()
+            return web.Response(status=400, text=f"cannot use this offer: {e}\n")
+
+        @pc.on("connectionstatechange")
+        async def on_state() -> None:
+            if pc.connectionState in ("failed", "closed"):
+                await self._close_viewer(sid)
+
+        self.viewers[sid] = viewer
+        return web.Response(status=201, text=pc.localDescription.sdp, content_type="application/sdp",
+                            headers={"Location": f"/whep/{sid}"})
+
+    async def _delete_whep(self, request: Any) -> Any:
+        from aiohttp import web
+
+        sid = request.match_info["sid"]
+        if sid not in self.viewers:
+            return web.Response(status=404, text="no such WHEP session\n")
+        await self._close_viewer(sid)
+        return web.Response(status=200)
+
+    async def _close_viewer(self, sid: str) -> None:
+        v = self.viewers.pop(sid, None)
+        if v is not None:
+            await v.pc.close()
 
     async def _health(self, request: Any) -> Any:
         from aiohttp import web
@@ -173,6 +231,8 @@ class WhipServer:
             out.pts = frame.pts
             out.time_base = frame.time_base or Fraction(1, 90000)
             s.out.offer(out)
+            for v in list(self.viewers.values()):
+                v.out.offer(out)  # frames are read-only once made: every viewer may share one
             s.frames_out += 1
             s.latency_ms.append((loop.time() - t0) * 1e3)
 
@@ -196,4 +256,6 @@ class WhipServer:
     async def _shutdown(self, app: Any) -> None:
         for sid in list(self.sessions):
             await self._close(sid)
+        for sid in list(self.viewers):
+            await self._close_viewer(sid)
         self._pool.shutdown(wait=False)

@@ -109,9 +109,33 @@ def test_whip_publish_get_swapped_video_back_and_delete() -> None:
             location = r.headers["Location"]
             assert location.startswith("/whip/") and r.content_type == "application/sdp"
             await pc.setRemoteDescription(RTCSessionDescription(sdp=await r.text(), type="answer"))
+            # A WHEP viewer (view-only) of the same swapped stream.
+            viewer = RTCPeerConnection()
+            viewer.addTransceiver("video", direction="recvonly")
+            seen: list[int] = []
+
+            @viewer.on("track")
+            def on_view(track) -> None:
+                async def pull() -> None:
+                    while True:
+                        try:
+                            f = await track.recv()
+                        except Exception:
+                            return
+                        seen.append(read_stamp(f.to_ndarray(format="rgb24")))
+                asyncio.ensure_future(pull())
+
+            await viewer.setLocalDescription(await viewer.createOffer())
+            rv = await http.post(base + "/whep", data=viewer.localDescription.sdp,
+                                 headers={"Content-Type": "application/sdp"})
+            assert rv.status == 201 and rv.headers["Location"].startswith("/whep/")
+            await viewer.setRemoteDescription(RTCSessionDescription(sdp=await rv.text(), type="answer"))
             deadline = time.monotonic() + 25
-            while len(got) < 20 and time.monotonic() < deadline:
+            while (len(got) < 20 or len(seen) < 10) and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
+            dv = await http.delete(base + rv.headers["Location"])
+            assert dv.status == 200
+            await viewer.close()
             sessions_before = len(server.sessions)
             stats = next(iter(server.sessions.values()))
             d = await http.delete(base + location)
@@ -123,7 +147,8 @@ def test_whip_publish_get_swapped_video_back_and_delete() -> None:
         job.close()
         return {"got": got, "sources": source.sources, "sessions_before": sessions_before,
                 "sessions_after": len(server.sessions), "faces": stats.faces,
-                "latency": stats.latency_ms, "dropped": stats.dropped}
+                "latency": stats.latency_ms, "dropped": stats.dropped, "seen": seen,
+                "viewers_after": len(server.viewers)}
 
     res = asyncio.run(scenario())
     got = res["got"]
@@ -132,6 +157,8 @@ def test_whip_publish_get_swapped_video_back_and_delete() -> None:
     idx = [n for n, _ in got]
     assert idx == sorted(idx)  # frames come back in order (with drops allowed, no reordering)
     assert res["faces"] > 0
+    seen = res["seen"]
+    assert len(seen) >= 10 and seen == sorted(seen) and res["viewers_after"] == 0  # WHEP viewer
     changed = 0
     for n, img in got[5:]:
         ref = res["sources"][n]
