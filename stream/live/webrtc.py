@@ -101,7 +101,7 @@ class WhipServer:
         self.app.router.add_post("/whip", self._post)
         self.app.router.add_delete("/whip/{sid}", self._delete)
         self.app.router.add_post("/whep", self._post_whep)
-        self.app.router.add_delete("/whep/{sid}", self._delete_whep)
+        self.app.router.add_delete("/whep/{sid}", self._delete)
         self.app.router.add_get("/health", self._health)
         self.app.router.add_get("/", self._page)
         self.app.router.add_get("/view", self._view_page)
@@ -123,25 +123,29 @@ class WhipServer:
 
         return web.Response(text=(STATIC / "view.html").read_text(), content_type="text/html")
 
-    async def _post_whep(self, request: Any) -> Any:
-        """WHEP: a viewer's recvonly offer gets the swapped video of the current publisher."""
+    async def _negotiate(self, request: Any, kind: str, sessions: dict[str, Session], *,
+                         before: Callable[[Any, Session], None] | None = None,
+                         after: Callable[[Any, Session], None] | None = None) -> Any:
+        """The WHIP/WHEP exchange: check the offer, build a peer connection, answer 201 with a
+        Location, and drop the session when the connection ends. `before` runs before the offer is
+        applied (to catch the "track" event it fires), `after` once its transceivers exist."""
         from aiohttp import web
         from aiortc import RTCPeerConnection, RTCSessionDescription
 
         if request.content_type != "application/sdp":
-            return web.Response(status=415, text="WHEP offers must be Content-Type: application/sdp\n")
+            return web.Response(status=415, text=f"{kind} offers must be Content-Type: application/sdp\n")
         sdp = await request.text()
         if "m=video" not in sdp:
             return web.Response(status=400, text="the offer has no video section\n")
         pc = RTCPeerConnection()
-        viewer = Session(pc=pc, out=_track_class()())
+        session = Session(pc=pc, out=_track_class()())
         sid = uuid.uuid4().hex
+        if before is not None:
+            before(pc, session)
         try:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
-            for t in pc.getTransceivers():
-                if t.kind == "video":
-                    t.sender.replaceTrack(viewer.out)
-                    t.direction = "sendonly"
+            if after is not None:
+                after(pc, session)
             await pc.setLocalDescription(await pc.createAnswer())
         except Exception as e:  # aiortc raises ValueError and others for offers it cannot take
             await pc.close()
@@ -150,25 +154,22 @@ class WhipServer:
         @pc.on("connectionstatechange")
         async def on_state() -> None:
             if pc.connectionState in ("failed", "closed"):
-                await self._close_viewer(sid)
+                await self._drop(sessions, sid)
 
-        self.viewers[sid] = viewer
+        sessions[sid] = session
         return web.Response(status=201, text=pc.localDescription.sdp, content_type="application/sdp",
-                            headers={"Location": f"/whep/{sid}"})
+                            headers={"Location": f"/{kind.lower()}/{sid}"})
 
-    async def _delete_whep(self, request: Any) -> Any:
-        from aiohttp import web
+    async def _post_whep(self, request: Any) -> Any:
+        """WHEP: a viewer's recvonly offer gets the swapped video of the current publisher."""
 
-        sid = request.match_info["sid"]
-        if sid not in self.viewers:
-            return web.Response(status=404, text="no such WHEP session\n")
-        await self._close_viewer(sid)
-        return web.Response(status=200)
+        def prepare(pc: Any, viewer: Session) -> None:
+            for t in pc.getTransceivers():
+                if t.kind == "video":
+                    t.sender.replaceTrack(viewer.out)
+                    t.direction = "sendonly"
 
-    async def _close_viewer(self, sid: str) -> None:
-        v = self.viewers.pop(sid, None)
-        if v is not None:
-            await v.pc.close()
+        return await self._negotiate(request, "WHEP", self.viewers, after=prepare)
 
     async def _health(self, request: Any) -> Any:
         from aiohttp import web
@@ -176,38 +177,16 @@ class WhipServer:
         return web.json_response({"ok": True, "sessions": len(self.sessions)})
 
     async def _post(self, request: Any) -> Any:
-        from aiohttp import web
-        from aiortc import RTCPeerConnection, RTCSessionDescription
+        """WHIP: a publisher's offer; its video comes back swapped on the same connection."""
 
-        if request.content_type != "application/sdp":
-            return web.Response(status=415, text="WHIP offers must be Content-Type: application/sdp\n")
-        sdp = await request.text()
-        if "m=video" not in sdp:
-            return web.Response(status=400, text="the offer has no video section\n")
-        pc = RTCPeerConnection()
-        session = Session(pc=pc, out=_track_class()())
-        sid = uuid.uuid4().hex
+        def prepare(pc: Any, session: Session) -> None:
+            @pc.on("track")
+            def on_track(track: Any) -> None:
+                if track.kind == "video":
+                    pc.addTrack(session.out)
+                    session.task = asyncio.ensure_future(self._consume(session, track))
 
-        @pc.on("track")
-        def on_track(track: Any) -> None:
-            if track.kind == "video":
-                pc.addTrack(session.out)
-                session.task = asyncio.ensure_future(self._consume(session, track))
-
-        @pc.on("connectionstatechange")
-        async def on_state() -> None:
-            if pc.connectionState in ("failed", "closed"):
-                await self._close(sid)
-
-        try:
-            await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
-            await pc.setLocalDescription(await pc.createAnswer())
-        except Exception as e:  # aiortc raises ValueError and others for offers it cannot take
-            await pc.close()
-            return web.Response(status=400, text=f"cannot use this offer: {e}\n")
-        self.sessions[sid] = session
-        return web.Response(status=201, text=pc.localDescription.sdp, content_type="application/sdp",
-                            headers={"Location": f"/whip/{sid}"})
+        return await self._negotiate(request, "WHIP", self.sessions, before=prepare)
 
     async def _consume(self, s: Session, track: Any) -> None:
         from aiortc.mediastreams import MediaStreamError
@@ -240,13 +219,14 @@ class WhipServer:
         from aiohttp import web
 
         sid = request.match_info["sid"]
-        if sid not in self.sessions:
-            return web.Response(status=404, text="no such WHIP session\n")
-        await self._close(sid)
+        sessions = self.viewers if request.path.startswith("/whep/") else self.sessions
+        if sid not in sessions:
+            return web.Response(status=404, text="no such session\n")
+        await self._drop(sessions, sid)
         return web.Response(status=200)
 
-    async def _close(self, sid: str) -> None:
-        s = self.sessions.pop(sid, None)
+    async def _drop(self, sessions: dict[str, Session], sid: str) -> None:
+        s = sessions.pop(sid, None)
         if s is None:
             return
         if s.task is not None:
@@ -254,8 +234,7 @@ class WhipServer:
         await s.pc.close()
 
     async def _shutdown(self, app: Any) -> None:
-        for sid in list(self.sessions):
-            await self._close(sid)
-        for sid in list(self.viewers):
-            await self._close_viewer(sid)
+        for sessions in (self.sessions, self.viewers):
+            for sid in list(sessions):
+                await self._drop(sessions, sid)
         self._pool.shutdown(wait=False)
