@@ -8,7 +8,6 @@ opencv-contrib-python, which clashes with opencv-python-headless (DESIGN.md).
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
 import sys
 import tempfile
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ModelMissingError
+from .paths import cache_dir, sha256_file
 
 MEDIAPIPE_VERSION = "0.10.21"
 LICENCE = "Apache-2.0 (MediaPipe, Google LLC)"
@@ -58,19 +58,7 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
 
 def default_models_dir() -> Path:
     """`$SWAPSTREAM_MODELS_DIR`, else `$XDG_CACHE_HOME/swapstream/models` (~/.cache by default)."""
-    env = os.environ.get("SWAPSTREAM_MODELS_DIR")
-    if env:
-        return Path(env).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "swapstream" / "models"
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return cache_dir("SWAPSTREAM_MODELS_DIR", "models")
 
 
 def builtin_model_path(name: str, models_dir: Path | None = None) -> Path:

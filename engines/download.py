@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 from .filelock import exclusive
+from .paths import cache_dir
 from .builtin import default_models_dir
 from .errors import EngineUserError, ModelMissingError
 from .zoo import ASSETS_BASE_URL, MODELS, ModelSpec, crc32_file, get_spec, parse_hash
@@ -65,11 +66,7 @@ class _Dropped(Exception):
 
 def default_cache_dir() -> Path:
     """`$SWAPSTREAM_CACHE_DIR`, else `$XDG_CACHE_HOME/swapstream/zoo` (~/.cache by default)."""
-    env = os.environ.get(CACHE_DIR_ENV)
-    if env:
-        return Path(env).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "swapstream" / "zoo"
+    return cache_dir(CACHE_DIR_ENV, "zoo")
 
 
 def licence_notice(spec: ModelSpec) -> str:

@@ -37,6 +37,7 @@ from typing import Any, Literal
 import numpy as np
 
 from .filelock import exclusive
+from .paths import cache_dir, sha256_file
 from .errors import EngineUserError, ModelMissingError
 from .runner import FeedError, Runner, RunnerError, TensorSpec, array_module_name
 
@@ -125,20 +126,7 @@ def gpu_identity(device_id: int | None = None) -> tuple[str, str]:
 
 def default_engine_cache_dir() -> Path:
     """`$SWAPSTREAM_ENGINE_CACHE`, else `$XDG_CACHE_HOME/swapstream/engines` (~/.cache by default)."""
-    env = os.environ.get(ENGINE_CACHE_ENV)
-    if env:
-        return Path(env).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "swapstream" / "engines"
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    """SHA-256 of a file's bytes (external-data files of an ONNX model are not included)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+    return cache_dir(ENGINE_CACHE_ENV, "engines")
 
 
 def _norm_cc(compute_capability: str | tuple[int, int]) -> str:
