@@ -231,9 +231,7 @@ def serve(
     job.set_source(source)
 
     def swap(rgb: object, index: int) -> int:
-        faces = job.analyser.track(Frame(rgb, pts=index, time_base=Fraction(1, 30), index=index))
-        done = job.swapper.swap(rgb, faces) if faces else 0
-        return len(done) if isinstance(done, list) else int(done)
+        return job.swap_frame(Frame(rgb, pts=index, time_base=Fraction(1, 30), index=index))
 
     server = WhipServer(swap)  # type: ignore[arg-type]
     err.print(Text(f"WHIP endpoint: http://{host}:{port}/whip  (OBS: Settings > Stream > Service WHIP)"))

@@ -133,7 +133,7 @@ class GpuFileJob(FileJob):
                 # Compute: after the upload, on its own stream.
                 with nvtx("swap"), compute:
                     compute.wait_event(uploaded)
-                    swapped = self._swap_gpu(dslot.buffer, faces)
+                    swapped = self.swap_faces(dslot.buffer, faces)
                     done = compute.record()
                 stats.faces_swapped += swapped
                 stats.frames_swapped += 1 if swapped else 0
@@ -160,9 +160,3 @@ class GpuFileJob(FileJob):
                                  f"a complete video file.")
         self.ring_stalls = {"pinned_in": pin_in.stalls, "device": dev.stalls, "pinned_out": pin_out.stalls}
         return stats
-
-    def _swap_gpu(self, frame: Any, faces: list[Any]) -> int:
-        if not faces:
-            return 0
-        done = self.swapper.swap(frame, faces)
-        return len(done) if isinstance(done, list) else int(done)

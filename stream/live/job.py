@@ -96,9 +96,7 @@ class LiveJob(FileJob):
                     frame, arrived = item
                     if not writers:
                         writers = self._open_writers(frame, reader, rtmp_out, hls_dir)
-                    faces = self.analyser.track(frame)
-                    done = self.swapper.swap(frame.data, faces) if faces else 0
-                    stats.faces_swapped += len(done) if isinstance(done, list) else int(done)
+                    stats.faces_swapped += self.swap_frame(frame)
                     for w in writers:
                         w.write(frame)
                     stats.frames_out += 1

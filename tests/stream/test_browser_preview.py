@@ -85,8 +85,7 @@ def test_page_publishes_the_camera_and_shows_the_swapped_face(tmp_path: Path) ->
     job.set_source_image(astronaut(), "astronaut")
 
     def swap(rgb: np.ndarray, index: int) -> int:
-        faces = job.analyser.track(Frame(rgb, pts=index, time_base=Fraction(1, FPS), index=index))
-        return len(job.swapper.swap(rgb, faces)) if faces else 0
+        return job.swap_frame(Frame(rgb, pts=index, time_base=Fraction(1, FPS), index=index))
 
     server = WhipServer(swap)
     port, loop = serve(server.app)

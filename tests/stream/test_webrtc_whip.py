@@ -66,8 +66,7 @@ def make_swap():
     job.set_source_image(astronaut(), "astronaut")
 
     def swap(rgb: np.ndarray, index: int) -> int:
-        faces = job.analyser.track(Frame(rgb, pts=index, time_base=Fraction(1, 15), index=index))
-        return len(job.swapper.swap(rgb, faces)) if faces else 0
+        return job.swap_frame(Frame(rgb, pts=index, time_base=Fraction(1, 15), index=index))
 
     return job, swap
 
