@@ -146,20 +146,18 @@ class NeuralSwapper:
             return 0
         xp = get_xp(items[0][0])
         s = c.size
-        to_frame = []
         batch = xp.empty((n, 3, s, s), xp.float32)
-        # One crop launch per frame, all of that frame's faces at once.
-        by_frame: dict[int, list[int]] = {}
-        for i, (frame, face) in enumerate(items):
-            m = align_matrix(face.kps, c.template, s)
-            to_frame.append(invert_affine(m))
-            by_frame.setdefault(id(frame), []).append(i)
-        for idx in by_frame.values():
-            frame = items[idx[0]][0]
-            mats = xp.asarray(np.stack([to_frame[i] for i in idx]).astype(np.float32))
-            sub = xp.empty((len(idx), 3, s, s), xp.float32)
-            crop_batch(frame, mats, sub, mean=c.mean, std=c.std)
-            batch[xp.asarray(idx)] = sub
+        to_frame = [invert_affine(align_matrix(face.kps, c.template, s)) for _, face in items]
+        # One crop launch per run of faces from the same frame, written straight into its slice of
+        # the batch (callers pass faces frame by frame, so each frame is one run).
+        start = 0
+        while start < n:
+            end = start + 1
+            while end < n and items[end][0] is items[start][0]:
+                end += 1
+            mats = xp.asarray(np.stack(to_frame[start:end]).astype(np.float32))
+            crop_batch(items[start][0], mats, batch[start:end], mean=c.mean, std=c.std)
+            start = end
         source = xp.asarray(np.repeat(self._source, n, axis=0))
         if self.runner.wants_device_arrays and xp is np:
             import cupy
