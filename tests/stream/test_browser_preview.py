@@ -4,7 +4,6 @@ WHIP, and the page plays the swapped video back. Chromium is Debian's; Playwrigh
 from __future__ import annotations
 
 import asyncio
-import io
 import shutil
 import threading
 from fractions import Fraction
@@ -23,23 +22,15 @@ import cv2  # noqa: E402
 from aiohttp import web  # noqa: E402
 
 from swapstream.config import load_config  # noqa: E402
+
+from .stamps import read_stamp, stamp  # noqa: E402
 from swapstream.demo import astronaut, grace_hopper, render_target_frame  # noqa: E402
 from swapstream.live.webrtc import WhipServer  # noqa: E402
 from swapstream.pipeline import FileJob  # noqa: E402
 from swapstream.types import Frame  # noqa: E402
 
 W, H, FPS = 320, 240, 15
-CELL, BITS = 16, 8
-
-
-def stamp(img: np.ndarray, n: int) -> None:
-    for b in range(BITS):
-        img[0:CELL, b * CELL:(b + 1) * CELL] = 255 if (n >> b) & 1 else 0
-
-
-def read_stamp(img: np.ndarray) -> int:
-    return sum(1 << b for b in range(BITS)
-               if img[3:CELL - 3, b * CELL + 3:(b + 1) * CELL - 3].mean() > 128)
+CELL = 16
 
 
 def write_y4m(path: Path, n: int) -> list[np.ndarray]:

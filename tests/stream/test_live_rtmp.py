@@ -25,6 +25,8 @@ if shutil.which("ffmpeg") is None or not Path("/usr/lib/nginx/modules/ngx_rtmp_m
                 allow_module_level=True)
 
 from swapstream.config import load_config  # noqa: E402
+
+from .stamps import read_stamp, stamp  # noqa: E402
 from swapstream.demo import astronaut, grace_hopper, render_target_frame  # noqa: E402
 from swapstream.live.auth import StreamKeyAuth  # noqa: E402
 from swapstream.live.job import LiveJob  # noqa: E402
@@ -32,18 +34,7 @@ from swapstream.live.nginx import NginxRtmp, nginx_rtmp_config  # noqa: E402
 from swapstream.live.streams import hls_options, rtmp_input_options, x264_live_options  # noqa: E402
 
 FPS = 10
-BITS = 8
 CELL = 20
-
-
-def stamp(img: np.ndarray, n: int) -> None:
-    for b in range(BITS):
-        img[0:CELL, b * CELL:(b + 1) * CELL] = 255 if (n >> b) & 1 else 0
-
-
-def read_stamp(img: np.ndarray) -> int:
-    cells = [img[4:CELL - 4, b * CELL + 4:(b + 1) * CELL - 4].mean() for b in range(BITS)]
-    return sum(1 << b for b, v in enumerate(cells) if v > 128)
 
 
 def make_clip(path: Path, seconds: float) -> list[np.ndarray]:
@@ -58,7 +49,7 @@ def make_clip(path: Path, seconds: float) -> list[np.ndarray]:
         portrait = grace_hopper()
         for i in range(int(seconds * FPS)):
             img = render_target_frame(portrait, i / FPS, (640, 360))
-            stamp(img, i)
+            stamp(img, i, CELL)
             frames.append(img)
             f = av.VideoFrame.from_ndarray(img, format="rgb24")
             f.pts = i
@@ -128,7 +119,7 @@ def test_rtmp_in_swap_rtmp_and_hls_out(server, tmp_path: Path) -> None:
                 has_audio = bool(c.streams.audio)
                 for f in c.decode(video=0):
                     img = f.to_ndarray(format="rgb24")
-                    got.append((read_stamp(img), img, time.monotonic()))
+                    got.append((read_stamp(img, CELL), img, time.monotonic()))
                     if len(got) >= 20:
                         break
         except (av.error.FFmpegError, OSError):
@@ -171,7 +162,7 @@ def test_rtmp_in_swap_rtmp_and_hls_out(server, tmp_path: Path) -> None:
         with av.open(str(tmp_path / "seg.ts")) as c:
             for f in c.decode(video=0):
                 img = f.to_ndarray(format="rgb24")
-                n = read_stamp(img)
+                n = read_stamp(img, CELL)
                 numbers.append(n)
                 assert np.abs(img[60:300, 220:420].astype(int) - src[n][60:300, 220:420]).mean() > 8
     httpd.shutdown()

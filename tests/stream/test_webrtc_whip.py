@@ -21,23 +21,14 @@ from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription  #
 import av  # noqa: E402
 
 from swapstream.config import load_config  # noqa: E402
+
+from .stamps import read_stamp, stamp  # noqa: E402
 from swapstream.demo import astronaut, grace_hopper, render_target_frame  # noqa: E402
 from swapstream.live.webrtc import WhipServer  # noqa: E402
 from swapstream.pipeline import FileJob  # noqa: E402
 from swapstream.types import Frame  # noqa: E402
 
 SIZE = (320, 240)
-CELL, BITS = 16, 8
-
-
-def stamp(img: np.ndarray, n: int) -> None:
-    for b in range(BITS):
-        img[0:CELL, b * CELL:(b + 1) * CELL] = 255 if (n >> b) & 1 else 0
-
-
-def read_stamp(img: np.ndarray) -> int:
-    return sum(1 << b for b in range(BITS)
-               if img[3:CELL - 3, b * CELL + 3:(b + 1) * CELL - 3].mean() > 128)
 
 
 class PortraitTrack(MediaStreamTrack):
@@ -59,6 +50,17 @@ class PortraitTrack(MediaStreamTrack):
         f.time_base = Fraction(1, 90000)
         self.n += 1
         return f
+
+
+async def collect(track: MediaStreamTrack, into: list[tuple[int, np.ndarray]]) -> None:
+    """Receive a video track until it ends, keeping each frame with its stamped number."""
+    while True:
+        try:
+            f = await track.recv()
+        except Exception:  # the track ended (MediaStreamError) or the connection closed
+            return
+        img = f.to_ndarray(format="rgb24")
+        into.append((read_stamp(img), img))
 
 
 def make_swap():
@@ -86,17 +88,7 @@ def test_whip_publish_get_swapped_video_back_and_delete() -> None:
         pc.addTransceiver(source, direction="sendrecv")
         got: list[tuple[int, np.ndarray]] = []
 
-        @pc.on("track")
-        def on_track(track) -> None:
-            async def pull() -> None:
-                while True:
-                    try:
-                        f = await track.recv()
-                    except Exception:
-                        return
-                    img = f.to_ndarray(format="rgb24")
-                    got.append((read_stamp(img), img))
-            asyncio.ensure_future(pull())
+        pc.on("track", lambda track: asyncio.ensure_future(collect(track, got)))
 
         await pc.setLocalDescription(await pc.createOffer())
         async with ClientSession() as http:
@@ -111,18 +103,8 @@ def test_whip_publish_get_swapped_video_back_and_delete() -> None:
             # A WHEP viewer (view-only) of the same swapped stream.
             viewer = RTCPeerConnection()
             viewer.addTransceiver("video", direction="recvonly")
-            seen: list[int] = []
-
-            @viewer.on("track")
-            def on_view(track) -> None:
-                async def pull() -> None:
-                    while True:
-                        try:
-                            f = await track.recv()
-                        except Exception:
-                            return
-                        seen.append(read_stamp(f.to_ndarray(format="rgb24")))
-                asyncio.ensure_future(pull())
+            seen: list[tuple[int, np.ndarray]] = []
+            viewer.on("track", lambda track: asyncio.ensure_future(collect(track, seen)))
 
             await viewer.setLocalDescription(await viewer.createOffer())
             rv = await http.post(base + "/whep", data=viewer.localDescription.sdp,
@@ -156,7 +138,7 @@ def test_whip_publish_get_swapped_video_back_and_delete() -> None:
     idx = [n for n, _ in got]
     assert idx == sorted(idx)  # frames come back in order (with drops allowed, no reordering)
     assert res["faces"] > 0
-    seen = res["seen"]
+    seen = [n for n, _ in res["seen"]]
     assert len(seen) >= 10 and seen == sorted(seen) and res["viewers_after"] == 0  # WHEP viewer
     changed = 0
     for n, img in got[5:]:
