@@ -300,6 +300,7 @@ class VideoReader:
         self.frames_read: int = 0
         self.skipped_packets: int = 0
         """Packets the decoder rejected and the reader skipped, as `ffmpeg` would."""
+        self._last_pts: int | None = None
 
     def _pts_step(self) -> int:
         """Ticks between frames at the nominal rate, for frames that arrive without a pts."""
@@ -321,7 +322,6 @@ class VideoReader:
         streams = [video] if audio is None else [video, audio]
         demuxer = self._container.demux(streams)
         last_error: str | None = None
-        last_pts: int | None = None
         while True:
             try:
                 packet = next(demuxer)
@@ -337,35 +337,42 @@ class VideoReader:
             if packet.size == 0:
                 continue  # PyAV's end-of-stream markers; the decoder is flushed below instead.
             if packet.stream is video:
-                try:
-                    decoded = video.decode(packet)
-                except av.error.FFmpegError as e:
-                    if isinstance(e, MemoryError):
-                        raise
-                    last_error = _reason(e)
+                frames, error = self._decode(packet)
+                if error is not None:
+                    last_error = error
                     self.skipped_packets += 1
-                    continue
-                for vframe in decoded:
-                    frame = self._frame(vframe, last_pts)
-                    last_pts = frame.pts
+                for frame in frames:
                     yield frame
             else:
                 yield AudioPacket(packet)
-        try:
-            remaining = video.decode(None)
-        except av.error.FFmpegError as e:
-            if isinstance(e, MemoryError):
-                raise
-            last_error = _reason(e)
-            remaining = []
-        for vframe in remaining:
-            frame = self._frame(vframe, last_pts)
-            last_pts = frame.pts
+        # Flush the decoder (None) for the frames it still holds.
+        frames, error = self._decode(None)
+        last_error = error or last_error
+        for frame in frames:
             yield frame
         if self.skipped_packets:
             log.warning("'%s': skipped %d corrupt video packets", self.path, self.skipped_packets)
         if self.frames_read == 0:
             raise _decode_error(self.path, last_error or "it contains no video frames")
+
+    def _decode(self, packet: Packet | None) -> tuple[list[Frame], str | None]:
+        """Decode one packet (None flushes): the frames it gives, or the decoder's error.
+
+        A packet the decoder rejects is reported, not raised, so that the reader can skip it the
+        way `ffmpeg` does; running out of memory is never swallowed.
+        """
+        try:
+            decoded = self._video.decode(packet)
+        except av.error.FFmpegError as e:
+            if isinstance(e, MemoryError):
+                raise
+            return [], _reason(e)
+        frames = []
+        for vframe in decoded:
+            frame = self._frame(vframe, self._last_pts)
+            self._last_pts = frame.pts
+            frames.append(frame)
+        return frames, None
 
     def _frame(self, vframe: av.VideoFrame, last_pts: int | None) -> Frame:
         pts = vframe.pts
