@@ -1,0 +1,231 @@
+"""The dynamic batcher: gathers faces from every stream on one GPU into swap calls of 1 to `max_batch`.
+
+Each stream's swap stage submits one request per frame (that frame's faces) with a deadline: the time
+by which the frame should be encoded to stay inside its stream's latency budget. A batch goes out when
+
+- it is full (`max_batch` faces are waiting for the same engine), or
+- the oldest waiting request has waited `max_wait` seconds, or
+- waiting any longer would make the most urgent request miss its deadline (the expected run time of a
+  batch, measured, is subtracted from the deadline).
+
+What goes into a batch: the request with the earliest deadline decides the engine, then each other
+stream waiting on that engine gets one slot in deadline order before any stream gets a second one
+(so a stream with a backlog cannot crowd out a stream with one frame waiting), then the remaining
+room goes by deadline. Batches run one at a time in the GPU's executor thread: one set of engines per
+GPU, never called concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections import Counter
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+RunBatch = Callable[[Hashable, list[Any]], Sequence[Any]]
+"""Runs one batch (blocking, in the executor): gets the engine key and the requests' payloads in
+batch order; returns one result per payload (an Exception instance fails only that request)."""
+
+BatchObserver = Callable[["BatchRecord"], None]
+"""Told about every batch after it ran (for metrics)."""
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    """What one batch was: for metrics and tests."""
+
+    key: Hashable
+    """Engine the batch ran on."""
+    streams: tuple[str, ...]
+    """Stream of each request, in batch order."""
+    faces: int
+    """Faces in the batch (the swap call's batch size)."""
+    deadlines: tuple[float, ...]
+    """Each request's deadline, in batch order."""
+    waited: float
+    """Seconds the oldest request in the batch waited before the batch started."""
+    seconds: float
+    """Run time of the batch."""
+    late: int
+    """Requests whose deadline had passed when the batch finished."""
+
+
+@dataclass
+class _Request:
+    stream_id: str
+    key: Hashable
+    faces: int
+    deadline: float
+    payload: Any
+    enqueued: float
+    seq: int
+    future: asyncio.Future[Any] = field(repr=False)
+
+
+class DynamicBatcher:
+    """Batches swap requests from many streams for one engine set (one GPU). Start it in a loop."""
+
+    def __init__(self, run: RunBatch, *, max_batch: int = 4, max_wait: float = 0.004,
+                 executor: Executor | None = None, observer: BatchObserver | None = None,
+                 name: str = "batcher") -> None:
+        if not 1 <= max_batch <= 64:
+            raise ValueError(f"max_batch must be 1..64, got {max_batch}")
+        if max_wait < 0:
+            raise ValueError(f"max_wait must be >= 0 seconds, got {max_wait}")
+        self._run = run
+        self.max_batch = max_batch
+        self.max_wait = max_wait
+        self._executor = executor
+        self._observer = observer
+        self.name = name
+        self._pending: list[_Request] = []
+        self._seq = itertools.count()
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        # Expected run time of a batch per engine (an exponential average of what was measured):
+        # how early before a deadline a batch must start.
+        self._run_estimate: dict[Hashable, float] = {}
+        self.batches = 0
+        self.sizes: Counter[int] = Counter()
+        """Batch size (faces) -> how many batches had it."""
+        self.late = 0
+        """Requests finished after their deadline."""
+
+    # -- life cycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start dispatching, in the running loop."""
+        if self._task is None:
+            self._wake = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name=self.name)
+
+    async def close(self) -> None:
+        """Stop dispatching; waiting requests fail with CancelledError."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        for r in self._pending:
+            r.future.cancel()
+        self._pending.clear()
+
+    def pending(self) -> int:
+        """Requests waiting for a batch."""
+        return len(self._pending)
+
+    # -- submitting -----------------------------------------------------------------------------
+
+    async def submit(self, stream_id: str, key: Hashable, faces: int, deadline: float,
+                     payload: Any) -> Any:
+        """Queue one frame's faces for engine `key`; returns its result once its batch has run.
+
+        `deadline` is in the loop's clock (`loop.time()`). Cancelling the caller withdraws the
+        request if its batch has not started.
+        """
+        if self._task is None or self._wake is None:
+            raise RuntimeError("DynamicBatcher.submit before start()")
+        loop = asyncio.get_running_loop()
+        req = _Request(stream_id, key, max(1, faces), deadline, payload, loop.time(),
+                       next(self._seq), loop.create_future())
+        self._pending.append(req)
+        self._wake.set()
+        return await req.future
+
+    # -- dispatching ----------------------------------------------------------------------------
+
+    def _ready_at(self) -> float:
+        """Loop time at which a batch must go out (<= now: go now)."""
+        head = min(self._pending, key=lambda r: (r.deadline, r.seq))
+        same = [r for r in self._pending if r.key == head.key]
+        if sum(r.faces for r in same) >= self.max_batch:
+            return float("-inf")
+        oldest = min(r.enqueued for r in same)
+        return min(oldest + self.max_wait, head.deadline - self._run_estimate.get(head.key, 0.0))
+
+    def select(self) -> list[_Request]:
+        """Take the next batch out of the waiting requests (see the module docstring)."""
+        head = min(self._pending, key=lambda r: (r.deadline, r.seq))
+        same = sorted((r for r in self._pending if r.key == head.key), key=lambda r: (r.deadline, r.seq))
+        batch = [head]
+        faces = head.faces
+        streams = {head.stream_id}
+        # First pass: one slot per waiting stream, by deadline. Second pass: the rest by deadline.
+        for first_pass in (True, False):
+            for r in same:
+                if r in batch or (first_pass and r.stream_id in streams):
+                    continue
+                if faces + r.faces > self.max_batch:
+                    continue
+                batch.append(r)
+                streams.add(r.stream_id)
+                faces += r.faces
+        for r in batch:
+            self._pending.remove(r)
+        return batch
+
+    async def _loop(self) -> None:
+        assert self._wake is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            self._pending = [r for r in self._pending if not r.future.done()]  # withdrawn requests
+            if not self._pending:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            delay = self._ready_at() - loop.time()
+            if delay > 0:
+                self._wake.clear()
+                try:
+                    # A new request may fill the batch (or be more urgent) before the timer runs out.
+                    await asyncio.wait_for(self._wake.wait(), delay)
+                except TimeoutError:
+                    pass
+                continue
+            batch = self.select()
+            await self._dispatch(loop, batch)
+
+    async def _dispatch(self, loop: asyncio.AbstractEventLoop, batch: list[_Request]) -> None:
+        key = batch[0].key
+        t0 = loop.time()
+        try:
+            results = await loop.run_in_executor(self._executor, self._run, key,
+                                                  [r.payload for r in batch])
+            if len(results) != len(batch):
+                raise RuntimeError(f"batch runner returned {len(results)} results for "
+                                   f"{len(batch)} requests")
+        except asyncio.CancelledError:
+            for r in batch:
+                r.future.cancel()
+            raise
+        except Exception as e:  # the engine failed: every request of this batch fails with it
+            log.exception("%s: batch on %s failed", self.name, key)
+            results = [e] * len(batch)
+        t1 = loop.time()
+        took = t1 - t0
+        prev = self._run_estimate.get(key)
+        self._run_estimate[key] = took if prev is None else 0.8 * prev + 0.2 * took
+        faces = sum(r.faces for r in batch)
+        late = sum(1 for r in batch if r.deadline < t1)
+        self.batches += 1
+        self.sizes[faces] += 1
+        self.late += late
+        for r, res in zip(batch, results):
+            if r.future.done():
+                continue
+            if isinstance(res, BaseException):
+                r.future.set_exception(res)
+            else:
+                r.future.set_result(res)
+        if self._observer is not None:
+            self._observer(BatchRecord(key, tuple(r.stream_id for r in batch), faces,
+                                       tuple(r.deadline for r in batch),
+                                       t0 - min(r.enqueued for r in batch), took, late))

@@ -1,0 +1,194 @@
+"""The dynamic batcher on a real asyncio loop and a real executor thread: batch sizes, the maximum
+wait, earliest-deadline-first and fairness between streams.
+
+Timings are checked with slack: other test processes share these 2 cores."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Hashable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from swapstream.runtime.batcher import BatchRecord, DynamicBatcher
+
+
+class Recorder:
+    """A batch runner that records what it was given; `gate` holds the worker to build a backlog."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Hashable, list[Any]]] = []
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def __call__(self, key: Hashable, payloads: list[Any]) -> list[Any]:
+        self.gate.wait(10)
+        self.calls.append((key, list(payloads)))
+        return [("done", p) for p in payloads]
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_a_lone_request_waits_max_wait_then_goes_alone() -> None:
+    async def main() -> tuple[float, list[BatchRecord]]:
+        rec = Recorder()
+        seen: list[BatchRecord] = []
+        with ThreadPoolExecutor(1) as pool:
+            b = DynamicBatcher(rec, max_batch=4, max_wait=0.08, executor=pool, observer=seen.append)
+            b.start()
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            res = await b.submit("a", "mesh", 1, t0 + 10.0, "f0")
+            took = loop.time() - t0
+            await b.close()
+        assert res == ("done", "f0")
+        return took, seen
+
+    took, seen = run(main())
+    assert [r.faces for r in seen] == [1]
+    # It waited for company up to max_wait (80 ms), not much longer.
+    assert 0.075 <= took < 0.3, took
+    assert seen[0].waited >= 0.075
+
+
+def test_a_full_batch_goes_at_once_and_never_exceeds_max_batch() -> None:
+    async def main() -> tuple[float, Recorder, list[BatchRecord]]:
+        rec = Recorder()
+        seen: list[BatchRecord] = []
+        with ThreadPoolExecutor(1) as pool:
+            b = DynamicBatcher(rec, max_batch=4, max_wait=5.0, executor=pool, observer=seen.append)
+            b.start()
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            # Four one-face frames from four streams: full at once, no reason to wait 5 s.
+            await asyncio.gather(*(b.submit(f"s{i}", "mesh", 1, t0 + 10, i) for i in range(4)))
+            took = loop.time() - t0
+            # Then 2-face frames: two of them fill a batch of 4; a third must go in the next one.
+            rec.gate.clear()
+            blocker = asyncio.ensure_future(b.submit("x", "mesh", 4, t0 + 1, "block"))
+            await asyncio.sleep(0.05)
+            jobs = [asyncio.ensure_future(b.submit(f"t{i}", "mesh", 2, t0 + 10 + i, i)) for i in range(3)]
+            await asyncio.sleep(0.05)
+            rec.gate.set()
+            await blocker
+            # The third 2-face frame is alone now: it goes after max_wait unless told otherwise;
+            # a later request with a near deadline makes it go early (checked in its own test).
+            b.max_wait = 0.01
+            await asyncio.gather(*jobs)
+            await b.close()
+        return took, rec, seen
+
+    took, rec, seen = run(main())
+    assert took < 1.0, took
+    assert [r.faces for r in seen] == [4, 4, 4, 2]
+    assert all(r.faces <= 4 for r in seen)
+    assert sorted(rec.calls[0][1]) == [0, 1, 2, 3]
+    assert rec.calls[2][1] == [0, 1] and rec.calls[3][1] == [2]  # by deadline
+
+
+def test_earliest_deadline_goes_first() -> None:
+    async def main() -> list[Any]:
+        rec = Recorder()
+        with ThreadPoolExecutor(1) as pool:
+            b = DynamicBatcher(rec, max_batch=1, max_wait=0.0, executor=pool)
+            b.start()
+            loop = asyncio.get_running_loop()
+            now = loop.time()
+            rec.gate.clear()  # the worker is busy: a backlog builds up
+            first = asyncio.ensure_future(b.submit("busy", "mesh", 1, now, "busy"))
+            await asyncio.sleep(0.05)
+            deadlines = [0.9, 0.2, 0.5, 0.1, 0.7, 0.3]
+            jobs = [asyncio.ensure_future(b.submit(f"s{i}", "mesh", 1, now + d, d))
+                    for i, d in enumerate(deadlines)]
+            await asyncio.sleep(0.05)
+            rec.gate.set()
+            await asyncio.gather(first, *jobs)
+            await b.close()
+        return [c[1][0] for c in rec.calls]
+
+    order = run(main())
+    assert order == ["busy", 0.1, 0.2, 0.3, 0.5, 0.7, 0.9]
+
+
+def test_a_near_deadline_sends_a_partial_batch_before_max_wait() -> None:
+    async def main() -> float:
+        rec = Recorder()
+        with ThreadPoolExecutor(1) as pool:
+            b = DynamicBatcher(rec, max_batch=4, max_wait=2.0, executor=pool)
+            b.start()
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            await b.submit("a", "mesh", 1, t0 + 0.05, "urgent")
+            took = loop.time() - t0
+            await b.close()
+        return took
+
+    took = run(main())
+    assert took < 0.5, took  # went at its deadline (50 ms), not after max_wait (2 s)
+
+
+def test_streams_share_batches_fairly_and_engines_never_mix() -> None:
+    async def main() -> tuple[Recorder, list[BatchRecord]]:
+        rec = Recorder()
+        seen: list[BatchRecord] = []
+        with ThreadPoolExecutor(1) as pool:
+            b = DynamicBatcher(rec, max_batch=4, max_wait=0.0, executor=pool, observer=seen.append)
+            b.start()
+            loop = asyncio.get_running_loop()
+            now = loop.time()
+            rec.gate.clear()
+            busy = asyncio.ensure_future(b.submit("busy", "mesh", 1, now, "busy"))
+            await asyncio.sleep(0.05)
+            # Stream A has a backlog of 8 frames, all more urgent than stream B's single frame;
+            # stream C waits on another engine.
+            jobs = [asyncio.ensure_future(b.submit("A", "mesh", 1, now + 0.01 * i, f"A{i}")) for i in range(8)]
+            jobs.append(asyncio.ensure_future(b.submit("B", "mesh", 1, now + 1.0, "B0")))
+            jobs.append(asyncio.ensure_future(b.submit("C", "inswapper", 1, now + 0.5, "C0")))
+            await asyncio.sleep(0.05)
+            rec.gate.set()
+            await asyncio.gather(busy, *jobs)
+            await b.close()
+        return rec, seen
+
+    rec, seen = run(main())
+    batches = [(key, payloads) for key, payloads in rec.calls[1:]]
+    # B is not starved behind A's backlog: it takes one slot of the first batch.
+    assert batches[0] == ("mesh", ["A0", "B0", "A1", "A2"])
+    assert batches[1] == ("mesh", ["A3", "A4", "A5", "A6"])
+    # C's engine never shares a batch with mesh requests; it runs when its deadline is the earliest.
+    assert ("inswapper", ["C0"]) in batches
+    for key, payloads in batches:
+        assert all(p.startswith("C") == (key == "inswapper") for p in payloads)
+    assert all(r.faces <= 4 for r in seen)
+
+
+def test_a_failing_batch_fails_its_requests_only() -> None:
+    def runner(key: Hashable, payloads: list[Any]) -> list[Any]:
+        return [ValueError(f"bad {p}") if p == "bad" else p for p in payloads]
+
+    async def main() -> tuple[Any, Any]:
+        with ThreadPoolExecutor(1) as pool:
+            b = DynamicBatcher(runner, max_batch=4, max_wait=0.01, executor=pool)
+            b.start()
+            now = asyncio.get_running_loop().time()
+            good, bad = await asyncio.gather(b.submit("a", "k", 1, now + 1, "good"),
+                                             b.submit("b", "k", 1, now + 1, "bad"),
+                                             return_exceptions=True)
+            await b.close()
+        return good, bad
+
+    good, bad = run(main())
+    assert good == "good"
+    assert isinstance(bad, ValueError) and "bad bad" in str(bad)
+
+
+def test_bad_settings_are_refused_with_the_value() -> None:
+    with pytest.raises(ValueError, match="max_batch must be 1..64, got 0"):
+        DynamicBatcher(lambda k, p: p, max_batch=0)
+    with pytest.raises(ValueError, match="max_wait must be >= 0 seconds, got -1"):
+        DynamicBatcher(lambda k, p: p, max_wait=-1)
