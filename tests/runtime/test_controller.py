@@ -1,0 +1,95 @@
+"""The degradation ladder as pure logic: order of steps, cooldown, hysteresis, GPU saturation."""
+
+from __future__ import annotations
+
+import pytest
+
+from swapstream.runtime.controller import (ControllerSettings, DegradationController,
+                                           StreamObservation, ladder)
+
+S = ControllerSettings(min_samples=10, down_cooldown=1.0, up_ratio=0.6, up_hold=3.0,
+                       gpu_high=0.9, gpu_high_for=3.0, gpu_low=0.75)
+
+
+def obs(p99: float | None, level: int, swapper: str = "inswapper_128", samples: int = 30,
+        sid: str = "a", budget: float = 100.0) -> StreamObservation:
+    return StreamObservation(sid, p99, samples, budget, level, ladder(swapper))
+
+
+def test_ladder_order() -> None:
+    assert ladder("inswapper_128") == ("detect_less", "mesh", "low_res")
+    assert ladder("mesh") == ("detect_less", "low_res")
+
+
+def test_steps_down_one_at_a_time_in_order_with_a_cooldown_and_stops_at_the_bottom() -> None:
+    c = DegradationController(S)
+    level, t, steps = 0, 0.0, []
+    for _ in range(40):
+        t += 0.25
+        for d in c.decide(t, [obs(250.0, level)], None):
+            assert d.new_level == level + 1 and d.direction == "down"
+            assert "p99 250 ms over the budget of 100 ms" in d.reason
+            steps.append((t, d.step))
+            level = d.new_level
+    assert [s for _, s in steps] == ["detect_less", "mesh", "low_res"]
+    assert level == 3
+    times = [x for x, _ in steps]
+    assert all(b - a >= 1.0 for a, b in zip(times, times[1:]))  # cooldown between steps
+
+
+def test_too_few_frames_since_a_change_decide_nothing() -> None:
+    c = DegradationController(S)
+    assert c.decide(10.0, [obs(900.0, 0, samples=9)], None) == []
+    assert c.decide(11.0, [obs(None, 0, samples=0)], None) == []
+
+
+def test_steps_back_up_only_after_holding_well_under_budget() -> None:
+    c = DegradationController(S)
+    c.decide(0.0, [obs(50.0, 3)], None)  # first sight of the stream
+    # 80 ms is under the budget but not under 60% of it: inside the hysteresis band, no change.
+    for t in range(1, 20):
+        assert c.decide(float(t), [obs(80.0, 3)], None) == []
+    # Well under: a step up after up_hold (3 s), then the next one 3 s later, not before.
+    ups = []
+    level = 3
+    t = 20.0
+    while t < 40 and level > 0:
+        t += 0.5
+        for d in c.decide(t, [obs(40.0, level)], None):
+            assert d.direction == "up"
+            ups.append((t, d.step))
+            level = d.new_level
+    assert [s for _, s in ups] == ["low_res", "mesh", "detect_less"]
+    assert ups[0][0] - 20.0 >= 3.0
+    assert all(b - a >= 3.0 for (a, _), (b, _) in zip(ups, ups[1:]))
+    # A spike resets the hold: no step up for another 3 s.
+    c2 = DegradationController(S)
+    c2.decide(0.0, [obs(40.0, 1)], None)
+    c2.decide(2.5, [obs(40.0, 1)], None)
+    c2.decide(2.6, [obs(90.0, 1)], None)
+    assert c2.decide(3.1, [obs(40.0, 1)], None) == []
+    assert c2.decide(5.5, [obs(40.0, 1)], None) == []
+    assert [d.step for d in c2.decide(6.2, [obs(40.0, 1)], None)] == ["detect_less"]
+
+
+def test_a_saturated_gpu_steps_down_the_worst_stream_and_blocks_steps_up() -> None:
+    c = DegradationController(S)
+    streams = [obs(50.0, 0, sid="calm"), obs(90.0, 0, sid="tight")]
+    assert c.decide(0.0, streams, 0.95) == []
+    assert c.decide(2.0, streams, 0.95) == []
+    c.decide(2.5, streams, 0.5)  # a dip resets the saturation timer
+    assert c.decide(5.0, streams, 0.95) == []
+    d = c.decide(8.1, streams, 0.95)
+    assert [(x.stream_id, x.step) for x in d] == [("tight", "detect_less")]
+    assert "GPU utilisation 95% above 90% for 3 s" in d[0].reason
+    # A hot GPU (over gpu_low) keeps a well-behaved degraded stream where it is.
+    c3 = DegradationController(S)
+    for t in range(0, 10):
+        assert c3.decide(float(t), [obs(10.0, 2)], 0.8) == []
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="up_ratio must be between 0 and 1"):
+        ControllerSettings(up_ratio=1.2)
+    with pytest.raises(ValueError, match="need 0 < gpu_low < gpu_high <= 1"):
+        ControllerSettings(gpu_low=0.95, gpu_high=0.9)
