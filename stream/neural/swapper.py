@@ -119,27 +119,39 @@ class NeuralSwapper:
 
     def set_source(self, image: Any, face: Face) -> None:
         """Compute the source identity once, from `face` in `image`."""
+        self._source = self.identity(image, face)
+
+    def identity(self, image: Any, face: Face) -> np.ndarray:
+        """The model's (1, D) source input for `face` in `image`, without making it the current one
+        (the multi-stream runtime keeps one per stream and passes them to `swap_many`)."""
         e = self.embedder.embed(image, face)
         if self.converter is not None:
             out = self.converter.infer({self.converter.inputs[0].name: e})
             c = next(iter(out.values()))
             e = np.asarray(c.get() if hasattr(c, "get") else c, dtype=np.float32).reshape(1, -1)
-        self._source = source_vector(e, self.contract.embedding, self.emap)
+        return source_vector(e, self.contract.embedding, self.emap)
 
     def swap(self, frame: Any, faces: list[Face]) -> int:
         """Swap every face of one frame in place; returns the number swapped."""
         return self.swap_many([(frame, f) for f in faces])
 
-    def swap_many(self, items: list[tuple[Any, Face]]) -> int:
-        """Swap faces from one or more frames, batching up to `max_batch` faces per model call."""
-        if self._source is None:
+    def swap_many(self, items: list[tuple[Any, Face]], sources: list[np.ndarray] | None = None) -> int:
+        """Swap faces from one or more frames, batching up to `max_batch` faces per model call.
+
+        `sources` gives each item its own identity (from `identity`), so that faces of streams
+        with different source faces share one model call; without it every face gets the one
+        from `set_source`."""
+        if sources is None and self._source is None:
             raise RuntimeError("NeuralSwapper.swap called before set_source")
+        if sources is not None and len(sources) != len(items):
+            raise ValueError(f"swap_many: {len(sources)} sources for {len(items)} faces")
         done = 0
         for start in range(0, len(items), self.max_batch):
-            done += self._swap_batch(items[start:start + self.max_batch])
+            end = start + self.max_batch
+            done += self._swap_batch(items[start:end], None if sources is None else sources[start:end])
         return done
 
-    def _swap_batch(self, items: list[tuple[Any, Face]]) -> int:
+    def _swap_batch(self, items: list[tuple[Any, Face]], sources: list[np.ndarray] | None = None) -> int:
         c = self.contract
         n = len(items)
         if n == 0:
@@ -158,7 +170,8 @@ class NeuralSwapper:
             mats = xp.asarray(np.stack(to_frame[start:end]).astype(np.float32))
             crop_batch(items[start][0], mats, batch[start:end], mean=c.mean, std=c.std)
             start = end
-        source = xp.asarray(np.repeat(self._source, n, axis=0))
+        source = xp.asarray(np.concatenate(sources, axis=0) if sources is not None
+                            else np.repeat(self._source, n, axis=0))
         if self.runner.wants_device_arrays and xp is np:
             import cupy
 
