@@ -106,6 +106,41 @@ class NeuralConfig(_Section):
     """Accept each model's licence without asking (for non-interactive runs)."""
 
 
+class RuntimeConfig(_Section):
+    max_wait_ms: float = Field(4.0, ge=0.0, le=1000.0)
+    """Longest a face waits for others to fill a swap batch (multi-stream runtime)."""
+    budget_ms: float = Field(250.0, gt=0.0)
+    """Default latency budget of a stream: a frame's arrival to its encoding, at the p99."""
+    queue_frames: int = Field(2, ge=1, le=64)
+    """Frames each stage of a stream may hold; beyond that the oldest is dropped (live policy)."""
+    max_streams: int = Field(32, ge=1)
+    """Most streams one process runs at once."""
+    controller_interval: float = Field(0.5, gt=0.0)
+    """Seconds between two looks of the degradation controller."""
+    min_samples: int = Field(10, ge=1)
+    """Frames since a stream's last change before the controller trusts its p99."""
+    down_cooldown: float = Field(1.0, ge=0.0)
+    """Seconds after a change before a stream steps down again."""
+    up_ratio: float = Field(0.6, gt=0.0, lt=1.0)
+    """A stream steps back up only while its p99 is under this fraction of its budget..."""
+    up_hold: float = Field(3.0, ge=0.0)
+    """... for this many seconds (hysteresis)."""
+    gpu_high: float = Field(0.9, gt=0.0, le=1.0)
+    """GPU utilisation above which the GPU counts as saturated."""
+    gpu_high_for: float = Field(3.0, ge=0.0)
+    """Seconds of saturation before a stream on that GPU steps down."""
+    gpu_low: float = Field(0.75, gt=0.0, lt=1.0)
+    """Streams on a GPU step up only while its utilisation is under this."""
+    detect_less_factor: int = Field(4, ge=2)
+    """The `detect_less` step runs the detector this many times less often."""
+    low_res_scale: float = Field(0.5, gt=0.05, lt=1.0)
+    """The `low_res` step swaps faces at this fraction of the resolution."""
+    upload_max_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    """Largest source-face upload accepted by the control API."""
+    upload_max_side: int = Field(4096, ge=64)
+    """Largest width or height of an uploaded source image, in pixels."""
+
+
 class Config(_Section):
     swapper: str = "mesh"
     """Which swapper replaces the faces: `mesh` (built in, no downloads) or a zoo swapper such as inswapper_128."""
@@ -125,6 +160,8 @@ class Config(_Section):
     """Zoo models: runner, precision, batching, detector and downloads."""
     encode: EncodeConfig = EncodeConfig()
     """Video encoding of file outputs."""
+    runtime: RuntimeConfig = RuntimeConfig()
+    """The multi-stream runtime of `swapstream serve`: batching, budgets, degradation, uploads."""
 
 
 def _check_names(cfg: "Config", source: str) -> None:
