@@ -91,7 +91,7 @@ class FileJob:
         self.analyser: Any
         self.swapper: Any
         if config.swapper == "mesh":
-            self.analyser = FaceAnalyser(config)
+            self.analyser = self._builtin_analyser(config)
             self.swapper = MeshSwapper(config.mesh, self.analyser.topology)
         else:
             # Imported here: the neural stages pull in ONNX and the runners, which the built-in
@@ -100,7 +100,11 @@ class FileJob:
 
             self.neural = NeuralStages(config, confirm=confirm, progress=download_progress)
             self.swapper = self.neural.swapper
-            self.analyser = self.neural.analyser or FaceAnalyser(config)
+            self.analyser = self.neural.analyser or self._builtin_analyser(config)
+
+    def _builtin_analyser(self, config: Config) -> Any:
+        """The built-in MediaPipe analyser; LiteRT on the CPU here, PyTorch in the GPU job."""
+        return FaceAnalyser(config)
 
     def set_source(self, path: str | os.PathLike[str]) -> None:
         """Take the identity from the largest face in an image file."""

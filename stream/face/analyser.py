@@ -43,19 +43,22 @@ class FaceAnalyser:
 
     def __init__(self, config: Config, models_dir: Path | None = None) -> None:
         self.config = config
-        folder = models_dir or config.models_dir
-        dc = config.detector
-        self._short = BlazeFaceDetector(
-            builtin_model_path("face_detection_short_range.tflite", folder), SHORT_RANGE,
-            min_score=dc.min_score, nms_iou=dc.nms_iou, threads=dc.threads)
-        self._full = BlazeFaceDetector(
-            builtin_model_path("face_detection_full_range_sparse.tflite", folder), FULL_RANGE,
-            min_score=max(dc.min_score, 0.6), nms_iou=dc.nms_iou, threads=dc.threads)
-        self._mesh = FaceMesh(builtin_model_path("face_landmark.tflite", folder), threads=dc.threads)
+        self._short, self._full, self._mesh = self._build_models(models_dir or config.models_dir)
         self.topology: Topology = load_topology()
         self._tracks: list[_Track] = []
         self._next_id = 0
         self._frames_seen = 0
+
+    def _build_models(self, folder: Path) -> tuple[BlazeFaceDetector, BlazeFaceDetector | None, FaceMesh]:
+        """The short- and full-range detectors and the landmark model, run by LiteRT on the CPU."""
+        dc = self.config.detector
+        short = BlazeFaceDetector(
+            builtin_model_path("face_detection_short_range.tflite", folder), SHORT_RANGE,
+            min_score=dc.min_score, nms_iou=dc.nms_iou, threads=dc.threads)
+        full = BlazeFaceDetector(
+            builtin_model_path("face_detection_full_range_sparse.tflite", folder), FULL_RANGE,
+            min_score=max(dc.min_score, 0.6), nms_iou=dc.nms_iou, threads=dc.threads)
+        return short, full, FaceMesh(builtin_model_path("face_landmark.tflite", folder), threads=dc.threads)
 
     # -- still images ---------------------------------------------------------------------------
 
@@ -63,8 +66,11 @@ class FaceAnalyser:
         """Detections with the configured model; with `both_ranges`, fall back to the other one."""
         first, second = ((self._full, self._short) if self.config.detector.model == "full_range"
                          else (self._short, self._full))
+        if first is None:  # a backend without the full-range model
+            first, second = second, None
+        assert first is not None
         dets = first(rgb, self.config.detector.max_faces)
-        if not dets and both_ranges:
+        if not dets and both_ranges and second is not None:
             dets = second(rgb, self.config.detector.max_faces)
         return dets
 
@@ -114,8 +120,9 @@ class FaceAnalyser:
         t = frame.time if frame.time is not None else frame.index / 30.0
         # 1. Follow every existing track from its last landmarks.
         kept: list[_Track] = []
-        for tr in self._tracks:
-            lm, p = self._landmarks(rgb, roi_from_landmarks(tr.raw, scale))
+        followed = self._mesh.many(rgb, [roi_from_landmarks(tr.raw, scale) for tr in self._tracks]) \
+            if self._tracks else []
+        for tr, (lm, p) in zip(self._tracks, followed):
             if p >= cfg.landmarks.min_presence:
                 tr.raw, tr.presence = lm, p
                 kept.append(tr)
@@ -158,4 +165,5 @@ class FaceAnalyser:
 
     def close(self) -> None:
         for r in (self._short, self._full, self._mesh):
-            r.close()
+            if r is not None:
+                r.close()

@@ -5,11 +5,24 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..engines.litert import LiteRTRunner
+from ..kernels._xp import get_xp
 from ..kernels.warp import box_downsample, warp_affine
+
+
+class ModelRunner(Protocol):
+    """What the face models need from a runner: LiteRTRunner (CPU) or TfliteTorchRunner (GPU)."""
+
+    path: Path
+    input_shape: tuple[int, ...]
+
+    def run(self, x: Any) -> list[np.ndarray]: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -97,19 +110,29 @@ def weighted_nms(boxes: np.ndarray, kps: np.ndarray, scores: np.ndarray, iou_thr
 class BlazeFaceDetector:
     """Finds faces in an RGB uint8 frame."""
 
-    def __init__(self, model_path: Path, spec: AnchorSpec, *, min_score: float = 0.5,
+    def __init__(self, model: Path | ModelRunner, spec: AnchorSpec, *, min_score: float = 0.5,
                  nms_iou: float = 0.3, threads: int = 1) -> None:
-        self.runner = LiteRTRunner(model_path, num_threads=threads)
+        # A path runs the model with LiteRT on the CPU; the GPU analyser passes a runner of its own
+        # (engines.tflite_torch) with the same interface, and CuPy frames.
+        self.runner: ModelRunner = LiteRTRunner(model, num_threads=threads) \
+            if isinstance(model, Path) else model
         self.spec = spec
         self.size = spec.input_size
-        if self.runner.input_shape != (1, self.size, self.size, 3):
-            raise ValueError(f"{model_path.name}: expected input 1x{self.size}x{self.size}x3, "
+        if tuple(self.runner.input_shape[1:]) != (self.size, self.size, 3):
+            raise ValueError(f"{self.runner.path.name}: expected input 1x{self.size}x{self.size}x3, "
                              f"got {self.runner.input_shape}")
         self.anchors = ssd_anchor_centres(spec)
         self.min_score = min_score
         self.nms_iou = nms_iou
-        self._canvas = np.empty((self.size, self.size, 3), dtype=np.uint8)
-        self._small: dict[tuple[int, int, int], np.ndarray] = {}
+        # Work buffers, per array module (NumPy on the CPU path, CuPy on the GPU path).
+        self._buffers: dict[tuple[str, tuple[int, ...]], Any] = {}
+
+    def _buffer(self, xp: Any, shape: tuple[int, ...]) -> Any:
+        key = (xp.__name__, shape)
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = self._buffers.setdefault(key, xp.empty(shape, dtype=np.uint8))
+        return buf
 
     def _letterbox(self, rgb: np.ndarray) -> tuple[np.ndarray, float, float, float]:
         """Fit the frame into the square input, centred, keeping its aspect ratio.
@@ -120,13 +143,10 @@ class BlazeFaceDetector:
         s = self.size
         scale = s / max(h, w)
         factor = max(1, int(1.0 / scale))
+        xp = get_xp(rgb)
         src = rgb
         if factor > 1:
-            key = (h // factor, w // factor, rgb.shape[2])
-            small = self._small.get(key)
-            if small is None:
-                small = self._small.setdefault(key, np.empty(key, dtype=np.uint8))
-            src = box_downsample(rgb, factor, small)
+            src = box_downsample(rgb, factor, self._buffer(xp, (h // factor, w // factor, rgb.shape[2])))
         pad_x = (s - w * scale) / 2.0
         pad_y = (s - h * scale) / 2.0
         # Canvas pixel centre u sits at frame position (u + 0.5 - pad) / scale - 0.5; in the reduced
@@ -134,12 +154,15 @@ class BlazeFaceDetector:
         k = 1.0 / (scale * factor)
         m = np.array([[k, 0.0, (0.5 - pad_x) * k - 0.5],
                       [0.0, k, (0.5 - pad_y) * k - 0.5]])
-        warp_affine(src, m, self._canvas, border="constant", fill=0.0)
-        return self._canvas, scale, pad_x, pad_y
+        canvas = self._buffer(xp, (s, s, 3))
+        warp_affine(src, m, canvas, border="constant", fill=0.0)
+        return canvas, scale, pad_x, pad_y
 
-    def __call__(self, rgb: np.ndarray, max_faces: int = 64) -> list[Detection]:
+    def __call__(self, rgb: Any, max_faces: int = 64) -> list[Detection]:
+        """Detections in an RGB uint8 frame (NumPy, or CuPy with a GPU runner)."""
         canvas, scale, pad_x, pad_y = self._letterbox(rgb)
-        x = (canvas.astype(np.float32) / 127.5 - 1.0)[None]
+        xp = get_xp(canvas)
+        x = (canvas.astype(xp.float32) / xp.float32(127.5) - xp.float32(1.0))[None]
         raw, cls = self.runner.run(x)
         raw = raw[0]
         # MediaPipe clips logits at +-100; exp(100) still overflows float32, so clip at 80 (same result).

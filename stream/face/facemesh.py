@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ..engines.litert import LiteRTRunner
 from ..kernels.warp import warp_affine
-from .blazeface import Detection
+from .blazeface import Detection, ModelRunner
 from .topology import IMAGE_LEFT_EYE_OUTER, IMAGE_RIGHT_EYE_OUTER
 
 INPUT_SIZE = 192
@@ -56,30 +57,65 @@ def roi_from_landmarks(landmarks: np.ndarray, scale: float = 1.5) -> Roi:
 
 
 class FaceMesh:
-    """Runs the landmark model on one ROI of an RGB uint8 frame."""
+    """Runs the landmark model on square ROIs of an RGB uint8 frame."""
 
-    def __init__(self, model_path: Path, *, threads: int = 1) -> None:
-        self.runner = LiteRTRunner(model_path, num_threads=threads)
-        if self.runner.input_shape != (1, INPUT_SIZE, INPUT_SIZE, 3):
-            raise ValueError(f"{model_path.name}: unexpected input shape {self.runner.input_shape}")
+    def __init__(self, model: Path | ModelRunner, *, threads: int = 1) -> None:
+        # A path runs LiteRT on the CPU, one face per call; the GPU analyser passes a batched runner
+        # (engines.tflite_torch) and gives CuPy frames.
+        self.runner: ModelRunner = LiteRTRunner(model, num_threads=threads) \
+            if isinstance(model, Path) else model
+        if tuple(self.runner.input_shape[1:]) != (INPUT_SIZE, INPUT_SIZE, 3):
+            raise ValueError(f"{self.runner.path.name}: unexpected input shape {self.runner.input_shape}")
+        self.max_batch = int(getattr(self.runner, "max_batch", 1))
         self._crop = np.empty((INPUT_SIZE, INPUT_SIZE, 3), dtype=np.uint8)
         self._input = np.empty((1, INPUT_SIZE, INPUT_SIZE, 3), dtype=np.float32)
+        self._gpu_input: Any = None
 
-    def __call__(self, rgb: np.ndarray, roi: Roi) -> tuple[np.ndarray, float]:
+    def __call__(self, rgb: Any, roi: Roi) -> tuple[np.ndarray, float]:
         """(468, 3) float32 landmarks in frame pixel-centre coordinates, and the presence score."""
-        m = roi.crop_to_frame()
+        return self.many(rgb, [roi])[0]
+
+    def many(self, rgb: Any, rois: list[Roi]) -> list[tuple[np.ndarray, float]]:
+        """`__call__` for several ROIs of one frame; a CuPy frame is cropped and run as one batch."""
+        mats = [roi.crop_to_frame() for roi in rois]
         # Crop pixel index u has continuous coordinate u + 0.5.
-        m_idx = m.copy()
-        m_idx[:, 2] += m[:, :2] @ np.array([0.5, 0.5])
-        warp_affine(rgb, m_idx, self._crop, border="replicate")
-        np.multiply(self._crop, np.float32(1.0 / 255.0), out=self._input[0], casting="unsafe")
-        coords, flag = self.runner.run(self._input)
-        pts = coords.reshape(-1, 3).astype(np.float64)
-        out = np.empty((pts.shape[0], 3), dtype=np.float32)
-        out[:, :2] = pts[:, :2] @ m[:, :2].T + m[:, 2]
-        out[:, 2] = pts[:, 2] * (roi.size / INPUT_SIZE)
-        presence = 1.0 / (1.0 + math.exp(-float(np.clip(flag.reshape(-1)[0], -80, 80))))
-        return out, presence
+        idx = [np.hstack([m[:, :2], (m[:, 2] + m[:, :2] @ np.array([0.5, 0.5]))[:, None]]) for m in mats]
+        if type(rgb).__module__.startswith("cupy"):
+            raw = self._run_gpu(rgb, idx)
+        else:
+            raw = []
+            for m_idx in idx:
+                warp_affine(rgb, m_idx, self._crop, border="replicate")
+                np.multiply(self._crop, np.float32(1.0 / 255.0), out=self._input[0], casting="unsafe")
+                coords, flag = self.runner.run(self._input)
+                raw.append((coords.reshape(-1), float(flag.reshape(-1)[0])))
+        out = []
+        for m, roi, (coords, flag) in zip(mats, rois, raw):
+            pts = coords.reshape(-1, 3).astype(np.float64)
+            lm = np.empty((pts.shape[0], 3), dtype=np.float32)
+            lm[:, :2] = pts[:, :2] @ m[:, :2].T + m[:, 2]
+            lm[:, 2] = pts[:, 2] * (roi.size / INPUT_SIZE)
+            presence = 1.0 / (1.0 + math.exp(-float(np.clip(flag, -80, 80))))
+            out.append((lm, presence))
+        return out
+
+    def _run_gpu(self, rgb: Any, idx: list[np.ndarray]) -> list[tuple[np.ndarray, float]]:
+        import cupy
+
+        from ..kernels.crop import crop_batch
+
+        res: list[tuple[np.ndarray, float]] = []
+        for start in range(0, len(idx), self.max_batch):
+            chunk = idx[start:start + self.max_batch]
+            n = len(chunk)
+            if self._gpu_input is None or self._gpu_input.shape[0] < n:
+                self._gpu_input = cupy.empty((self.max_batch, 3, INPUT_SIZE, INPUT_SIZE), cupy.float32)
+            # One launch crops every face, as x/255 in float32 (the CPU path rounds the crop to uint8
+            # first; the difference is below half a grey level).
+            batch = crop_batch(rgb, np.stack(chunk).astype(np.float32), self._gpu_input[:n])
+            coords, flags = self.runner.run(batch.transpose(0, 2, 3, 1))
+            res += [(coords[i].reshape(-1), float(flags.reshape(n, -1)[i, 0])) for i in range(n)]
+        return res
 
     def close(self) -> None:
         self.runner.close()

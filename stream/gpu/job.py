@@ -8,7 +8,8 @@ Stages and their CUDA streams (CuPy-owned), ordered by events, never by a device
 - encode: the host waits for that copy's event (the one host wait, where the encoder takes over)
   and hands the pinned buffer to x264, one frame behind, so the copy of frame n overlaps the
   compute of frame n+1.
-Face analysis runs on the host on the decoded frame it already has, while the GPU works.
+Face analysis runs on the device frame: the built-in networks through PyTorch (gpu/analyser.py), or
+the neural detector's runner; only landmarks come back to the host.
 NVTX ranges mark every stage, so a profile shows the overlap.
 
 NVDEC decoding and NVENC encoding (PyNvVideoCodec) are the next step: this job decodes with PyAV.
@@ -26,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from ..config import Config
 from ..io.video import AudioPacket, VideoReader, VideoWriter, probe
 from ..pipeline import SYNTHETIC_TAGS, FileJob, JobStats, ProgressFn, expected_frames
 from ..types import Frame
@@ -71,7 +73,13 @@ def nvtx(name: str) -> Iterator[None]:
 
 
 class GpuFileJob(FileJob):
-    """`FileJob` with its frames on the GPU. Same analyser, swappers and outputs; see the module doc."""
+    """`FileJob` with its frames on the GPU. Same swappers and outputs; see the module doc."""
+
+    def _builtin_analyser(self, config: Config) -> Any:
+        # The built-in networks run on the GPU, on the uploaded frame (stream/gpu/analyser.py).
+        from .analyser import GpuFaceAnalyser
+
+        return GpuFaceAnalyser(config)
 
     def run(self, input_path: str | Any, output_path: str | Any,
             progress: ProgressFn | None = None) -> JobStats:
@@ -117,11 +125,6 @@ class GpuFileJob(FileJob):
                     stats.audio_packets += 1
                     continue
                 t = time.perf_counter()
-                with nvtx("analyse"):
-                    faces = self.analyser.track(item)
-                stats.tracks.update(f.track_id for f in faces)
-                self.stage_seconds["analyse"] += time.perf_counter() - t
-                t = time.perf_counter()
                 # Upload: host frame -> pinned slot -> device slot, asynchronously.
                 with nvtx("upload"):
                     pin = pin_in.acquire(item.pts)
@@ -130,10 +133,18 @@ class GpuFileJob(FileJob):
                     dslot.buffer.set(pin.buffer, stream=upload)
                     uploaded = upload.record()
                     pin_in.release(pin, uploaded)
-                # Compute: after the upload, on its own stream.
-                with nvtx("swap"), compute:
+                # Compute: after the upload, on its own stream. Analysis reads the device frame;
+                # only its landmarks come back to the host (the one mid-frame wait).
+                with compute:
                     compute.wait_event(uploaded)
-                    swapped = self.swap_faces(dslot.buffer, faces)
+                    ta = time.perf_counter()
+                    with nvtx("analyse"):
+                        faces = self.analyser.track(Frame(dslot.buffer, item.pts, item.time_base,
+                                                          item.index))
+                    stats.tracks.update(f.track_id for f in faces)
+                    self.stage_seconds["analyse"] += time.perf_counter() - ta
+                    with nvtx("swap"):
+                        swapped = self.swap_faces(dslot.buffer, faces)
                     done = compute.record()
                 stats.faces_swapped += swapped
                 stats.frames_swapped += 1 if swapped else 0

@@ -1,0 +1,52 @@
+"""The built-in face analysis (BlazeFace + Face Mesh) with its networks on the GPU.
+
+Same tracking, ROI and smoothing logic as `face.analyser.FaceAnalyser`, which it subclasses; only the
+networks and the pre-processing move. The `.tflite` files are executed by PyTorch
+(`engines.tflite_torch`, CUDA graphs per batch size), the detector's letterbox runs as CuPy array ops
+and the landmark crops as one `crop_batch` launch for all faces. Given a CuPy frame, nothing but the
+model outputs (57 KB for a detection, 5.6 KB per face for landmarks) comes back to the host, where the
+anchor decoding, NMS and ROI geometry run as on the CPU path.
+
+Not on the GPU: the full-range detector. Its weights are stored sparse (the DENSIFY operator), which
+the executor does not read; the short-range model is used for every detection, and the CPU path's
+fallback to the other range when nothing is tracked does not exist here.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from ..config import Config
+from ..engines.builtin import builtin_model_path
+from ..engines.tflite_torch import TfliteTorchRunner
+from ..face.analyser import FaceAnalyser
+from ..face.blazeface import SHORT_RANGE, BlazeFaceDetector
+from ..face.facemesh import FaceMesh
+
+log = logging.getLogger(__name__)
+
+MAX_FACES_PER_CALL = 4
+"""Landmark batch size: faces of one frame beyond this go in further calls."""
+
+
+class GpuFaceAnalyser(FaceAnalyser):
+    """`FaceAnalyser` on the GPU: `track` takes frames whose data is a CuPy (H, W, 3) uint8 array
+    (NumPy frames also work, and are uploaded per call)."""
+
+    def __init__(self, config: Config, models_dir: Path | None = None, *, device: str = "cuda") -> None:
+        self._device = device
+        if config.detector.model == "full_range":
+            log.warning("the full-range detector cannot run on the GPU (sparse weights); "
+                        "using the short-range model")
+        super().__init__(config, models_dir)
+
+    def _build_models(self, folder: Path) -> tuple[BlazeFaceDetector, BlazeFaceDetector | None, FaceMesh]:
+        dc = self.config.detector
+        short = BlazeFaceDetector(
+            TfliteTorchRunner(builtin_model_path("face_detection_short_range.tflite", folder),
+                              device=self._device, max_batch=1),
+            SHORT_RANGE, min_score=dc.min_score, nms_iou=dc.nms_iou)
+        mesh = FaceMesh(TfliteTorchRunner(builtin_model_path("face_landmark.tflite", folder),
+                                          device=self._device, max_batch=MAX_FACES_PER_CALL))
+        return short, None, mesh

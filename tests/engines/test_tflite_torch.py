@@ -1,0 +1,123 @@
+"""The PyTorch executor of the built-in .tflite models against LiteRT, on the CPU (CI) and the GPU."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from swapstream.config import load_config
+from swapstream.demo import astronaut, grace_hopper
+from swapstream.engines.builtin import builtin_model_path
+from swapstream.engines.litert import LiteRTRunner
+from swapstream.engines.runner import RunnerError
+from swapstream.types import Frame
+
+torch = pytest.importorskip("torch")
+
+from swapstream.engines.tflite_torch import TfliteTorchRunner  # noqa: E402
+from swapstream.gpu.analyser import GpuFaceAnalyser  # noqa: E402
+
+MODELS = ["face_detection_short_range.tflite", "face_landmark.tflite"]
+
+
+def _cuda() -> bool:
+    try:
+        import cupy
+
+        return torch.cuda.is_available() and cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_cpu_executor_matches_litert(name: str) -> None:
+    path = builtin_model_path(name, load_config().models_dir)
+    ref = LiteRTRunner(path)
+    ours = TfliteTorchRunner(path, device="cpu", max_batch=2)
+    rng = np.random.default_rng()
+    x = rng.uniform(-1, 1, (2, *ref.input_shape[1:])).astype(np.float32)
+    got = ours.run(x)
+    for b in range(2):
+        want = ref.run(x[b:b + 1])
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert g.shape[1:] == w.shape[1:]
+            # Both are fp32, with different convolution algorithms (XNNPACK vs oneDNN) and summation
+            # orders: rounding differences grow through ~50 layers to ~1e-6 of the output's range
+            # (outputs reach ~150); 2e-5 of the range leaves margin and still catches any layout slip.
+            np.testing.assert_allclose(g[b:b + 1], w, rtol=0, atol=2e-5 * max(1.0, float(np.abs(w).max())))
+
+
+def test_sparse_model_is_refused_by_name() -> None:
+    path = builtin_model_path("face_detection_full_range_sparse.tflite", load_config().models_dir)
+    with pytest.raises(RunnerError, match="DENSIFY"):
+        TfliteTorchRunner(path, device="cpu")
+
+
+def test_batch_and_dtype_are_checked() -> None:
+    path = builtin_model_path("face_landmark.tflite", load_config().models_dir)
+    r = TfliteTorchRunner(path, device="cpu", max_batch=2)
+    with pytest.raises(ValueError, match="1 <= N <= 2"):
+        r.run(np.zeros((3, 192, 192, 3), np.float32))
+    with pytest.raises(ValueError, match="float32"):
+        r.run(np.zeros((1, 192, 192, 3), np.float64))
+
+
+def _compare_analysers(device: str, upload: bool) -> None:
+    from swapstream.face.analyser import FaceAnalyser
+
+    cfg = load_config()
+    ref, ours = FaceAnalyser(cfg), GpuFaceAnalyser(cfg, device=device)
+    try:
+        for img in (grace_hopper(), astronaut()):
+            want = ref.analyse_image(img)
+            got = ours.analyse_image(img)
+            assert len(got) == len(want) == 1
+            data = img
+            if upload:
+                import cupy
+
+                data = cupy.asarray(img)
+            for i in range(4):
+                w = ref.track(Frame(img, i, Fraction(1, 30), i))
+                g = ours.track(Frame(data, i, Fraction(1, 30), i))
+                assert len(g) == len(w) == 1
+                # Same networks in fp32; the GPU crop skips the CPU path's rounding of the crop to
+                # uint8 (< 0.5 grey level): landmarks agree to a small fraction of a pixel on faces
+                # ~100-200 px wide.
+                np.testing.assert_allclose(g[0].landmarks, w[0].landmarks, rtol=0, atol=0.25)
+                np.testing.assert_allclose(g[0].kps, w[0].kps, rtol=0, atol=0.25)
+    finally:
+        ref.close()
+        ours.close()
+
+
+def test_analyser_with_torch_on_cpu_matches_litert() -> None:
+    _compare_analysers("cpu", upload=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda(), reason="needs CUDA with torch and CuPy")
+def test_gpu_analyser_on_cupy_frames_matches_cpu() -> None:
+    _compare_analysers("cuda", upload=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda(), reason="needs CUDA with torch and CuPy")
+@pytest.mark.parametrize("name", MODELS)
+def test_gpu_executor_matches_litert(name: str) -> None:
+    import cupy
+
+    path = builtin_model_path(name, load_config().models_dir)
+    ref = LiteRTRunner(path)
+    ours = TfliteTorchRunner(path, device="cuda", max_batch=4)
+    rng = np.random.default_rng()
+    for n in (1, 3, 1):  # graph capture per batch size, then replay of an existing one
+        x = rng.uniform(-1, 1, (n, *ref.input_shape[1:])).astype(np.float32)
+        got = ours.run(cupy.asarray(x))
+        for b in range(n):
+            for g, w in zip(got, ref.run(x[b:b + 1])):
+                # fp32 with TF32 off; cuDNN's algorithms sum in other orders than XNNPACK.
+                np.testing.assert_allclose(g[b:b + 1], w, rtol=0, atol=5e-5 * max(1.0, float(np.abs(w).max())))
