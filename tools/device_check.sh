@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the `device` tool), from the repository root:
-#   tools/device_check.sh [tests|engines|bench|kernels|swap|all]   (default: all; bench = kernels + swap)
+#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|all]   (default: all; bench = kernels + swap + pipeline)
+#   tools/device_check.sh pytest ARGS...    (pytest with ARGS, in the same environment)
 # Installs the carried wheels (.whl/, ignored by git), makes `swapstream` importable from this tree,
 # runs `pytest -m gpu`, then the benchmarks. Logs and JSON go to $OUT (or ./device_out locally).
 # Carry: .whl (ai-edge-litert, pydantic and their small deps for Python 3.12) and .models (the
 # built-in .tflite files, so nothing is downloaded there).
 set -uo pipefail
 what="${1:-all}"
+shift || true
 OUT="${OUT:-$PWD/device_out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -27,10 +29,15 @@ export SWAPSTREAM_MODELS_DIR="$PWD/.models"
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
   python3 -c "import sys, numpy, cupy, cv2; print(sys.version); print('numpy', numpy.__version__, 'cupy', cupy.__version__, 'cv2', cv2.__version__)"
+  python3 -c "import importlib.util as u; print('present:', {m: bool(u.find_spec(m)) for m in ('av', 'ai_edge_litert', 'PyNvVideoCodec', 'pydantic', 'tflite', 'flatbuffers', 'torch', 'pynvml')})"
   git rev-parse --short HEAD 2>/dev/null || true
 } 2>&1 | tee "$OUT/env.txt"
 
 rc=0
+if [[ "$what" == pytest ]]; then
+  python3 -m pytest -p no:cacheprovider "$@" 2>&1 | tee "$OUT/pytest_args.log"
+  exit "${PIPESTATUS[0]}"
+fi
 if [[ "$what" == swap || "$what" == engines ]]; then
   # The runner's accuracy against ONNX Runtime goes with its benchmark.
   python3 -m pytest -m gpu -rs -v -p no:cacheprovider tests/engines 2>&1 | tee "$OUT/pytest_gpu_engines.log"
