@@ -1,0 +1,499 @@
+"""The control API of `swapstream serve`: REST over aiohttp, authenticated with a bearer token.
+
+| method and path | what |
+|---|---|
+| `GET /healthz` | the process answers (no token) |
+| `GET /readyz` | 200 when streams can be created, 503 with the reason otherwise (no token) |
+| `GET /metrics` | Prometheus text format |
+| `GET /api/streams` | every stream |
+| `POST /api/streams` | create a stream (JSON: input, outputs, swapper, preset, budget) |
+| `GET /api/streams/{id}` | one stream, with counts, latency and the controller's steps |
+| `DELETE /api/streams/{id}` | stop it |
+| `PUT /api/streams/{id}/source` | upload or replace its source face (multipart field `image`, or a raw image body) |
+| `GET /api/streams/{id}/preview.jpg` | the last encoded frame |
+| `GET /hls/{id}/{view_key}/{file}` | a stream's HLS output; the view key (in the stream's JSON) is the credential, so that a `<video>` or a player can open it |
+| `GET /dashboard` | the dashboard page (it asks for the token) |
+
+Nothing a request sends becomes a path unchecked: inputs are RTMP URLs, or file names resolved inside
+`--media-root` and refused if they leave it; HLS goes into `--hls-root/<stream id>/`, with ids that
+match `[a-z0-9][a-z0-9_-]*`; HLS files are served only under names the writer uses; presets are
+names from configs/, never paths; config overrides cannot touch `models_dir` or `runtime.*`. Uploaded
+images are checked for size, declared type and magic bytes, and their dimensions are read from the
+header before OpenCV decodes them from memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import re
+import secrets
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import cv2
+import numpy as np
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..config import PRESETS_DIR
+from ..errors import ConfigError, InputError, NoFaceError, SwapStreamError
+from .manager import STREAM_ID, StreamNotFound, StreamRequestError, StreamRuntime
+from .metrics import CONTENT_TYPE
+from .stream import InputSpec, OutputSpec, StreamPipeline, StreamSpec
+
+log = logging.getLogger(__name__)
+
+STATIC = Path(__file__).resolve().parent / "static"
+
+IMAGE_TYPES = {"image/png": "png", "image/jpeg": "jpeg", "image/webp": "webp"}
+HLS_FILE = re.compile(r"^(index\.m3u8|seg_\d{5}\.ts)$")
+RTMP_URL = re.compile(r"^rtmps?://[A-Za-z0-9.\-\[\]:]+(:\d+)?/[\x21-\x7e]{1,1000}$")
+FORBIDDEN_OVERRIDES = ("models_dir", "runtime")
+
+
+@dataclass
+class ApiSettings:
+    """What the API needs besides the runtime."""
+
+    token: str
+    """The bearer token every /api and /metrics request must carry."""
+    hls_root: Path | None = None
+    """Folder under which each stream's HLS output goes (`<root>/<id>/`); None: no HLS outputs."""
+    media_root: Path | None = None
+    """Folder whose files may be named as inputs; None: RTMP inputs only."""
+    view_keys: dict[str, str] = field(default_factory=dict)
+    """Stream id -> the secret in its HLS URL."""
+
+    def __post_init__(self) -> None:
+        if len(self.token) < 16:
+            raise ConfigError("the API token must be at least 16 characters: set SWAPSTREAM_API_TOKEN "
+                              "or --api-token to a long random string (or leave both unset to get one)")
+
+
+# -- request bodies -------------------------------------------------------------------------------
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class InputBody(_Body):
+    url: str | None = None
+    """rtmp:// or rtmps:// URL to pull."""
+    file: str | None = None
+    """A file name inside the server's --media-root."""
+    loop: bool = False
+    realtime: bool = True
+    reconnect_seconds: float = Field(10.0, ge=0.0, le=3600.0)
+
+
+class OutputBody(_Body):
+    type: Literal["rtmp", "hls", "null"]
+    url: str | None = None
+
+
+class CreateBody(_Body):
+    id: str | None = None
+    input: str | InputBody
+    outputs: list[OutputBody] = Field(min_length=1, max_length=4)
+    swapper: str = "mesh"
+    preset: str = "multi_stream"
+    budget_ms: float | None = Field(None, gt=0.0, le=60000.0)
+    set: list[str] = Field(default_factory=list, max_length=32)
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _pydantic_message(e: ValidationError) -> str:
+    err = e.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "body"
+    if err["type"] == "extra_forbidden":
+        return f"unknown field '{where}' in the request body"
+    if err["type"] == "missing":
+        return f"field '{where}' is required"
+    return f"field '{where}': {err['msg']} (got {err.get('input')!r})"
+
+
+# -- image uploads --------------------------------------------------------------------------------
+
+
+def sniff_image(data: bytes) -> tuple[str, int, int]:
+    """(kind, width, height) from the header of a PNG, JPEG or WebP image; ValueError otherwise."""
+    if data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 24 and data[12:16] == b"IHDR":
+        w, h = struct.unpack(">II", data[16:24])
+        return "png", w, h
+    if data[:3] == b"\xff\xd8\xff":
+        i = 2
+        while i + 9 < len(data):
+            if data[i] != 0xFF:
+                i += 1
+                continue
+            marker = data[i + 1]
+            if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7 or marker == 0xFF:
+                i += 2 if marker != 0xFF else 1
+                continue
+            length = struct.unpack(">H", data[i + 2:i + 4])[0]
+            if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+                h, w = struct.unpack(">HH", data[i + 5:i + 9])
+                return "jpeg", w, h
+            i += 2 + length
+        raise ValueError("a JPEG without a frame header")
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP" and len(data) >= 30:
+        chunk = data[12:16]
+        if chunk == b"VP8 ":
+            w, h = struct.unpack("<HH", data[26:30])
+            return "webp", w & 0x3FFF, h & 0x3FFF
+        if chunk == b"VP8L":
+            b = int.from_bytes(data[21:25], "little")
+            return "webp", (b & 0x3FFF) + 1, ((b >> 14) & 0x3FFF) + 1
+        if chunk == b"VP8X":
+            return "webp", int.from_bytes(data[24:27], "little") + 1, int.from_bytes(data[27:30], "little") + 1
+    raise ValueError("not a PNG, JPEG or WebP image")
+
+
+async def _read_limited(stream: Any, limit: int, what: str) -> bytes:
+    buf = bytearray()
+    while True:
+        chunk = await stream.read_chunk(65536) if hasattr(stream, "read_chunk") else await stream.read(65536)
+        if not chunk:
+            return bytes(buf)
+        buf += chunk
+        if len(buf) > limit:
+            raise ApiError(413, f"{what} is larger than {limit} bytes (runtime.upload_max_bytes); "
+                                f"send a smaller image")
+
+
+async def read_upload(request: web.Request, max_bytes: int) -> tuple[bytes, str]:
+    """The uploaded image's bytes and declared type: a multipart field `image`, or a raw body."""
+    length = request.content_length
+    if length is not None and length > max_bytes + 64 * 1024:  # multipart framing adds a little
+        raise ApiError(413, f"upload of {length} bytes is larger than {max_bytes} bytes "
+                            f"(runtime.upload_max_bytes); send a smaller image")
+    ctype = request.content_type
+    if ctype.startswith("multipart/"):
+        reader = await request.multipart()
+        while True:
+            part = await reader.next()
+            if part is None:
+                raise ApiError(400, "the multipart body has no field named 'image': send the face "
+                                    "as -F image=@face.jpg")
+            if getattr(part, "name", None) == "image":
+                declared = (part.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+                return await _read_limited(part, max_bytes, "the image"), declared
+    if ctype in IMAGE_TYPES:
+        return await _read_limited(request.content, max_bytes, "the image"), ctype
+    raise ApiError(415, f"Content-Type {ctype or 'missing'!s} is not accepted: send multipart/form-data "
+                        f"with a field 'image', or the image itself as image/png, image/jpeg or image/webp")
+
+
+def decode_upload(data: bytes, declared: str, max_side: int) -> np.ndarray:
+    """Check an uploaded image and decode it from memory to HxWx3 RGB."""
+    if declared not in IMAGE_TYPES:
+        raise ApiError(415, f"the image's Content-Type is {declared or 'missing'!s}; send image/png, "
+                            f"image/jpeg or image/webp")
+    if not data:
+        raise ApiError(400, "the image is empty")
+    try:
+        kind, w, h = sniff_image(data)
+    except ValueError as e:
+        raise ApiError(415, f"the uploaded bytes are {e}: send a PNG, JPEG or WebP file") from None
+    if kind != IMAGE_TYPES[declared]:
+        raise ApiError(415, f"the image is declared as {declared} but its content is {kind}")
+    if w < 16 or h < 16 or w > max_side or h > max_side:
+        raise ApiError(422, f"the image is {w}x{h} pixels; send one between 16 and {max_side} pixels "
+                            f"per side (runtime.upload_max_side)")
+    img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR_RGB)
+    if img is None:
+        raise ApiError(422, f"the {kind.upper()} image could not be decoded (truncated or corrupt)")
+    return np.ascontiguousarray(img)
+
+
+# -- the API --------------------------------------------------------------------------------------
+
+
+class ControlApi:
+    """The routes, bound to one runtime."""
+
+    def __init__(self, runtime: StreamRuntime, settings: ApiSettings) -> None:
+        self.runtime = runtime
+        self.settings = settings
+
+    def add_routes(self, app: web.Application) -> None:
+        r = app.router
+        r.add_get("/healthz", self.healthz)
+        r.add_get("/readyz", self.readyz)
+        r.add_get("/metrics", self.metrics)
+        r.add_get("/dashboard", self.dashboard)
+        r.add_get("/api/streams", self.list_streams)
+        r.add_post("/api/streams", self.create)
+        r.add_get("/api/streams/{sid}", self.inspect)
+        r.add_delete("/api/streams/{sid}", self.stop)
+        r.add_put("/api/streams/{sid}/source", self.put_source)
+        r.add_get("/api/streams/{sid}/preview.jpg", self.preview)
+        r.add_get("/hls/{sid}/{key}/{name}", self.hls)
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _authorize(self, request: web.Request) -> None:
+        header = request.headers.get("Authorization", "")
+        if not header:
+            raise ApiError(401, "missing bearer token: send 'Authorization: Bearer TOKEN' with the "
+                                "token that swapstream serve printed or SWAPSTREAM_API_TOKEN holds")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            raise ApiError(401, "the Authorization header must be 'Bearer TOKEN'")
+        if not hmac.compare_digest(token.strip().encode(), self.settings.token.encode()):
+            raise ApiError(401, "invalid bearer token")
+
+    def _stream(self, request: web.Request) -> StreamPipeline:
+        sid = request.match_info["sid"]
+        try:
+            return self.runtime.get(sid)
+        except StreamNotFound:
+            raise ApiError(404, f"no stream with id {sid!r}: GET /api/streams lists them") from None
+
+    def _info(self, p: StreamPipeline) -> dict[str, Any]:
+        info = p.info()
+        key = self.settings.view_keys.get(p.id)
+        if key is not None and any(o.kind == "hls" for o in p.spec.outputs):
+            info["hls"] = f"/hls/{p.id}/{key}/index.m3u8"
+        info["preview"] = f"/api/streams/{p.id}/preview.jpg"
+        return info
+
+    async def _guard(self, request: web.Request, handler: Any, auth: bool = True) -> web.StreamResponse:
+        try:
+            if auth:
+                self._authorize(request)
+            return await handler()
+        except ApiError as e:
+            resp = _error(e.status, str(e))
+            if e.status == 401:
+                resp.headers["WWW-Authenticate"] = 'Bearer realm="swapstream"'
+            return resp
+        except StreamRequestError as e:
+            return _error(e.status, str(e))
+        except (NoFaceError, InputError) as e:
+            return _error(422, str(e))
+        except (ConfigError, SwapStreamError) as e:
+            return _error(400, str(e))
+
+    # -- health ---------------------------------------------------------------------------------
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        ok, why = self.runtime.ready()
+        return web.json_response({"ready": ok, "reason": why, "streams": len(self.runtime.streams),
+                                  "devices": [s.name for s in self.runtime.slots],
+                                  "nvml": self.runtime.gpu.available or self.runtime.gpu.reason},
+                                 status=200 if ok else 503)
+
+    async def metrics(self, request: web.Request) -> web.StreamResponse:
+        async def h() -> web.Response:
+            body = await asyncio.get_running_loop().run_in_executor(None, self.runtime.metrics.render)
+            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+        return await self._guard(request, h)
+
+    async def dashboard(self, request: web.Request) -> web.Response:
+        # The page holds no secret: it asks for the token and sends it with every API call.
+        return web.Response(text=(STATIC / "dashboard.html").read_text(), content_type="text/html")
+
+    # -- streams --------------------------------------------------------------------------------
+
+    async def list_streams(self, request: web.Request) -> web.StreamResponse:
+        async def h() -> web.Response:
+            return web.json_response({"streams": [self._info(p) for p in self.runtime.streams.values()]})
+
+        return await self._guard(request, h)
+
+    async def inspect(self, request: web.Request) -> web.StreamResponse:
+        async def h() -> web.Response:
+            return web.json_response(self._info(self._stream(request)))
+
+        return await self._guard(request, h)
+
+    async def stop(self, request: web.Request) -> web.StreamResponse:
+        async def h() -> web.Response:
+            p = self._stream(request)
+            await self.runtime.remove_stream(p.id)
+            self.settings.view_keys.pop(p.id, None)
+            return web.json_response(self._info(p))
+
+        return await self._guard(request, h)
+
+    async def create(self, request: web.Request) -> web.StreamResponse:
+        async def h() -> web.Response:
+            if request.content_type != "application/json":
+                raise ApiError(415, "send the stream as JSON (Content-Type: application/json)")
+            try:
+                raw = await request.json()
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+            try:
+                body = CreateBody.model_validate(raw)
+            except ValidationError as e:
+                raise ApiError(400, _pydantic_message(e)) from None
+            spec = self._spec(body)
+            self.settings.view_keys[spec.stream_id] = secrets.token_urlsafe(16)
+            try:
+                p = await self.runtime.add_stream(spec)
+            except BaseException:
+                self.settings.view_keys.pop(spec.stream_id, None)
+                raise
+            return web.json_response(self._info(p), status=201,
+                                     headers={"Location": f"/api/streams/{p.id}"})
+
+        return await self._guard(request, h)
+
+    def _spec(self, body: CreateBody) -> StreamSpec:
+        sid = body.id or f"s-{secrets.token_hex(4)}"
+        if not STREAM_ID.match(sid):
+            raise ApiError(400, f"field 'id': {sid!r} is not valid: use 1-63 lower-case letters, "
+                                f"digits, '-' or '_', starting with a letter or digit")
+        if sid in self.runtime.streams:
+            raise ApiError(409, f"a stream with id {sid!r} already exists: stop it first or choose another id")
+        inp = InputBody(url=body.input) if isinstance(body.input, str) else body.input
+        if (inp.url is None) == (inp.file is None):
+            raise ApiError(400, "field 'input': give either 'url' (rtmp://...) or 'file' (a name "
+                                "inside the server's --media-root)")
+        if inp.url is not None:
+            if not RTMP_URL.match(inp.url):
+                raise ApiError(400, f"field 'input.url': {inp.url!r} is not an rtmp:// or rtmps:// URL "
+                                    f"with a host and a path")
+            source = InputSpec(inp.url, realtime=False, loop=False,
+                               reconnect_seconds=inp.reconnect_seconds)
+        else:
+            assert inp.file is not None
+            source = InputSpec(str(self._media_file(inp.file)), realtime=inp.realtime, loop=inp.loop)
+        outputs = []
+        for i, o in enumerate(body.outputs):
+            if o.type == "rtmp":
+                if o.url is None or not RTMP_URL.match(o.url):
+                    raise ApiError(400, f"field 'outputs.{i}.url': an rtmp output needs an rtmp:// "
+                                        f"or rtmps:// URL, got {o.url!r}")
+                outputs.append(OutputSpec("rtmp", o.url))
+            elif o.type == "hls":
+                if o.url is not None:
+                    raise ApiError(400, f"field 'outputs.{i}.url': an hls output takes no url; it is "
+                                        f"written under the server's --hls-root and served at /hls/")
+                if self.settings.hls_root is None:
+                    raise ApiError(400, f"field 'outputs.{i}': this server has no --hls-root, so it "
+                                        f"cannot write HLS; use an rtmp output")
+                outputs.append(OutputSpec("hls", str(self.settings.hls_root / sid)))
+            else:
+                outputs.append(OutputSpec("null"))
+        if sum(o.kind == "hls" for o in outputs) > 1:
+            raise ApiError(400, "field 'outputs': at most one hls output per stream")
+        presets = sorted(x.stem for x in PRESETS_DIR.glob("*.yaml"))
+        if body.preset not in presets:
+            raise ApiError(400, f"field 'preset': unknown preset {body.preset!r}: choose one of "
+                                f"{', '.join(presets)}")
+        for item in body.set:
+            key = item.split("=", 1)[0].strip()
+            if key.split(".")[0] in FORBIDDEN_OVERRIDES:
+                raise ApiError(400, f"field 'set': {key!r} cannot be set per stream over the API "
+                                    f"(it is the server's setting)")
+        return StreamSpec(sid, source, tuple(outputs), swapper=body.swapper, preset=body.preset,
+                          overrides=tuple(body.set), budget_ms=body.budget_ms)
+
+    def _media_file(self, name: str) -> Path:
+        root = self.settings.media_root
+        if root is None:
+            raise ApiError(400, "field 'input.file': this server has no --media-root, so file inputs "
+                                "are off; use an rtmp:// URL")
+        if not name or "\x00" in name or name.startswith(("/", "\\")) or ".." in Path(name).parts:
+            raise ApiError(400, f"field 'input.file': {name!r} must be a relative name inside the "
+                                f"media folder, without '..'")
+        base = root.resolve()
+        path = (base / name).resolve()
+        if not path.is_relative_to(base):
+            raise ApiError(400, f"field 'input.file': {name!r} leads outside the media folder")
+        if not path.is_file():
+            raise ApiError(422, f"field 'input.file': no file {name!r} in the media folder")
+        return path
+
+    async def put_source(self, request: web.Request) -> web.StreamResponse:
+        async def h() -> web.Response:
+            p = self._stream(request)
+            rc = self.runtime.config.runtime
+            data, declared = await read_upload(request, rc.upload_max_bytes)
+            image = await asyncio.get_running_loop().run_in_executor(
+                None, decode_upload, data, declared, rc.upload_max_side)
+            try:
+                await self.runtime.set_source(p.id, image)
+            except NoFaceError as e:
+                raise ApiError(422, f"{e}".replace("'uploaded source'", "the uploaded image")) from None
+            return web.json_response(self._info(p))
+
+        return await self._guard(request, h)
+
+    async def preview(self, request: web.Request) -> web.StreamResponse:
+        async def h() -> web.Response:
+            p = self._stream(request)
+            frame = p.latest
+            if frame is None:
+                raise ApiError(404, f"stream {p.id!r} has not encoded a frame yet")
+
+            def jpeg() -> bytes:
+                h_, w_ = frame.shape[:2]
+                img = frame if w_ <= 480 else cv2.resize(frame, (480, round(h_ * 480 / w_)),
+                                                          interpolation=cv2.INTER_AREA)
+                ok, buf = cv2.imencode(".jpg", cv2.cvtColor(img, cv2.COLOR_RGB2BGR),
+                                       [cv2.IMWRITE_JPEG_QUALITY, 80])
+                return buf.tobytes()
+
+            body = await asyncio.get_running_loop().run_in_executor(None, jpeg)
+            return web.Response(body=body, content_type="image/jpeg",
+                                headers={"Cache-Control": "no-store"})
+
+        return await self._guard(request, h)
+
+    async def hls(self, request: web.Request) -> web.StreamResponse:
+        sid, key, name = (request.match_info[k] for k in ("sid", "key", "name"))
+        expected = self.settings.view_keys.get(sid)
+        if expected is None or not hmac.compare_digest(key.encode(), expected.encode()):
+            return _error(404, "no such HLS stream (unknown stream or view key)")
+        if not HLS_FILE.match(name) or self.settings.hls_root is None:
+            return _error(404, f"no HLS file {name!r}")
+        path = self.settings.hls_root / sid / name
+        if not path.is_file():
+            return _error(404, f"HLS file {name!r} is not written yet")
+        ctype = "application/vnd.apple.mpegurl" if name.endswith(".m3u8") else "video/mp2t"
+        return web.Response(body=path.read_bytes(), content_type=ctype,
+                            headers={"Cache-Control": "no-cache"})
+
+
+def mount_runtime(app: web.Application, runtime: StreamRuntime, settings: ApiSettings) -> ControlApi:
+    """Add the control API to an aiohttp app and tie the runtime's life to the app's."""
+    api = ControlApi(runtime, settings)
+    api.add_routes(app)
+
+    async def on_startup(_app: web.Application) -> None:
+        await runtime.start()
+
+    async def on_cleanup(_app: web.Application) -> None:
+        await runtime.close()
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return api
+
+
+def new_token() -> str:
+    """A random API token for a server started without one."""
+    return secrets.token_urlsafe(24)

@@ -1,0 +1,190 @@
+"""Swap engines as the runtime sees them: one set per device, shared by every stream on it.
+
+An engine turns a source image into an identity (once per stream and source face) and swaps a batch
+of frames' faces, each frame with its own stream's identity, in one call. `MeshEngine` wraps the
+built-in mesh swapper (its "batch" is a loop: the mesh kernels work face by face); `NeuralEngine` wraps
+the zoo swapper of `neural/factory.py`, whose model runs the faces of several streams as one batch.
+
+Engines are built and called only in their device's worker thread (see `manager.DeviceSlot`): the
+models and their CUDA graphs are not thread-safe, and one thread per GPU is what orders the work.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+import cv2
+import numpy as np
+
+from ..config import Config
+from ..types import Face
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SwapItem:
+    """One frame's faces to swap, in place, with its stream's identity."""
+
+    frame: Any
+    """HxWx3 uint8 RGB, modified in place."""
+    faces: list[Face]
+    identity: Any
+    """What the engine's `identity` returned for this stream's source face."""
+    scale: float = 1.0
+    """Below 1: swap at this fraction of the resolution (the controller's `low_res` step)."""
+    started: float = 0.0
+    """time.monotonic() when its batch started (set by the device thread)."""
+    ended: float = 0.0
+    """time.monotonic() when its batch ended."""
+
+
+class SwapEngine(Protocol):
+    """What the runtime needs from a swapper (mesh, neural, or a test's instrumented engine)."""
+
+    name: str
+    max_batch: int
+    """Most faces one `swap` call should get (the batcher's batch size)."""
+
+    def identity(self, image: np.ndarray) -> Any:
+        """The identity of the largest face of an RGB image; NoFaceError names the image otherwise."""
+        ...
+
+    def swap(self, items: list[SwapItem]) -> list[int]:
+        """Swap each item's faces in place; returns the faces swapped per item."""
+        ...
+
+    def close(self) -> None: ...
+
+
+EngineFactory = Callable[[str, Config, str], SwapEngine]
+"""Builds the engine for swapper `name` with the runtime's config on a device ("cpu", "cuda:0")."""
+
+
+def _scale_face(face: Face, x0: int, y0: int, fx: float, fy: float) -> Face:
+    off = np.array([x0, y0], np.float32)
+    f = np.array([fx, fy], np.float32)
+    lm = None
+    if face.landmarks is not None:
+        lm = face.landmarks.copy()
+        lm[:, :2] = (lm[:, :2] - off) * f
+        lm[:, 2] *= fx  # depth is in pixels too
+    box = ((face.box.reshape(2, 2) - off) * f).reshape(4)
+    return replace(face, box=box.astype(np.float32), kps=((face.kps - off) * f).astype(np.float32),
+                   landmarks=lm)
+
+
+def swap_scaled(frame: np.ndarray, faces: list[Face], scale: float,
+                swap: Callable[[np.ndarray, list[Face]], int]) -> int:
+    """Swap `faces` at `scale` of the resolution: the region around them is shrunk, swapped, and only
+    the change is scaled back up and added, so pixels the swap does not touch keep full resolution.
+    Host frames only (the GPU path swaps at full resolution)."""
+    H, W = frame.shape[:2]
+    boxes = np.array([f.box if f.landmarks is None else
+                      np.r_[f.landmarks[:, :2].min(0), f.landmarks[:, :2].max(0)] for f in faces])
+    lo, hi = boxes[:, :2].min(0), boxes[:, 2:].max(0)
+    pad = 0.2 * (hi - lo)  # the mask's feather and the neural paste-back box reach past the mesh
+    x0, y0 = (max(int(v), 0) for v in np.floor(lo - pad))
+    x1, y1 = int(min(np.ceil(hi[0] + pad[0]), W)), int(min(np.ceil(hi[1] + pad[1]), H))
+    w, h = x1 - x0, y1 - y0
+    if w < 8 or h < 8:
+        return 0
+    sw, sh = max(8, round(w * scale)), max(8, round(h * scale))
+    crop = frame[y0:y1, x0:x1]
+    small = cv2.resize(crop, (sw, sh), interpolation=cv2.INTER_AREA)
+    before = small.copy()
+    n = swap(small, [_scale_face(f, x0, y0, sw / w, sh / h) for f in faces])
+    delta = cv2.resize(small.astype(np.int16) - before, (w, h), interpolation=cv2.INTER_LINEAR)
+    crop[...] = np.clip(crop.astype(np.int16) + delta, 0, 255).astype(np.uint8)
+    return n
+
+
+class MeshEngine:
+    """The built-in mesh swapper for many streams: one `MeshSwapper` (source texture, scratch
+    buffers) per identity, one face analyser for the source images."""
+
+    name = "mesh"
+
+    def __init__(self, config: Config) -> None:
+        from ..face.analyser import FaceAnalyser
+
+        self.config = config
+        self.max_batch = config.neural.max_batch
+        self._analyser = FaceAnalyser(config)
+
+    def identity(self, image: np.ndarray) -> Any:
+        from ..swap.mesh import MeshSwapper, source_face
+
+        swapper = MeshSwapper(self.config.mesh, self._analyser.topology)
+        swapper.set_source(image, source_face(self._analyser.analyse_image(image), "uploaded source"))
+        return swapper
+
+    def swap(self, items: list[SwapItem]) -> list[int]:
+        out = []
+        for it in items:
+            def one(frame: Any, faces: list[Face], s: Any = it.identity) -> int:
+                return len(s.swap(frame, faces))
+
+            if it.scale < 1.0 and isinstance(it.frame, np.ndarray):
+                out.append(swap_scaled(it.frame, it.faces, it.scale, one))
+            else:
+                out.append(one(it.frame, it.faces))
+        return out
+
+    def close(self) -> None:
+        self._analyser.close()
+
+
+class NeuralEngine:
+    """A zoo swapper (inswapper, hyperswap, simswap...) for many streams: the faces of every item go
+    into `swap_many` together, each with its own stream's source vector."""
+
+    def __init__(self, name: str, config: Config) -> None:
+        from ..face.analyser import FaceAnalyser
+        from ..neural.factory import NeuralStages
+
+        cfg = config.model_copy(deep=True)
+        cfg.swapper = name
+        self.name = name
+        self._stages = NeuralStages(cfg)
+        self.swapper = self._stages.swapper
+        self.max_batch = self.swapper.max_batch
+        self._analyser = self._stages.analyser or FaceAnalyser(cfg)
+
+    def identity(self, image: np.ndarray) -> Any:
+        from ..swap.mesh import source_face
+
+        face = source_face(self._analyser.analyse_image(image), "uploaded source")
+        return self.swapper.identity(image, face)
+
+    def swap(self, items: list[SwapItem]) -> list[int]:
+        full = [it for it in items if it.scale >= 1.0 or not isinstance(it.frame, np.ndarray)]
+        pairs = [(it.frame, f) for it in full for f in it.faces]
+        sources = [it.identity for it in full for _ in it.faces]
+        if pairs:
+            self.swapper.swap_many(pairs, sources)
+        out = []
+        for it in items:
+            if it in full:
+                out.append(len(it.faces))
+            else:
+                out.append(swap_scaled(it.frame, it.faces, it.scale, lambda fr, fc, s=it.identity:
+                                       self.swapper.swap_many([(fr, f) for f in fc], [s] * len(fc))))
+        return out
+
+    def close(self) -> None:
+        self._analyser.close()
+        self._stages.close()
+
+
+def default_engine_factory(name: str, config: Config, device: str) -> SwapEngine:
+    """`mesh` or a zoo swapper. On a CUDA device the engine is built inside that device's context
+    (the caller's worker thread has made it current)."""
+    t0 = time.perf_counter()
+    engine: SwapEngine = MeshEngine(config) if name == "mesh" else NeuralEngine(name, config)
+    log.info("engine %s ready on %s in %.1f s", name, device, time.perf_counter() - t0)
+    return engine

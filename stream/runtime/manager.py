@@ -1,0 +1,361 @@
+"""The runtime: many streams in one process, one set of engines and one batcher per device.
+
+```
+StreamRuntime
+ ├─ DeviceSlot "cuda:0"   engines {mesh, inswapper_128, ...}, DynamicBatcher, controller, 1 thread
+ │    └─ streams placed here (StreamPipeline: reader, analysis, swap, encode)
+ ├─ DeviceSlot "cuda:1"   ...
+ └─ controller tick       every runtime.controller_interval: p99s and NVML -> steps up or down
+```
+
+A new stream goes to the least loaded device (`place`). Adding or removing a stream touches only its
+own tasks and threads and its own requests in the batcher; the others carry on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Collection, Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ..config import Config, load_config
+from ..errors import ConfigError, SwapStreamError
+from .batcher import BatchRecord, DynamicBatcher
+from .controller import ControllerSettings, DegradationController
+from .engines import EngineFactory, SwapEngine, SwapItem, default_engine_factory
+from .metrics import GpuMonitor, RuntimeMetrics, RuntimeSnapshot
+from .stream import StreamPipeline, StreamSpec
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+STREAM_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+
+
+class StreamRequestError(SwapStreamError, ValueError):
+    """A request the runtime cannot carry out as asked; `status` is the HTTP status that fits."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class StreamNotFound(SwapStreamError, KeyError):
+    """No stream has that id."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "no such stream"
+
+
+# -- placement ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SlotLoad:
+    """How loaded one device is, for placing a new stream."""
+
+    name: str
+    streams: int
+    busy: float
+    """Share of the last few seconds the device's swap thread spent running batches, 0..1."""
+    gpu_util: float | None = None
+    """NVML utilisation 0..1 (None on the CPU or without NVML)."""
+    memory_free: int | None = None
+    """Free device memory in bytes (None when unknown)."""
+
+
+def place(loads: Sequence[SlotLoad], min_free_memory: int = 0) -> int:
+    """Index of the device a new stream should go to: the one with the lowest load (the higher of its
+    swap thread's busy share and its GPU utilisation), then the fewest streams, then the first.
+    Devices with less free memory than `min_free_memory` are passed over unless all are."""
+    if not loads:
+        raise ValueError("no devices to place a stream on")
+    roomy = [i for i, s in enumerate(loads)
+             if s.memory_free is None or s.memory_free >= min_free_memory] or list(range(len(loads)))
+    return min(roomy, key=lambda i: (round(max(loads[i].busy, loads[i].gpu_util or 0.0), 2),
+                                     loads[i].streams, i))
+
+
+# -- one device -----------------------------------------------------------------------------------
+
+
+class DeviceSlot:
+    """One device: its engines (built on first use), its batcher and its one worker thread."""
+
+    def __init__(self, name: str, config: Config, factory: EngineFactory, metrics: RuntimeMetrics,
+                 controller: DegradationController) -> None:
+        self.name = name
+        self.config = config
+        self._factory = factory
+        self.metrics = metrics
+        self.controller = controller
+        m = re.match(r"^cuda:(\d+)$", name)
+        self.gpu_index: int | None = int(m.group(1)) if m else None
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"swap-{name}")
+        self._engines: dict[str, SwapEngine] = {}
+        self.streams: set[str] = set()
+        self._busy: deque[tuple[float, float]] = deque(maxlen=2000)
+        self.batcher = DynamicBatcher(self._run, max_batch=config.neural.max_batch,
+                                      max_wait=config.runtime.max_wait_ms / 1e3, executor=self._pool,
+                                      observer=self._observed, name=f"batcher-{name}")
+
+    def _device(self) -> Any:
+        """A context that makes this slot's GPU current in the calling (worker) thread."""
+        if self.gpu_index is None:
+            from contextlib import nullcontext
+
+            return nullcontext()
+        import cupy
+
+        return cupy.cuda.Device(self.gpu_index)
+
+    def _engine(self, name: str) -> SwapEngine:
+        e = self._engines.get(name)
+        if e is None:
+            with self._device():
+                e = self._factory(name, self.config, self.name)
+            self._engines[name] = e
+        return e
+
+    def _run(self, key: Hashable, items: list[SwapItem]) -> list[Any]:
+        """One batch, in the worker thread."""
+        t0 = time.monotonic()
+        for it in items:
+            it.started = t0
+        with self._device():
+            engine = self._engine(str(key))
+            if self.gpu_index is not None:
+                import cupy
+
+                # Frames come from the host decoder: up for the swap, back down for the encoder.
+                host = [it.frame for it in items]
+                for it in items:
+                    it.frame = cupy.asarray(it.frame)
+                counts = engine.swap(items)
+                for it, h in zip(items, host):
+                    it.frame.get(out=h)
+                    it.frame = h
+            else:
+                counts = engine.swap(items)
+        t1 = time.monotonic()
+        for it in items:
+            it.ended = t1
+        self._busy.append((t1, t1 - t0))
+        return list(counts)
+
+    def _observed(self, r: BatchRecord) -> None:
+        self.metrics.observe_batch(self.name, r.faces, r.seconds, r.waited, r.late)
+
+    async def call(self, engine: str, fn: Callable[[SwapEngine], T]) -> T:
+        """Run `fn(engine)` in the worker thread (between batches), e.g. to compute an identity."""
+        def work() -> T:
+            with self._device():
+                return fn(self._engine(engine))
+
+        return await asyncio.get_running_loop().run_in_executor(self._pool, work)
+
+    def busy(self, window: float = 5.0) -> float:
+        now = time.monotonic()
+        return min(1.0, sum(s for t, s in self._busy if now - t <= window) / window)
+
+    async def close(self) -> None:
+        await self.batcher.close()
+
+        def close_engines() -> None:
+            for e in self._engines.values():
+                try:
+                    e.close()
+                except Exception:
+                    log.exception("closing engine %s on %s", e.name, self.name)
+            self._engines.clear()
+
+        await asyncio.get_running_loop().run_in_executor(self._pool, close_engines)
+        self._pool.shutdown(wait=True)
+
+
+# -- the runtime ----------------------------------------------------------------------------------
+
+
+def default_devices(gpu: GpuMonitor) -> list[str]:
+    """Every GPU NVML sees when CuPy can use them, else the CPU."""
+    if gpu.available and gpu.count:
+        try:
+            import cupy
+
+            n = cupy.cuda.runtime.getDeviceCount()
+            return [f"cuda:{i}" for i in range(min(n, gpu.count))]
+        except Exception as e:  # no CuPy or no CUDA runtime: the CPU path still works
+            log.warning("NVML sees %d GPU(s) but CuPy cannot use them (%s): streams run on the CPU",
+                        gpu.count, e)
+    return ["cpu"]
+
+
+def known_swappers() -> list[str]:
+    from ..engines.zoo import MODELS
+
+    return ["mesh"] + sorted(n for n, m in MODELS.items() if m.kind == "swapper")
+
+
+class StreamRuntime:
+    """Runs many streams in one asyncio loop. `await start()`, then add and remove streams."""
+
+    def __init__(self, config: Config | None = None, *, devices: Sequence[str] | None = None,
+                 engine_factory: EngineFactory = default_engine_factory,
+                 swappers: Collection[str] | None = None, gpu: GpuMonitor | None = None) -> None:
+        self.config = config or load_config("multi_stream")
+        rc = self.config.runtime
+        self.gpu = gpu or GpuMonitor()
+        self.metrics = RuntimeMetrics(self.snapshot)
+        self.swappers = list(swappers) if swappers is not None else known_swappers()
+        settings = ControllerSettings(min_samples=rc.min_samples, down_cooldown=rc.down_cooldown,
+                                      up_ratio=rc.up_ratio, up_hold=rc.up_hold, gpu_high=rc.gpu_high,
+                                      gpu_high_for=rc.gpu_high_for, gpu_low=rc.gpu_low)
+        names = list(devices) if devices is not None else default_devices(self.gpu)
+        if len(set(names)) != len(names):
+            raise ConfigError(f"devices must be distinct, got {names}")
+        self.slots = [DeviceSlot(n, self.config, engine_factory, self.metrics,
+                                 DegradationController(settings)) for n in names]
+        self.streams: dict[str, StreamPipeline] = {}
+        self._control_task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+        self.started = False
+        self.closing = False
+
+    async def start(self) -> None:
+        for s in self.slots:
+            s.batcher.start()
+        self._control_task = asyncio.get_running_loop().create_task(self._control(), name="controller")
+        self.started = True
+
+    async def close(self) -> None:
+        self.closing = True
+        await asyncio.gather(*(p.stop() for p in list(self.streams.values())), return_exceptions=True)
+        self.streams.clear()
+        if self._control_task is not None:
+            self._control_task.cancel()
+            await asyncio.gather(self._control_task, return_exceptions=True)
+        for s in self.slots:
+            await s.close()
+        self.gpu.close()
+        self.started = False
+
+    # -- streams --------------------------------------------------------------------------------
+
+    def _loads(self) -> list[SlotLoad]:
+        samples = {g.index: g for g in self.gpu.sample()}
+        out = []
+        for s in self.slots:
+            g = samples.get(s.gpu_index) if s.gpu_index is not None else None
+            out.append(SlotLoad(s.name, len(s.streams), s.busy(), g.utilization if g else None,
+                                g.memory_total - g.memory_used if g else None))
+        return out
+
+    async def add_stream(self, spec: StreamSpec) -> StreamPipeline:
+        """Start a stream. Bad ids, presets, overrides, swappers and inputs raise SwapStreamError."""
+        if not STREAM_ID.match(spec.stream_id):
+            raise StreamRequestError(f"stream id {spec.stream_id!r} is not valid: use 1-63 lower-case "
+                                f"letters, digits, '-' or '_', starting with a letter or digit")
+        if spec.swapper not in self.swappers:
+            raise StreamRequestError(f"unknown swapper {spec.swapper!r}: choose one of {', '.join(self.swappers)}")
+        if spec.budget_ms is not None and not spec.budget_ms > 0:
+            raise StreamRequestError(f"budget_ms must be a positive number of milliseconds, got {spec.budget_ms}")
+        async with self._lock:
+            if not self.started or self.closing:
+                raise StreamRequestError("the runtime is not running", 503)
+            if spec.stream_id in self.streams:
+                raise StreamRequestError(f"a stream with id {spec.stream_id!r} already exists: stop it first "
+                                    f"or choose another id", 409)
+            if len(self.streams) >= self.config.runtime.max_streams:
+                raise StreamRequestError(f"the runtime already runs {len(self.streams)} streams "
+                                    f"(runtime.max_streams); stop one first", 503)
+            cfg = load_config(spec.preset, list(spec.overrides))
+            # The runtime's own settings (batching, controller) stay the runtime's.
+            cfg.runtime = self.config.runtime.model_copy()
+            slot = self.slots[place(self._loads())]
+            budget = spec.budget_ms or self.config.runtime.budget_ms
+            pipeline = StreamPipeline(spec, cfg, slot, self.metrics, budget)
+            # Reserved before the (slow) input opening, so that a second request with the same id
+            # is refused and concurrent creations spread over the devices.
+            self.streams[spec.stream_id] = pipeline
+            slot.streams.add(spec.stream_id)
+        try:
+            await pipeline.start()
+        except BaseException:
+            self._forget(pipeline)
+            raise
+        log.info("stream %s started on %s", spec.stream_id, slot.name)
+        return pipeline
+
+    def _forget(self, p: StreamPipeline) -> None:
+        self.streams.pop(p.id, None)
+        p.slot.streams.discard(p.id)
+        p.slot.controller.forget(p.id)
+        self.metrics.remove_stream(p.id)
+
+    def get(self, stream_id: str) -> StreamPipeline:
+        p = self.streams.get(stream_id)
+        if p is None:
+            raise StreamNotFound(f"no stream with id {stream_id!r}")
+        return p
+
+    async def remove_stream(self, stream_id: str) -> StreamPipeline:
+        """Stop a stream and forget it; returns it (with its final counts)."""
+        p = self.get(stream_id)
+        try:
+            await p.stop()
+        finally:
+            self._forget(p)
+        log.info("stream %s stopped: %d frames in, %d out", p.id, p.frames_in, p.frames_out)
+        return p
+
+    async def set_source(self, stream_id: str, image: Any) -> StreamPipeline:
+        p = self.get(stream_id)
+        await p.set_source(image)
+        return p
+
+    # -- control --------------------------------------------------------------------------------
+
+    async def _control(self) -> None:
+        loop = asyncio.get_running_loop()
+        interval = self.config.runtime.controller_interval
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                samples = ({g.index: g for g in await loop.run_in_executor(None, self.gpu.sample)}
+                           if self.gpu.available else {})
+                self.control_once(time.monotonic(), samples)
+            except Exception:  # the controller must never take the streams down with it
+                log.exception("degradation controller tick failed")
+
+    def control_once(self, now: float, gpu_samples: dict[int, Any]) -> None:
+        for slot in self.slots:
+            running = [self.streams[s] for s in sorted(slot.streams)
+                       if s in self.streams and self.streams[s].state == "running"]
+            g = gpu_samples.get(slot.gpu_index) if slot.gpu_index is not None else None
+            for d in slot.controller.decide(now, [p.observation() for p in running],
+                                            g.utilization if g else None):
+                p = self.streams[d.stream_id]
+                p.apply_level(d.new_level)
+                p.step_counts[(d.direction, d.step)] += 1
+                p.history.append({"time": time.time(), "from": d.old_level, "to": d.new_level,
+                                  "direction": d.direction, "step": d.step, "reason": d.reason})
+                log.warning("stream %s: degradation %s %d -> %d (%s): %s", d.stream_id, d.direction,
+                            d.old_level, d.new_level, d.step, d.reason)
+
+    def ready(self) -> tuple[bool, str]:
+        if self.closing:
+            return False, "shutting down"
+        if not self.started:
+            return False, "not started"
+        return True, "ok"
+
+    def snapshot(self) -> RuntimeSnapshot:
+        return RuntimeSnapshot([p.snapshot() for p in list(self.streams.values())], self.gpu.sample(),
+                               self.gpu.available, {s.name: s.batcher.pending() for s in self.slots})

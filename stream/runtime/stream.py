@@ -1,0 +1,494 @@
+"""One stream inside the runtime: input thread, analysis, batched swap, encoding, joined by live queues.
+
+```
+reader thread ─► in ─► analyse (own thread) ─► swap ─► batcher (device thread) ─► encode ─► sinks
+ (LiveReader)   queue    tracks faces          queue   shared by every stream     queue    (own thread)
+```
+
+Each arrow is a `DropOldestQueue` of `runtime.queue_frames` frames: when a stage falls behind, the
+oldest waiting frame is dropped there and counted, and frames leave in pts order. A frame's latency is
+measured from the moment the reader handed it over (decoded) to the moment its encoding finished;
+the degradation controller compares the p99 of that with the stream's budget.
+
+Every blocking call runs in a thread that belongs to this stream (reader, analysis, encoding) or to its
+device (the swap), so a stream that stalls stalls only itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import threading
+import time
+from collections import Counter, deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from ..config import Config
+from ..errors import InputError, SwapStreamError
+from ..io.video import AudioPacket
+from ..types import Face, Frame
+from .controller import DETECT_LESS, LOW_RES, MESH, StreamObservation, ladder
+from .engines import SwapItem
+from .metrics import StreamSnapshot
+from .queues import DropOldestQueue, QueueClosed
+
+if TYPE_CHECKING:
+    from .manager import DeviceSlot
+    from .metrics import RuntimeMetrics
+
+log = logging.getLogger(__name__)
+
+State = Literal["starting", "running", "stopping", "stopped", "ended", "failed"]
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """Where a stream's frames come from."""
+
+    url: str
+    """rtmp://HOST/APP/KEY, or a local video file (callers that take requests resolve and check
+    file names first: see api.py)."""
+    realtime: bool = False
+    """Pace a file at its own frame rate, as a live source would deliver it."""
+    loop: bool = False
+    """Start a file again when it ends; timestamps carry on increasing."""
+    reconnect_seconds: float = 10.0
+    """How long to keep reconnecting to a live input that dropped."""
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """Where a stream's swapped frames go."""
+
+    kind: Literal["rtmp", "hls", "null"]
+    target: str = ""
+    """RTMP URL, or the folder for HLS (index.m3u8 and segments); unused for `null`."""
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """Everything that defines a stream."""
+
+    stream_id: str
+    input: InputSpec
+    outputs: tuple[OutputSpec, ...] = (OutputSpec("null"),)
+    swapper: str = "mesh"
+    """`mesh`, a zoo swapper, or another name the runtime's engine factory knows."""
+    preset: str = "multi_stream"
+    """Config preset for this stream's analysis (detector cadence, faces per frame)."""
+    overrides: tuple[str, ...] = ()
+    """`key=value` config overrides on top of the preset."""
+    budget_ms: float | None = None
+    """Latency budget (arrival to encoded, p99); None: the runtime's `runtime.budget_ms`."""
+
+
+def redact_url(url: str) -> str:
+    """An RTMP URL without its stream key (the last path part is a secret); other inputs as given."""
+    m = re.match(r"^(rtmps?://[^/]+/[^?]*/)[^/?]+", url)
+    return m.group(1) + "***" if m else url
+
+
+class NullSink:
+    """Counts frames and drops them: for benchmarks that measure everything but the output."""
+
+    def __init__(self) -> None:
+        self.frames = 0
+
+    def write(self, frame: Frame) -> None:
+        self.frames += 1
+
+    def write_audio(self, packet: AudioPacket) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class _Work:
+    frame: Frame
+    arrived: float
+    faces: list[Face] = field(default_factory=list)
+    swapped: int = 0
+
+
+class StreamPipeline:
+    """A running stream. Built and driven by `StreamRuntime`; all methods run in its event loop."""
+
+    def __init__(self, spec: StreamSpec, cfg: Config, slot: "DeviceSlot", metrics: "RuntimeMetrics",
+                 budget_ms: float) -> None:
+        self.spec = spec
+        self.id = spec.stream_id
+        self.cfg = cfg
+        self.slot = slot
+        self.metrics = metrics
+        self.budget_ms = budget_ms
+        rc = cfg.runtime
+        self.steps = ladder(spec.swapper)
+        self.level = 0
+        self.engine_name = spec.swapper
+        self.scale = 1.0
+        self._base_detect_every = cfg.detector.detect_every
+        self.state: State = "starting"
+        self.error: str | None = None
+        self.created = time.time()
+        pts: Any = lambda w: w.frame.pts  # noqa: E731
+        self.in_q: DropOldestQueue[_Work] = DropOldestQueue(rc.queue_frames, pts_of=pts, name="input")
+        self.swap_q: DropOldestQueue[_Work] = DropOldestQueue(rc.queue_frames, name="swap")
+        self.enc_q: DropOldestQueue[_Work] = DropOldestQueue(rc.queue_frames, name="encode")
+        self.audio: deque[AudioPacket] = deque(maxlen=2000)
+        self.frames_in = 0
+        self.frames_out = 0
+        self.faces_swapped = 0
+        self.frames_swapped = 0
+        self.pts_regressions = 0
+        """Output frames whose pts was not after the previous one: must stay 0."""
+        self.last_pts: int | None = None
+        self.latency_recent: deque[float] = deque(maxlen=300)
+        self.latency_since_change: deque[float] = deque(maxlen=600)
+        self.out_times: deque[float] = deque(maxlen=600)
+        self.step_counts: Counter[tuple[str, str]] = Counter()
+        self.history: deque[dict[str, Any]] = deque(maxlen=50)
+        """The controller's steps for this stream: time, from, to, step, reason."""
+        self.latest: np.ndarray | None = None
+        """The last encoded frame (RGB), for previews."""
+        self.source_image: np.ndarray | None = None
+        self.source_version = 0
+        self._identities: dict[str, Any] = {}
+        self._identity_lock = asyncio.Lock()
+        self._analyse_pool = ThreadPoolExecutor(1, thread_name_prefix=f"analyse-{self.id}")
+        self._encode_pool = ThreadPoolExecutor(1, thread_name_prefix=f"encode-{self.id}")
+        self._reader: Any = None
+        self._analyser: Any = None
+        self._sinks: list[Any] = []
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.done: asyncio.Event = asyncio.Event()
+        # Frames encoded before this moment do not count for the controller: the first frames wait
+        # for engines to build and identities to be computed, which says nothing about steady load.
+        self._warm_until = time.monotonic() + 1.0
+
+    # -- life cycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the input (an unusable input raises InputError here) and start the stages."""
+        from ..face.analyser import FaceAnalyser
+        from ..live.streams import LiveReader
+
+        loop = asyncio.get_running_loop()
+        inp = self.spec.input
+        is_file = not re.match(r"^[a-z][a-z0-9+.-]*://", inp.url)
+        if is_file and not Path(inp.url).is_file():
+            raise InputError(f"input file '{inp.url}' does not exist")
+        # A file that ends is "reconnected" by LiveReader only when looping (it reopens the file
+        # and carries the timestamps on).
+        reconnect = (1e9 if inp.loop else 0.0) if is_file else inp.reconnect_seconds
+        self._reader = LiveReader(inp.url, reconnect_seconds=reconnect)
+        try:
+            await loop.run_in_executor(self._analyse_pool, self._reader.open)
+            self._analyser = await loop.run_in_executor(self._analyse_pool, FaceAnalyser, self.cfg)
+        except BaseException:
+            self._shutdown_pools()
+            raise
+        self._thread = threading.Thread(target=self._read, args=(loop, inp.realtime and is_file),
+                                        name=f"read-{self.id}", daemon=True)
+        self.state = "running"
+        self._thread.start()
+        self._tasks = [loop.create_task(self._analyse(), name=f"analyse-{self.id}"),
+                       loop.create_task(self._swap(), name=f"swap-{self.id}"),
+                       loop.create_task(self._encode(), name=f"encode-{self.id}")]
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Stop reading, let the few frames in flight finish (up to `timeout`), close the outputs."""
+        if self.state in ("stopped", "ended", "failed") and not self._tasks:
+            return
+        if self.state in ("starting", "running"):
+            self.state = "stopping"
+        self._stop.set()
+        if self._reader is not None:
+            self._reader.stop()
+        self.in_q.close()
+        if self._tasks:
+            _, pending = await asyncio.wait(self._tasks, timeout=timeout)
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            self._tasks = []
+        loop = asyncio.get_running_loop()
+        if self._thread is not None:
+            # The reader notices the stop between two reads (at most its 2 s read timeout).
+            await loop.run_in_executor(None, self._thread.join, 5.0)
+        if self._analyser is not None:
+            await loop.run_in_executor(self._analyse_pool, self._analyser.close)
+            self._analyser = None
+        self._shutdown_pools()
+        if self.state == "stopping":
+            self.state = "stopped"
+        self.done.set()
+
+    def _shutdown_pools(self) -> None:
+        self._analyse_pool.shutdown(wait=False)
+        self._encode_pool.shutdown(wait=False)
+
+    def _fail(self, message: str) -> None:
+        if self.state not in ("stopped", "failed"):
+            log.error("stream %s failed: %s", self.id, message)
+            self.state = "failed"
+            self.error = message
+        self._stop.set()
+        if self._reader is not None:
+            self._reader.stop()
+
+    # -- the source face ------------------------------------------------------------------------
+
+    async def set_source(self, image: np.ndarray) -> None:
+        """Use the largest face of `image` from the next frame on; NoFaceError leaves the old one."""
+        async with self._identity_lock:
+            ident = await self.slot.call(self.engine_name, lambda e: e.identity(image))
+            self.source_image = image
+            self._identities = {self.engine_name: ident}
+            self.source_version += 1
+            self.latency_since_change.clear()
+            self._warm_until = time.monotonic() + 0.5
+
+    async def _identity(self, engine: str) -> Any:
+        """This stream's identity for `engine`, computed on first use (after a switch to mesh)."""
+        ident = self._identities.get(engine)
+        if ident is not None:
+            return ident
+        async with self._identity_lock:
+            if engine not in self._identities and self.source_image is not None:
+                image = self.source_image
+                self._identities[engine] = await self.slot.call(engine, lambda e: e.identity(image))
+            return self._identities.get(engine)
+
+    # -- the controller's steps -----------------------------------------------------------------
+
+    def observation(self) -> StreamObservation:
+        lat = sorted(self.latency_since_change)
+        p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else None
+        return StreamObservation(self.id, p99, len(lat), self.budget_ms, self.level, self.steps)
+
+    def apply_level(self, level: int) -> None:
+        """Set the stream to `level` steps down its ladder (0: as configured)."""
+        applied = set(self.steps[:level])
+        rc = self.cfg.runtime
+        # The analyser reads the config on every frame, so this takes effect on the next one.
+        self.cfg.detector.detect_every = (self._base_detect_every * rc.detect_less_factor
+                                          if DETECT_LESS in applied else self._base_detect_every)
+        self.engine_name = "mesh" if MESH in applied else self.spec.swapper
+        self.scale = rc.low_res_scale if LOW_RES in applied else 1.0
+        self.level = level
+        # The p99 that decides the next step must be measured at this level only.
+        self.latency_since_change.clear()
+
+    # -- the stages -----------------------------------------------------------------------------
+
+    def _read(self, loop: asyncio.AbstractEventLoop, pace: bool) -> None:
+        """Reader thread: decode, stamp the arrival time, hand over to the loop."""
+        t0: float | None = None
+        time0 = 0.0
+        try:
+            for item in self._reader:
+                if self._stop.is_set():
+                    break
+                if isinstance(item, AudioPacket):
+                    loop.call_soon_threadsafe(self.audio.append, item)
+                    continue
+                if pace:
+                    ft = item.time if item.time is not None else item.index / 30.0
+                    now = time.monotonic()
+                    if t0 is None or now - (t0 + ft - time0) > 0.1:
+                        # Start, or fell behind (a file reopened when looping): re-anchor the clock
+                        # instead of delivering a burst, as a live source would.
+                        t0, time0 = now, ft
+                    wait = t0 + ft - time0 - now
+                    if wait > 0 and self._stop.wait(wait):
+                        break
+                item.stream_id = self.id
+                loop.call_soon_threadsafe(self._arrive, _Work(item, time.monotonic()))
+        except SwapStreamError as e:
+            loop.call_soon_threadsafe(self._fail, str(e))
+        except RuntimeError:
+            return  # the loop has closed under us: the runtime is gone
+        except Exception as e:  # a decoder failure we did not expect: this stream ends, not the process
+            log.exception("stream %s: reader failed", self.id)
+            loop.call_soon_threadsafe(self._fail, f"reading the input failed: {e}")
+        try:
+            loop.call_soon_threadsafe(self.in_q.close)
+        except RuntimeError:
+            pass
+
+    def _arrive(self, w: _Work) -> None:
+        self.frames_in += 1
+        self.in_q.put(w)
+
+    async def _analyse(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                w = await self.in_q.get()
+                t = time.monotonic()
+                self.metrics.observe_stage(self.id, "queue", t - w.arrived)
+                w.faces = await loop.run_in_executor(self._analyse_pool, self._analyser.track, w.frame)
+                self.metrics.observe_stage(self.id, "analyse", time.monotonic() - t)
+                self.swap_q.put(w)
+        except QueueClosed:
+            pass
+        except Exception as e:
+            log.exception("stream %s: analysis failed", self.id)
+            self._fail(f"face analysis failed: {e}")
+        finally:
+            self.swap_q.close()
+
+    async def _swap(self) -> None:
+        try:
+            while True:
+                first = await self.swap_q.get()
+                # Frames that queued up while the last batch ran go to the batcher together: one
+                # stream alone can then still fill a batch.
+                ws = [first] + self.swap_q.drain(self.slot.batcher.max_batch - 1)
+                await asyncio.gather(*(self._swap_one(w) for w in ws))
+                for w in ws:
+                    self.enc_q.put(w)
+        except QueueClosed:
+            pass
+        except Exception as e:
+            log.exception("stream %s: swap failed", self.id)
+            self._fail(f"swap failed: {e}")
+        finally:
+            self.enc_q.close()
+
+    async def _swap_one(self, w: _Work) -> None:
+        if not w.faces or self.source_image is None:
+            return
+        engine = self.engine_name
+        identity = await self._identity(engine)
+        if identity is None:
+            return
+        item = SwapItem(w.frame.data, w.faces, identity, self.scale)
+        submitted = time.monotonic()
+        w.swapped = await self.slot.batcher.submit(self.id, engine, len(w.faces),
+                                                   w.arrived + self.budget_ms / 1e3, item)
+        if item.ended:
+            self.metrics.observe_stage(self.id, "swap_wait", max(0.0, item.started - submitted))
+            self.metrics.observe_stage(self.id, "swap", item.ended - item.started)
+
+    async def _encode(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                w = await self.enc_q.get()
+                audio = list(self.audio)
+                self.audio.clear()
+                t = time.monotonic()
+                await loop.run_in_executor(self._encode_pool, self._write, w.frame, audio)
+                now = time.monotonic()
+                self.metrics.observe_stage(self.id, "encode", now - t)
+                self.metrics.observe_stage(self.id, "total", now - w.arrived)
+                ms = (now - w.arrived) * 1e3
+                self.latency_recent.append(ms)
+                if now >= self._warm_until:
+                    self.latency_since_change.append(ms)
+                self.out_times.append(now)
+                if w.frame.pts is not None:
+                    if self.last_pts is not None and w.frame.pts <= self.last_pts:
+                        self.pts_regressions += 1
+                    self.last_pts = w.frame.pts
+                self.frames_out += 1
+                self.faces_swapped += w.swapped
+                self.frames_swapped += 1 if w.swapped else 0
+                self.latest = w.frame.data
+        except QueueClosed:
+            if self.state == "running":
+                self.state = "ended"  # the input ended and every frame went out
+        except SwapStreamError as e:
+            self._fail(str(e))
+        except Exception as e:
+            log.exception("stream %s: encoding failed", self.id)
+            self._fail(f"encoding failed: {e}")
+        finally:
+            sinks, self._sinks = self._sinks, []
+            try:
+                await loop.run_in_executor(self._encode_pool, lambda: [s.close() for s in sinks])
+            except RuntimeError:  # the pool is already shut down: close here
+                for s in sinks:
+                    s.close()
+            self.done.set()
+
+    def _write(self, frame: Frame, audio: list[AudioPacket]) -> None:
+        if not self._sinks:
+            self._sinks = self._open_sinks(frame)
+        for s in self._sinks:
+            s.write(frame)
+            for p in audio:
+                s.write_audio(p)
+
+    def _open_sinks(self, first: Frame) -> list[Any]:
+        from ..live.streams import LiveWriter
+
+        h, w = first.data.shape[:2]
+        common: dict[str, Any] = dict(width=w, height=h, fps=self._reader.info_fps,
+                                      time_base=first.time_base, audio_from=self._reader.audio_stream,
+                                      crf=self.cfg.encode.crf)
+        sinks: list[Any] = []
+        for o in self.spec.outputs:
+            if o.kind == "null":
+                sinks.append(NullSink())
+            elif o.kind == "rtmp":
+                sinks.append(LiveWriter(o.target, kind="rtmp", **common))
+            else:
+                Path(o.target).mkdir(parents=True, exist_ok=True)
+                sinks.append(LiveWriter(str(Path(o.target) / "index.m3u8"), kind="hls", **common))
+        return sinks
+
+    # -- what the API and /metrics show ---------------------------------------------------------
+
+    def fps(self, window: float = 2.0) -> float:
+        now = time.monotonic()
+        n = sum(1 for t in self.out_times if now - t <= window)
+        return n / window
+
+    def drops(self) -> dict[str, int]:
+        return {"input": self.in_q.dropped, "swap": self.swap_q.dropped,
+                "encode": self.enc_q.dropped, "out_of_order": self.in_q.out_of_order}
+
+    def info(self) -> dict[str, Any]:
+        lat = sorted(self.latency_recent)
+
+        def pct(q: float) -> float | None:
+            return round(lat[min(len(lat) - 1, int(q * len(lat)))], 1) if lat else None
+
+        return {
+            "id": self.id, "state": self.state, "error": self.error,
+            "input": redact_url(self.spec.input.url) if "://" in self.spec.input.url
+            else Path(self.spec.input.url).name,
+            "outputs": [{"type": o.kind} | ({"url": redact_url(o.target)} if o.kind == "rtmp" else {})
+                        for o in self.spec.outputs],
+            "swapper": self.spec.swapper, "engine": self.engine_name, "preset": self.spec.preset,
+            "device": self.slot.name, "budget_ms": self.budget_ms,
+            "level": self.level, "steps_applied": list(self.steps[:self.level]),
+            "ladder": list(self.steps), "history": list(self.history),
+            "frames_in": self.frames_in, "frames_out": self.frames_out,
+            "frames_swapped": self.frames_swapped, "faces_swapped": self.faces_swapped,
+            "dropped": self.drops(), "pts_regressions": self.pts_regressions,
+            "queues": {"input": self.in_q.qsize(), "swap": self.swap_q.qsize(),
+                       "encode": self.enc_q.qsize()},
+            "fps": round(self.fps(), 2), "latency_ms": {"p50": pct(0.5), "p99": pct(0.99)},
+            "source": {"set": self.source_image is not None, "version": self.source_version},
+            "created": self.created,
+        }
+
+    def snapshot(self) -> StreamSnapshot:
+        return StreamSnapshot(self.id, self.slot.name, self.frames_in, self.frames_out,
+                              self.faces_swapped, self.drops(),
+                              {"input": self.in_q.qsize(), "swap": self.swap_q.qsize(),
+                               "encode": self.enc_q.qsize()},
+                              self.fps(), self.level, self.budget_ms / 1e3, dict(self.step_counts))
