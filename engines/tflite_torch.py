@@ -352,17 +352,21 @@ class TfliteTorchRunner:
 
         self._check(x)
         with torch.inference_mode(), _exact_fp32(), _on_cupy_stream(x):
-            t = self._torch_input(x)
-            if not self.cuda_graphs:
-                return self.module(t.to(self.device))
-            n = int(t.shape[0])
-            entry = self._graphs.get(n)
-            if entry is None:
-                entry = self._capture(n)
-            graph, static_in, static_out = entry
-            static_in.copy_(t)
-            graph.replay()
-            return static_out
+            return self._run(x)
+
+    def _run(self, x: Any) -> list[Any]:
+        """One batch on torch's current stream (the caller has entered the stream context)."""
+        t = self._torch_input(x)
+        if not self.cuda_graphs:
+            return self.module(t.to(self.device))
+        n = int(t.shape[0])
+        entry = self._graphs.get(n)
+        if entry is None:
+            entry = self._capture(n)
+        graph, static_in, static_out = entry
+        static_in.copy_(t)
+        graph.replay()
+        return static_out
 
     def _capture(self, n: int) -> tuple[Any, Any, list[Any]]:
         import torch
@@ -383,7 +387,13 @@ class TfliteTorchRunner:
 
     def run(self, x: Any) -> list[np.ndarray]:
         """Run one batch; outputs in the model's declared order, as NumPy copies."""
-        return [o.detach().cpu().numpy() for o in self.run_torch(x)]
+        import torch
+
+        self._check(x)
+        # The copies to the host must be ordered on the stream the model ran on (CuPy's, for CuPy
+        # input), so they happen inside the same stream context.
+        with torch.inference_mode(), _exact_fp32(), _on_cupy_stream(x):
+            return [o.detach().cpu().numpy() for o in self._run(x)]
 
     def close(self) -> None:
         self._graphs.clear()

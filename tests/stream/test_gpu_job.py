@@ -79,3 +79,108 @@ def test_gpu_job_memory_stays_flat(cp: ModuleType, tmp_path: Path) -> None:
     print(f"GPU pool {g.min() >> 20}-{g.max() >> 20} MiB, host RSS {h.min() >> 20}-{h.max() >> 20} MiB")
     assert g.max() - g.min() <= 2 << 20
     assert h.max() - h.min() <= 32 << 20
+
+
+def test_gpu_job_matches_cpu_job_with_identity_swapper(cp: ModuleType, tmp_path: Path) -> None:
+    """The neural path end to end (crop, model, de-normalise, paste back) on the GPU against the CPU:
+    the identity model gives its input back, so both must also stay close to the source clip."""
+    import shutil
+    import sys
+
+    from swapstream.config import load_config
+    from swapstream.engines.builtin import BUILTIN_MODELS, builtin_model_path
+    from swapstream.engines.zoo import crc32_file
+    from swapstream.gpu.job import GpuFileJob
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    import make_test_models as tm
+
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in BUILTIN_MODELS:
+        shutil.copy(builtin_model_path(name), models / name)
+    for name, model in (("arcface_w600k_r50", tm.arcface_stub(seed=0)),
+                        ("hyperswap_1a_256", tm.identity_swapper(size=256, mean=(0.5,) * 3, std=(0.5,) * 3,
+                                                                 output_space="normalised"))):
+        (models / f"{name}.onnx").write_bytes(model.SerializeToString())
+        (models / f"{name}.hash").write_text(crc32_file(models / f"{name}.onnx"))
+    clip = tmp_path / "clip.mp4"
+    write_demo_clip(clip, grace_hopper(), seconds=2.0, fps=10, size=(1280, 720))
+    cfg = [f"models_dir={models}", "swapper=hyperswap_1a_256", "neural.download=false"]
+    outs = {}
+    for name, cls in (("cpu", FileJob), ("gpu", GpuFileJob)):
+        job = cls(load_config(None, cfg + ["neural.runner=onnxruntime"]))
+        try:
+            job.set_source_image(astronaut(), "astronaut")
+            stats = job.run(clip, tmp_path / f"{name}.mp4")
+        finally:
+            job.close()
+        assert stats.frames == 20 and stats.faces_swapped == 20
+        outs[name] = decode(tmp_path / f"{name}.mp4")
+    (a, pa), (b, pb) = outs["cpu"], outs["gpu"]
+    src, ps = decode(clip)
+    assert pa == pb == ps
+    worst = min(psnr(x, y) for x, y in zip(a, b))
+    print(f"identity swapper: GPU vs CPU job, worst frame PSNR {worst:.1f} dB")
+    assert worst >= 40.0
+
+
+def test_gpu_loop_5000_frames_memory_flat(cp: ModuleType) -> None:
+    """5,000 frames through the GPU loop (analysis, mesh swap, NV12): device memory (CuPy's pool,
+    torch's allocator and the driver's view) and host RSS flat after warm-up; order and count kept."""
+    import torch
+
+    from swapstream.config import load_config
+    from swapstream.demo import render_target_frame
+    from swapstream.gpu.analyser import GpuFaceAnalyser
+    from swapstream.gpu.loop import GpuSwapLoop
+    from swapstream.swap.mesh import MeshSwapper, source_face
+
+    cfg = load_config("live")
+    analyser = GpuFaceAnalyser(cfg)
+    swapper = MeshSwapper(cfg.mesh, analyser.topology)
+    src = astronaut()
+    swapper.set_source(src, source_face(analyser.analyse_image(src), "astronaut"))
+    w, h = 1280, 720
+    frames = []
+    for i in range(50):
+        buf = np.empty((h, w, 3), np.uint8)
+        render_target_frame(grace_hopper(), i / 25, (w, h), buf)
+        frames.append(cp.asarray(buf))
+    loop = GpuSwapLoop(analyser, lambda d, f: len(swapper.swap(d, f)), w, h)
+    upload = cp.cuda.Stream(non_blocking=True)
+    pool = cp.get_default_memory_pool()
+    samples: list[tuple[int, int, int, int]] = []
+    seen: list[int] = []
+    pending = []
+    swapped = 0
+    for i in range(5000):
+        slot = loop.rgb_slot(i)
+        with upload:
+            slot.buffer[...] = frames[i % 50]
+            ready = upload.record()
+        pending.append(loop.submit(slot, ready, index=i, pts=i * 3, time_base=None))
+        while len(pending) > 1:
+            item = pending.pop(0)
+            item.done.synchronize()
+            seen.append(item.pts)
+            swapped += item.swapped
+            loop.finished(item)
+        if i % 100 == 99:
+            free, total = cp.cuda.runtime.memGetInfo()
+            with open("/proc/self/statm") as f:
+                rss = int(f.read().split()[1]) * 4096
+            samples.append((pool.total_bytes(), torch.cuda.memory_allocated(), total - free, rss))
+    for item in pending:
+        item.done.synchronize()
+        seen.append(item.pts)
+        swapped += item.swapped
+    analyser.close()
+    assert seen == [i * 3 for i in range(5000)]  # every frame once, in order
+    assert swapped >= 4900  # the face is found in (almost) every frame
+    s = np.array(samples[5:], dtype=np.int64)  # after 500 frames of warm-up
+    spread = s.max(axis=0) - s.min(axis=0)
+    print(f"5000 frames: spread after warm-up: CuPy pool {spread[0] >> 20} MiB, torch {spread[1] >> 20} MiB, "
+          f"device {spread[2] >> 20} MiB, host RSS {spread[3] >> 20} MiB")
+    assert spread[0] <= 2 << 20 and spread[1] <= 2 << 20 and spread[2] <= 4 << 20
+    assert spread[3] <= 64 << 20  # Python's allocator and PyAV-free host state: no growth trend

@@ -1,0 +1,145 @@
+"""One frame's GPU work, from a decoded frame in GPU memory to an encoder-ready NV12 frame.
+
+Stages, each on its own CUDA stream (CuPy-owned), ordered by events and never by a device-wide sync:
+- in: the producer fills an RGB slot of `rgb_ring` on its stream (NVDEC's `copy_to`, which converts
+  NV12 to RGB, or an asynchronous upload from pinned memory) and hands over the event that ends it;
+- analyse: waits for that event, runs face analysis on the device frame; the host waits here for the
+  landmarks (a few KB), the one mid-frame wait, because tracking and the swap geometry need them;
+- swap: waits for the analysis, swaps the faces in place, then converts to NV12 into a slot of
+  `nv12_ring` (what NVENC takes; x264 takes it after a download);
+- out: the caller waits for `InFlight.done` only when it hands the frame to the encoder, so frame n's
+  swap overlaps frame n+1's analysis.
+
+`timing=True` brackets every stage with CUDA events, so that per-stage and end-to-end latencies are
+measured on the GPU's clock (tools/bench_pipeline.py). NVTX ranges name the host side of each stage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from ..kernels.nv12 import rgb_to_nv12
+from ..types import Face, Frame
+from .ring import Ring, Slot
+
+SwapFn = Callable[[Any, list[Face]], int]
+"""Swaps the given faces of a device frame in place and returns how many (FileJob.swap_faces)."""
+
+
+@contextlib.contextmanager
+def nvtx(name: str) -> Iterator[None]:
+    """An NVTX range (visible in Nsight Systems), or nothing where NVTX is unavailable."""
+    try:
+        from cupy.cuda import nvtx as _nvtx
+
+        _nvtx.RangePush(name)
+    except Exception:  # NVTX is optional: profiling aid only
+        yield
+        return
+    try:
+        yield
+    finally:
+        _nvtx.RangePop()
+
+
+@dataclass
+class InFlight:
+    """A frame whose GPU work has been queued; `done` marks its NV12 output as complete."""
+
+    index: int
+    pts: int | None
+    time_base: Fraction | None
+    rgb: Slot[Any]
+    nv12: Slot[tuple[Any, Any]]
+    done: Any
+    faces: list[Face]
+    swapped: int
+    events: dict[str, Any] = field(default_factory=dict)
+    """With timing: CUDA events at the stage boundaries (ready, analysed, swapped, done)."""
+    host_analyse_s: float = 0.0
+
+    def stage_ms(self) -> dict[str, float]:
+        """Per-stage and end-to-end milliseconds on the GPU clock (needs `timing`; after `done`)."""
+        import cupy
+
+        e = self.events
+        t = cupy.cuda.get_elapsed_time
+        return {"analyse": t(e["ready"], e["analysed"]), "swap": t(e["analysed"], e["swapped"]),
+                "to_nv12": t(e["swapped"], e["done"]), "end_to_end": t(e["ready"], e["done"])}
+
+
+class GpuSwapLoop:
+    """Analysis, swap and NV12 conversion of frames of one size on dedicated streams (module doc)."""
+
+    def __init__(self, analyser: Any, swap: SwapFn, width: int, height: int, *, slots: int = 3,
+                 matrix: str = "bt709", full_range: bool = False, timing: bool = False) -> None:
+        import cupy
+
+        self.analyser = analyser
+        self.swap = swap
+        self.width, self.height = width, height
+        self.matrix, self.full_range = matrix, full_range
+        self.timing = timing
+        self.analyse_stream = cupy.cuda.Stream(non_blocking=True)
+        self.swap_stream = cupy.cuda.Stream(non_blocking=True)
+        self.rgb_ring: Ring[Any] = Ring(slots, lambda _i: cupy.empty((height, width, 3), cupy.uint8))
+        cw = (width + 1) // 2
+        self.nv12_ring: Ring[tuple[Any, Any]] = Ring(slots, lambda _i: (
+            cupy.empty((height, width), cupy.uint8), cupy.empty(((height + 1) // 2, 2 * cw), cupy.uint8)))
+        self.tracks: set[int] = set()
+
+    def _event(self, stream: Any) -> Any:
+        import cupy
+
+        ev = cupy.cuda.Event(disable_timing=not self.timing)
+        ev.record(stream)
+        return ev
+
+    def rgb_slot(self, tag: Any = None) -> Slot[Any]:
+        """The next RGB slot to decode or upload into (waits while the frame last in it is in flight)."""
+        return self.rgb_ring.acquire(tag)
+
+    def submit(self, slot: Slot[Any], ready: Any, *, index: int, pts: int | None,
+               time_base: Fraction | None, start: Any = None) -> InFlight:
+        """Queue the work on the frame in `slot`, which is complete once the event `ready` has fired.
+
+        With timing, `start` (an event the producer recorded when the decoded frame was complete,
+        before converting or uploading it) is where end-to-end latency starts; without it, `ready`.
+        """
+        events: dict[str, Any] = {}
+        a, s = self.analyse_stream, self.swap_stream
+        if self.timing:
+            events["ready"] = ready if start is None else start
+        frame = Frame(slot.buffer, pts, time_base, index)
+        t = time.perf_counter()
+        with nvtx("analyse"), a:
+            a.wait_event(ready)
+            faces = self.analyser.track(frame)
+            analysed = self._event(a)
+        host_analyse = time.perf_counter() - t
+        self.tracks.update(f.track_id for f in faces)
+        if self.timing:
+            events["analysed"] = analysed
+        out = self.nv12_ring.acquire(pts)
+        with nvtx("swap"), s:
+            s.wait_event(analysed)
+            swapped = self.swap(slot.buffer, faces) if faces else 0
+            if self.timing:
+                events["swapped"] = self._event(s)
+            y, uv = out.buffer
+            rgb_to_nv12(slot.buffer, y, uv, matrix=self.matrix,  # type: ignore[arg-type]
+                        full_range=self.full_range)
+            done = self._event(s)
+        if self.timing:
+            events["done"] = done
+        self.rgb_ring.release(slot, done)
+        return InFlight(index, pts, time_base, slot, out, done, faces, swapped, events, host_analyse)
+
+    def finished(self, item: InFlight, consumer_event: Any = None) -> None:
+        """The consumer is done with `item`'s NV12 planes (after `consumer_event`, if given)."""
+        self.nv12_ring.release(item.nv12, consumer_event if consumer_event is not None else item.done)
