@@ -1,0 +1,217 @@
+"""The control API over real HTTP on loopback: the token, and bad requests answered with a 4xx and
+a reason that names the field and the fix."""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import time
+import urllib.error
+import urllib.request
+import zlib
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+
+from swapstream.demo import astronaut
+
+from .conftest import TOKEN, Served
+
+
+def request(s: Served, method: str, path: str, body: Any = None, *, token: str | None = TOKEN,
+            ctype: str | None = None, raw: bytes | None = None) -> tuple[int, dict[str, Any], bytes]:
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    if ctype or body is not None:
+        headers["Content-Type"] = ctype or "application/json"
+    req = urllib.request.Request(s.url + path, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            payload = r.read()
+            status, hdrs = r.status, dict(r.headers)
+    except urllib.error.HTTPError as e:
+        payload, status, hdrs = e.read(), e.code, dict(e.headers)
+    return status, hdrs, payload
+
+
+def error_of(payload: bytes) -> str:
+    return json.loads(payload)["error"]
+
+
+def png(img: np.ndarray) -> bytes:
+    ok, buf = cv2.imencode(".png", cv2.cvtColor(img, cv2.COLOR_RGB2BGR))
+    assert ok
+    return buf.tobytes()
+
+
+def multipart(field: str, data: bytes, ctype: str, filename: str = "face.png") -> tuple[bytes, str]:
+    boundary = "swapstreamtestboundary"
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"{field}\"; filename=\"{filename}\"\r\n"
+            f"Content-Type: {ctype}\r\n\r\n").encode() + data + f"\r\n--{boundary}--\r\n".encode()
+    return body, f"multipart/form-data; boundary={boundary}"
+
+
+def file_stream(sid: str = "cam", **extra: Any) -> dict[str, Any]:
+    return {"id": sid, "input": {"file": "clip.mp4", "loop": True}, "outputs": [{"type": "null"}]} | extra
+
+
+def test_health_and_readiness_need_no_token(served: Served) -> None:
+    status, _, body = request(served, "GET", "/healthz", token=None)
+    assert status == 200 and json.loads(body) == {"ok": True}
+    status, _, body = request(served, "GET", "/readyz", token=None)
+    ready = json.loads(body)
+    assert status == 200 and ready["ready"] is True and ready["devices"] == ["cpu"]
+    # No NVIDIA driver here: readiness says so plainly instead of failing.
+    assert "NVML" in ready["nvml"] or ready["nvml"] is True
+
+
+def test_every_api_route_refuses_a_missing_or_wrong_token(served: Served) -> None:
+    for method, path in (("GET", "/api/streams"), ("POST", "/api/streams"), ("GET", "/api/streams/x"),
+                         ("DELETE", "/api/streams/x"), ("PUT", "/api/streams/x/source"),
+                         ("GET", "/metrics"), ("GET", "/api/streams/x/preview.jpg")):
+        status, hdrs, body = request(served, method, path, token=None)
+        assert status == 401, (method, path)
+        assert "missing bearer token" in error_of(body) and hdrs["WWW-Authenticate"].startswith("Bearer")
+        status, _, body = request(served, method, path, token="not-the-token")
+        assert status == 401 and error_of(body) == "invalid bearer token"
+    # Nothing was created by the refused POSTs.
+    assert served.runtime.streams == {}
+
+
+@pytest.mark.parametrize("body, status, reason", [
+    ({"input": "rtmp://127.0.0.1/live/a"}, 400, "field 'outputs' is required"),
+    ({"input": "rtmp://127.0.0.1/live/a", "outputs": [{"type": "null"}], "colour": 1}, 400,
+     "unknown field 'colour' in the request body"),
+    ({"input": "file:///etc/passwd", "outputs": [{"type": "null"}]}, 400,
+     "field 'input.url': 'file:///etc/passwd' is not an rtmp:// or rtmps:// URL"),
+    ({"input": {"file": "../../etc/passwd"}, "outputs": [{"type": "null"}]}, 400,
+     "must be a relative name inside the media folder, without '..'"),
+    ({"input": {"file": "/etc/passwd"}, "outputs": [{"type": "null"}]}, 400,
+     "must be a relative name inside the media folder"),
+    ({"input": {"file": "missing.mp4"}, "outputs": [{"type": "null"}]}, 422,
+     "no file 'missing.mp4' in the media folder"),
+    ({"input": {"file": "clip.mp4", "url": "rtmp://h/a/b"}, "outputs": [{"type": "null"}]}, 400,
+     "give either 'url' (rtmp://...) or 'file'"),
+    ({"input": {"file": "clip.mp4"}, "outputs": [{"type": "rtmp", "url": "http://x/y"}]}, 400,
+     "field 'outputs.0.url': an rtmp output needs an rtmp://"),
+    ({"input": {"file": "clip.mp4"}, "outputs": [{"type": "hls", "url": "/tmp/x"}]}, 400,
+     "an hls output takes no url"),
+    ({"input": {"file": "clip.mp4"}, "outputs": [{"type": "ftp"}]}, 400, "field 'outputs.0.type'"),
+    ({"input": {"file": "clip.mp4"}, "outputs": [{"type": "null"}], "preset": "../../etc/x"}, 400,
+     "field 'preset': unknown preset '../../etc/x': choose one of"),
+    ({"input": {"file": "clip.mp4"}, "outputs": [{"type": "null"}], "set": ["models_dir=/etc"]}, 400,
+     "'models_dir' cannot be set per stream over the API"),
+    ({"input": {"file": "clip.mp4"}, "outputs": [{"type": "null"}], "set": ["detector.max_faces=0"]}, 400,
+     "invalid value 0 for config key 'detector.max_faces'"),
+    ({"input": {"file": "clip.mp4"}, "outputs": [{"type": "null"}], "swapper": "nope"}, 400,
+     "unknown swapper 'nope': choose one of mesh"),
+    ({"id": "Bad Id!", "input": {"file": "clip.mp4"}, "outputs": [{"type": "null"}]}, 400,
+     "field 'id': 'Bad Id!' is not valid"),
+    ({"input": {"file": "clip.mp4"}, "outputs": [{"type": "null"}], "budget_ms": -5}, 400,
+     "field 'budget_ms'"),
+])
+def test_bad_stream_definitions_get_a_4xx_naming_the_field(served: Served, body: dict[str, Any],
+                                                           status: int, reason: str) -> None:
+    got, _, payload = request(served, "POST", "/api/streams", body)
+    assert got == status, payload
+    assert reason in error_of(payload)
+    assert served.runtime.streams == {}
+
+
+def test_malformed_bodies_and_unreachable_inputs(served: Served) -> None:
+    status, _, body = request(served, "POST", "/api/streams", raw=b"{not json", ctype="application/json")
+    assert status == 400 and "not valid JSON" in error_of(body)
+    status, _, body = request(served, "POST", "/api/streams", raw=b"id=x", ctype="text/plain")
+    assert status == 415 and "application/json" in error_of(body)
+    # Nothing listens on this port: the input cannot be opened, and the answer says so at once.
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    t0 = time.monotonic()
+    status, _, body = request(served, "POST", "/api/streams",
+                              {"input": f"rtmp://127.0.0.1:{port}/live/k", "outputs": [{"type": "null"}]})
+    assert status == 422 and f"cannot open live input 'rtmp://127.0.0.1:{port}/live/k'" in error_of(body)
+    assert time.monotonic() - t0 < 15
+    assert served.runtime.streams == {}
+
+
+def _png_header(w: int, h: int) -> bytes:
+    ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
+    chunk = b"IHDR" + ihdr
+    return b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + chunk + struct.pack(">I", zlib.crc32(chunk))
+
+
+def test_uploads_are_checked_for_size_type_content_and_face(served: Served) -> None:
+    status, _, body = request(served, "POST", "/api/streams", file_stream())
+    assert status == 201, body
+    face = png(astronaut())
+    limit = served.runtime.config.runtime.upload_max_bytes
+
+    def put(raw: bytes, ctype: str) -> tuple[int, str]:
+        st, _, b = request(served, "PUT", "/api/streams/cam/source", raw=raw, ctype=ctype)
+        return st, (error_of(b) if st >= 400 else "")
+
+    st, why = put(b"\0" * (limit + 200_000), "image/png")
+    assert st == 413 and f"larger than {limit} bytes" in why
+    st, why = put(b"hello", "text/plain")
+    assert st == 415 and "Content-Type text/plain is not accepted" in why
+    st, why = put(b"GIF89a" + b"\0" * 100, "image/png")
+    assert st == 415 and "not a PNG, JPEG or WebP image" in why
+    ok, jpg = cv2.imencode(".jpg", astronaut())
+    st, why = put(jpg.tobytes(), "image/png")
+    assert st == 415 and "declared as image/png but its content is jpeg" in why
+    # A header that claims 20000x20000 pixels is refused before anything is decoded.
+    st, why = put(_png_header(20000, 20000) + b"\0" * 64, "image/png")
+    assert st == 422 and "20000x20000 pixels" in why
+    st, why = put(png(np.full((200, 200, 3), 128, np.uint8)), "image/png")
+    assert st == 422 and "no face found" in why
+    st, why = put(face[: len(face) // 2], "image/png")
+    assert st == 422 and "could not be decoded" in why
+    raw, ctype = multipart("picture", face, "image/png")
+    st, why = put(raw, ctype)
+    assert st == 400 and "no field named 'image'" in why
+    # The same face as multipart with the right field, and as a raw body: accepted.
+    raw, ctype = multipart("image", face, "image/png")
+    st, _ = put(raw, ctype)
+    assert st == 200
+    st, _ = put(face, "image/png")
+    assert st == 200
+    status, _, body = request(served, "GET", "/api/streams/cam")
+    assert json.loads(body)["source"] == {"set": True, "version": 2}
+    status, _, body = request(served, "PUT", "/api/streams/nope/source", raw=face, ctype="image/png")
+    assert status == 404 and "no stream with id 'nope'" in error_of(body)
+    # A duplicate id is a conflict; the first stream is untouched.
+    status, _, body = request(served, "POST", "/api/streams", file_stream())
+    assert status == 409 and "already exists" in error_of(body)
+    status, _, body = request(served, "DELETE", "/api/streams/cam")
+    assert status == 200
+    status, _, body = request(served, "GET", "/api/streams/cam")
+    assert status == 404 and "no stream with id 'cam'" in error_of(body)
+
+
+def test_hls_files_are_served_only_with_the_view_key_and_writer_names(served: Served, tmp_path: Path) -> None:
+    status, _, body = request(served, "POST", "/api/streams",
+                              {"id": "h1", "input": {"file": "clip.mp4"}, "outputs": [{"type": "hls"}]})
+    assert status == 201, body
+    info = json.loads(body)
+    hls = info["hls"]
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        status, hdrs, playlist = request(served, "GET", hls, token=None)
+        if status == 200 and b".ts" in playlist:
+            break
+        time.sleep(0.3)
+    assert status == 200 and hdrs["Content-Type"].startswith("application/vnd.apple.mpegurl")
+    seg = next(line for line in playlist.decode().splitlines() if line.endswith(".ts"))
+    status, _, data = request(served, "GET", hls.replace("index.m3u8", seg), token=None)
+    assert status == 200 and len(data) > 1000
+    wrong_key = hls.split("/")
+    wrong_key[3] = "x" * len(wrong_key[3])
+    assert request(served, "GET", "/".join(wrong_key), token=None)[0] == 404
+    for name in ("..%2F..%2Fetc%2Fpasswd", "index.m3u8.bak", "seg_1.ts"):
+        assert request(served, "GET", hls.replace("index.m3u8", name), token=None)[0] == 404
+    request(served, "DELETE", "/api/streams/h1")
