@@ -45,6 +45,8 @@ import numpy as np
 TOOLS = Path(__file__).resolve().parent
 VARIANTS = ("peer", "ours_mesh", "ours_neural")
 TARGETS = {"p99_ms": 8.0, "fps": 250.0, "gpu_gb": 3.0}
+WARMUP = 30
+"""Frames processed before measuring: CUDA graph captures and torch.compile happen in these."""
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -134,7 +136,7 @@ def build_stages(variant: str, tmp: Path) -> tuple[Any, Any, Any, Any]:
 def run_peer(clip: Path, frames: int, tmp: Path) -> dict[str, Any]:
     import cv2
 
-    from swapstream.kernels.mask import box_mask_ref
+    from swapstream.kernels.paste import box_mask_ref
     from swapstream.neural.swapper import align_matrix
     from swapstream.types import Frame
 
@@ -171,6 +173,9 @@ def run_peer(clip: Path, frames: int, tmp: Path) -> dict[str, Any]:
             rgb[...] = (rgb * (1 - wmask) + warped * wmask).round().astype(np.uint8)
             t_paste += time.perf_counter() - tp
         te = time.perf_counter()
+        if i < WARMUP:
+            t0 = te
+            continue
         stages_ms["analyse"].append((tb - ta) * 1e3)
         stages_ms["swap"].append((te - tb - t_paste) * 1e3)
         stages_ms["paste"].append(t_paste * 1e3)
@@ -208,20 +213,25 @@ def run_ours(variant: str, clip: Path, frames: int, tmp: Path, decode: str) -> d
     pending: deque[Any] = deque()
     faces = 0
 
+    t0 = 0.0
+
     def finish(item: Any) -> None:
-        nonlocal faces, peak
+        nonlocal faces, peak, t0
         item.done.synchronize()  # the encoder hand-over
+        loop.finished(item)
+        if item.index == WARMUP - 1:
+            t0 = time.perf_counter()  # CUDA graph captures and torch.compile happen before this
+        if item.index < WARMUP:
+            return
         for k, v in item.stage_ms().items():
             per[k].append(v)
         host_analyse.append(item.host_analyse_s * 1e3)
         faces += item.swapped
-        loop.finished(item)
         if item.index % 25 == 0:
             peak = max(peak, device_used_bytes())
 
     n = 0
     decoder_caps: dict[str, Any] = {}
-    t0 = time.perf_counter()
     if use_nvdec:
         from swapstream.gpu.nvcodec import NvdecSource
 
@@ -265,6 +275,7 @@ def run_ours(variant: str, clip: Path, frames: int, tmp: Path, decode: str) -> d
     peak = max(peak, device_used_bytes())
     if stages is not None:
         stages.close()
+    n -= WARMUP
     res = {"frames": n, "fps": n / wall, "faces_swapped": faces, "tracks": len(loop.tracks),
            "decode": "nvdec" if use_nvdec else "opencv (host) + pinned upload", "clock": "cuda events",
            "stages_ms": {k: pcts(v) for k, v in per.items()}, "host_analyse_ms": pcts(host_analyse),
@@ -306,6 +317,12 @@ def run_x264(clip: Path, frames: int) -> dict[str, Any]:
 # -- parent -------------------------------------------------------------------------------------
 
 def child(args: argparse.Namespace) -> None:
+    if args.profile:
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
     with tempfile.TemporaryDirectory() as tmp:
         if args.child == "peer":
             res = run_peer(args.clip, args.frames, Path(tmp))
@@ -313,6 +330,9 @@ def child(args: argparse.Namespace) -> None:
             res = run_x264(args.clip, args.frames)
         else:
             res = run_ours(args.child, args.clip, args.frames, Path(tmp), args.decode)
+    if args.profile:
+        prof.disable()
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(30)
     print("RESULT " + json.dumps(res), flush=True)
 
 
@@ -357,6 +377,7 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS) + ",x264")
     ap.add_argument("--tag", default="", help="suffix for the output file names (e.g. _nvdec)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--profile", action="store_true", help="cProfile each variant (to stderr)")
     args = ap.parse_args()
     if args.child:
         child(args)
@@ -373,10 +394,12 @@ def main() -> None:
                 continue
         base = used_before()
         cmd = [sys.executable, __file__, "--clip", str(args.clip), "--frames", str(args.frames),
-               "--decode", args.decode, "--child", v]
+               "--decode", args.decode, "--child", v] + (["--profile"] if args.profile else [])
         print(f"== {v}", flush=True)
         p = subprocess.run(cmd, capture_output=True, text=True)
-        sys.stdout.write(p.stdout[-3000:])
+        sys.stdout.write("\n".join(x[:400] for x in p.stdout.splitlines()[-30:]) + "\n")
+        if args.profile:
+            sys.stdout.write(p.stderr[-6000:])
         if p.returncode != 0:
             print(f"{v} failed (rc {p.returncode}):\n{p.stderr[-4000:]}")
             results[v] = {"error": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "failed"}

@@ -13,9 +13,11 @@ OUT="${OUT:-$PWD/device_out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 
-if compgen -G ".whl/*.whl" >/dev/null; then
+# .whl/ holds PyAV and LiteRT; .whl-nvc/ holds PyNvVideoCodec. Both sets do not fit one 64 MiB carry,
+# so a run carries one of them (plus pydantic, tflite and flatbuffers in each).
+if compgen -G ".whl*/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || { echo "wheel install failed"; exit 1; }
+    --target /tmp/site .whl*/*.whl || { echo "wheel install failed"; exit 1; }
 fi
 # The folders map onto one package (pyproject's package-dir); mirror that with links so the tree
 # runs in place without a build step.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
 from pathlib import Path
 from types import ModuleType
 
@@ -159,7 +160,7 @@ def test_gpu_loop_5000_frames_memory_flat(cp: ModuleType) -> None:
         with upload:
             slot.buffer[...] = frames[i % 50]
             ready = upload.record()
-        pending.append(loop.submit(slot, ready, index=i, pts=i * 3, time_base=None))
+        pending.append(loop.submit(slot, ready, index=i, pts=i * 3, time_base=Fraction(1, 75)))
         while len(pending) > 1:
             item = pending.pop(0)
             item.done.synchronize()
