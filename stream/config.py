@@ -141,6 +141,35 @@ class RuntimeConfig(_Section):
     """Largest width or height of an uploaded source image, in pixels."""
 
 
+class WatermarkConfig(_Section):
+    enabled: bool = True
+    """Embed the invisible mark (SwapStream's product id and this run's stream id) in every frame SwapStream changes; off logs a warning."""
+    strength: float = Field(1.0, ge=0.5, le=2.0)
+    """Mark amplitude: 1.0 is about 2 levels RMS on luma (PSNR ~42 dB); higher survives harsher re-encoding and shows more."""
+    stream_id: int | None = Field(None, ge=0, le=0xFFFFFFFF)
+    """32-bit stream id the mark carries; unset: a fresh random id per run, printed in the run's log."""
+
+
+class DisclosureConfig(_Section):
+    label_live: bool = True
+    """Draw the visible label on live outputs (RTMP, HLS, WebRTC); turning it off logs a warning."""
+    label_files: bool = False
+    """Draw it on file outputs too (files always carry the mark and the container's metadata)."""
+    text: str = Field("AI-modified", pattern=r"^[ -~]{1,48}$")
+    """The label's text: 1-48 printable ASCII characters."""
+    position: Literal["bottom-left", "bottom-right", "top-left", "top-right"] = "bottom-left"
+    """Corner the label sits in."""
+    size: float = Field(0.04, ge=0.01, le=0.2)
+    """Text height as a fraction of the frame height (at least 8 pixels)."""
+    opacity: float = Field(0.6, ge=0.0, le=1.0)
+    """Opacity of the black box behind the white text."""
+
+
+class ConsentConfig(_Section):
+    store: Path | None = None
+    """Consent records file (default: $SWAPSTREAM_CONSENT_STORE, else the user data folder's swapstream/consent.json)."""
+
+
 class Config(_Section):
     swapper: str = "mesh"
     """Which swapper replaces the faces: `mesh` (built in, no downloads) or a zoo swapper such as inswapper_128."""
@@ -162,6 +191,12 @@ class Config(_Section):
     """Video encoding of file outputs."""
     runtime: RuntimeConfig = RuntimeConfig()
     """The multi-stream runtime of `swapstream serve`: batching, budgets, degradation, uploads."""
+    watermark: WatermarkConfig = WatermarkConfig()
+    """The invisible mark in every frame SwapStream changes (`swapstream verify` finds it)."""
+    disclosure: DisclosureConfig = DisclosureConfig()
+    """The visible label."""
+    consent: ConsentConfig = ConsentConfig()
+    """Where consent records for source faces are kept (`swapstream consent`)."""
 
 
 def _check_names(cfg: "Config", source: str) -> None:

@@ -36,8 +36,12 @@ class ConfigError(SwapStreamError, ValueError):
     """A configuration key or value is invalid."""
 
 
+class ConsentError(SwapStreamError, PermissionError):
+    """A source face has no consent record, or the consent store cannot be used."""
+
+
 # Errors of the engines layer are user errors too; the CLI catches both families.
 USER_ERRORS: tuple[type[Exception], ...] = (SwapStreamError, EngineUserError)
 
 __all__ = ["SwapStreamError", "InputError", "InputNotFoundError", "NoFaceError", "OutputError",
-           "ConfigError", "EngineUserError", "ModelMissingError", "USER_ERRORS"]
+           "ConfigError", "ConsentError", "EngineUserError", "ModelMissingError", "USER_ERRORS"]

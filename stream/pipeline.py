@@ -14,6 +14,8 @@ import cv2
 import numpy as np
 
 from .config import Config
+from .consent import ConsentRecord, ConsentStore
+from .disclosure import Disclosure
 from .errors import InputError, InputNotFoundError, OutputError
 from .face.analyser import FaceAnalyser
 from .io.video import AudioPacket, VideoInfo, VideoReader, VideoWriter, probe
@@ -23,7 +25,19 @@ from .types import Frame
 log = logging.getLogger(__name__)
 
 # Metadata written into every output container that supports tags: the content is synthetic.
-SYNTHETIC_TAGS = {"comment": "AI-modified: faces swapped by SwapStream", "encoder_note": "swapstream"}
+# MP4 and MOV keep `comment` (MP4 also `description`); MKV and FLV keep every key; MPEG-TS (HLS)
+# keeps only `service_provider` and `service_name`. The digital source type is IPTC's term for
+# real footage composited with AI output, which C2PA and the big platforms read.
+SYNTHETIC_TAGS = {
+    "comment": "AI-modified: faces swapped by SwapStream",
+    "description": "Synthetic content: faces in this video were replaced by SwapStream (AI). Every "
+                   "modified frame carries an invisible watermark; check it with `swapstream verify`.",
+    "digital_source_type": "http://cv.iptc.org/newscodes/digitalsourcetype/"
+                           "compositeWithTrainedAlgorithmicMedia",
+    "encoder_note": "swapstream",
+    "service_provider": "SwapStream",
+    "service_name": "AI-modified (faces swapped)",
+}
 
 ProgressFn = Callable[[int, int], None]
 """Called with (frames done, expected total or 0 when unknown)."""
@@ -84,9 +98,18 @@ def expected_frames(info: VideoInfo) -> int:
 class FileJob:
     """One source identity, one input video, one output video."""
 
+    LIVE = False
+    """Whether this job's outputs are live (labelled by default: see `disclosure`)."""
+
     def __init__(self, config: Config, *, confirm: ConfirmFn | None = None,
-                 download_progress: DownloadProgressFn | None = None) -> None:
+                 download_progress: DownloadProgressFn | None = None, live: bool | None = None) -> None:
         self.config = config
+        self.live = type(self).LIVE if live is None else live
+        # Responsible use: every output frame goes through `disclosure` (label, mark); the source
+        # face needs a consent record from `consents`, kept in `consent` for the run's log.
+        self.disclosure = Disclosure(config, live=self.live)
+        self.consents = ConsentStore.for_config(config)
+        self.consent: ConsentRecord | None = None
         self.neural: Any = None
         self.analyser: Any
         self.swapper: Any
@@ -108,11 +131,19 @@ class FileJob:
 
     def set_source(self, path: str | os.PathLike[str]) -> None:
         """Take the identity from the largest face in an image file."""
-        self.set_source_image(load_image(path), str(path))
+        self.set_source_image(load_image(path), str(path), path=path)
 
-    def set_source_image(self, image: np.ndarray, name: str) -> None:
-        """Take the identity from the largest face in an RGB image; `name` is used in errors."""
-        self.swapper.set_source(image, source_face(self.analyser.analyse_image(image), name))
+    def set_source_image(self, image: np.ndarray, name: str, *,
+                         path: str | os.PathLike[str] | None = None) -> None:
+        """Take the identity from the largest face in an RGB image; `name` is used in errors.
+
+        The picture must have a consent record (`swapstream consent add`); `path`, the file it was
+        read from, also matches a record by the file's hash. Raises ConsentError otherwise."""
+        face = source_face(self.analyser.analyse_image(image), name)
+        # After the face check, so that a picture without a face says so rather than ask for consent.
+        self.consent = self.consents.require(image, name, path)
+        log.info("source %s: %s", name, self.consent.summary())
+        self.swapper.set_source(image, face)
 
     def run(self, input_path: str | os.PathLike[str], output_path: str | os.PathLike[str],
             progress: ProgressFn | None = None) -> JobStats:
@@ -165,6 +196,8 @@ class FileJob:
             items = [(frame.data, face) for frame, faces in pending for face in faces]
             stats.faces_swapped += self.swapper.swap_many(items)
             stats.frames_swapped += sum(1 for _, faces in pending if faces)
+            for frame, faces in pending:
+                self.disclosure.apply(frame.data, bool(faces))
             return
         for frame, faces in pending:
             n = self.swap_faces(frame.data, faces)
@@ -172,13 +205,19 @@ class FileJob:
             stats.faces_swapped += n
 
     def swap_faces(self, data: Any, faces: list[Any]) -> int:
-        """Swap `faces` in the frame array `data` in place (host or GPU); returns how many."""
-        if not faces:
-            return 0
-        done = self.swapper.swap(data, faces)
-        # The mesh swapper returns the regions it touched (tests inspect their masks); the neural
-        # one returns a count.
-        return len(done) if isinstance(done, list) else int(done)
+        """Swap `faces` in the frame array `data` in place (host or GPU); returns how many.
+
+        Every frame of the CPU mesh, GPU and live paths passes here, with or without faces, so this
+        is where the label and the watermark go in (`disclosure`); the neural file path, which swaps
+        a batch of frames at once, applies it in `_swap`."""
+        n = 0
+        if faces:
+            done = self.swapper.swap(data, faces)
+            # The mesh swapper returns the regions it touched (tests inspect their masks); the
+            # neural one returns a count.
+            n = len(done) if isinstance(done, list) else int(done)
+        self.disclosure.apply(data, n > 0)
+        return n
 
     def swap_frame(self, frame: Frame) -> int:
         """Track the faces of the next frame of a stream and swap them in place; returns how many."""

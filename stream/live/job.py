@@ -43,6 +43,8 @@ class LiveStats:
 class LiveJob(FileJob):
     """Swaps faces in a live input and writes live outputs. Construct like `FileJob`."""
 
+    LIVE = True  # live outputs carry the visible label by default (disclosure.label_live)
+
     def run_live(self, url: str, *, rtmp_out: str | None = None, hls_dir: Path | None = None,
                  max_frames: int | None = None, buffer_frames: int = 2,
                  stop: threading.Event | None = None, reconnect_seconds: float = 60.0) -> LiveStats:

@@ -1,0 +1,153 @@
+"""Disclosure of what SwapStream made: the visible label, the invisible mark, and the log lines.
+
+`Disclosure.apply(frame, swapped)` is called once for every frame a job outputs (from
+`FileJob.swap_faces` and the neural batch path), on the frame's own array, NumPy or CuPy:
+1. the label ("AI-modified" by default) is drawn when enabled for this kind of output: on by
+   default for live outputs (RTMP, HLS, WebRTC), off by default for files, which carry the mark and
+   the container's metadata and are usually edited further before anyone sees them;
+2. the watermark goes into every frame that SwapStream changed: frames whose faces were swapped,
+   and, when the label is on, every labelled frame.
+Turning the label off for a live output, or the mark off for any output, logs a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import cv2
+import numpy as np
+
+from .config import Config, DisclosureConfig
+from .watermark import PRODUCT_SWAPSTREAM, Payload, Watermarker
+
+log = logging.getLogger(__name__)
+
+_FONT = cv2.FONT_HERSHEY_SIMPLEX
+
+
+@dataclass(frozen=True)
+class LabelPatch:
+    """A rendered label for one frame size: where it goes and how it blends (NumPy or CuPy)."""
+
+    y0: int
+    x0: int
+    alpha: Any
+    """(h, w) uint8 coverage 0..255 (text over a translucent box)."""
+    premul: Any
+    """(h, w, 1) uint8 colour already multiplied by coverage (white text over a black box)."""
+
+    def to(self, xp: Any) -> "LabelPatch":
+        return LabelPatch(self.y0, self.x0, xp.asarray(self.alpha), xp.asarray(self.premul))
+
+
+def render_label(height: int, width: int, cfg: DisclosureConfig) -> LabelPatch | None:
+    """Render `cfg.text` for a (height, width) frame: white text, anti-aliased, on a box of black at
+    `cfg.opacity`, text height `cfg.size` of the frame height (at least 8 px), in the chosen corner
+    with a margin of 2% of the shorter side. Shrunk to fit narrow frames; None when even 8 px text
+    does not fit (frames under about 60 px)."""
+    margin = max(2, round(0.02 * min(height, width)))
+    (tw1, th1), base1 = cv2.getTextSize(cfg.text, _FONT, 1.0, 2)
+    scale = max(cfg.size * height, 8.0) / th1
+    pad_frac = 0.45                                           # box padding, in text heights
+    avail = width - 2 * margin
+    need = tw1 * scale + 2 * pad_frac * th1 * scale
+    if need > avail:
+        scale *= avail / need
+    if th1 * scale < 8.0 - 1e-6 and cfg.size * height >= 8.0:
+        return None
+    thickness = max(1, round(scale * 1.6))
+    (tw, th), base = cv2.getTextSize(cfg.text, _FONT, scale, thickness)
+    pad = max(2, round(pad_frac * th))
+    bw, bh = tw + 2 * pad, th + base + 2 * pad
+    if bw > width - 2 * margin or bh > height - 2 * margin:
+        return None
+    text = np.zeros((bh, bw), np.uint8)
+    cv2.putText(text, cfg.text, (pad, pad + th), _FONT, scale, 255, thickness, cv2.LINE_AA)
+    t = text.astype(np.float32) / 255.0
+    box = np.float32(cfg.opacity)
+    # Text over the box: coverage 1 - (1 - box)(1 - text); colour white only where the text is.
+    alpha = np.rint(255.0 * (1.0 - (1.0 - box) * (1.0 - t))).astype(np.uint8)
+    premul = text[..., None].copy()
+    top = cfg.position.startswith("top")
+    left = cfg.position.endswith("left")
+    y0 = margin if top else height - margin - bh
+    x0 = margin if left else width - margin - bw
+    return LabelPatch(y0, x0, alpha, premul)
+
+
+def draw_label(frame: Any, patch: LabelPatch) -> None:
+    """Blend a label patch into an RGB uint8 frame in place (NumPy or CuPy, same integer result):
+    out = (x (255 - a) + p 255 + 127) // 255."""
+    h, w = patch.alpha.shape
+    region = frame[patch.y0:patch.y0 + h, patch.x0:patch.x0 + w]
+    a = patch.alpha[..., None].astype("int32")
+    v = (region.astype("int32") * (255 - a) + patch.premul.astype("int32") * 255 + 127) // 255
+    region[...] = v.astype("uint8")
+
+
+class Disclosure:
+    """Label and mark for the frames of one job (see the module doc). Thread-safe for frames of
+    different threads: the caches only gain entries."""
+
+    def __init__(self, config: Config, *, live: bool) -> None:
+        wm, dc = config.watermark, config.disclosure
+        self.live = live
+        self.label_cfg = dc
+        self.label_on = dc.label_live if live else dc.label_files
+        self.payload = Payload(PRODUCT_SWAPSTREAM, wm.stream_id) if wm.stream_id is not None \
+            else Payload.new_stream()
+        self.watermarker: Watermarker | None = Watermarker(self.payload, wm.strength) if wm.enabled else None
+        self.frames_marked = 0
+        self.frames_labelled = 0
+        self._patches: dict[tuple[int, int, int], LabelPatch | None] = {}
+        if live and not self.label_on:
+            log.warning("the visible 'AI-modified' label is OFF for this live output "
+                        "(disclosure.label_live=false): viewers will not see that faces are swapped. "
+                        "Disclose it another way.")
+        if not wm.enabled:
+            log.warning("the invisible watermark is OFF (watermark.enabled=false): the output cannot "
+                        "be checked with `swapstream verify`.")
+
+    def _patch(self, frame: Any) -> LabelPatch | None:
+        h, w = int(frame.shape[0]), int(frame.shape[1])
+        on_gpu = type(frame).__module__.startswith("cupy")
+        device = -1
+        if on_gpu:
+            import cupy
+
+            device = cupy.cuda.runtime.getDevice()
+        key = (h, w, device)
+        if key not in self._patches:
+            patch = render_label(h, w, self.label_cfg)
+            if patch is not None and on_gpu:
+                import cupy
+
+                patch = patch.to(cupy)
+            self._patches[key] = patch
+        return self._patches[key]
+
+    def apply(self, frame: Any, swapped: bool) -> bool:
+        """Label (when on) and mark (when the frame was changed) an RGB uint8 frame in place;
+        returns whether it was marked."""
+        labelled = False
+        if self.label_on:
+            patch = self._patch(frame)
+            if patch is not None:
+                draw_label(frame, patch)
+                labelled = True
+                self.frames_labelled += 1
+        if self.watermarker is not None and (swapped or labelled):
+            self.watermarker.embed(frame)
+            self.frames_marked += 1
+            return True
+        return False
+
+    def describe(self) -> list[tuple[str, str]]:
+        """(name, value) lines for the run's log and summary."""
+        where = "live" if self.live else "file"
+        label = (f"on ('{self.label_cfg.text}', {self.label_cfg.position})" if self.label_on
+                 else f"off for {where} outputs")
+        mark = f"{self.payload} (swapstream verify)" if self.watermarker is not None else "OFF"
+        return [("watermark", mark), ("label", label)]
