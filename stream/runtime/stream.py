@@ -174,6 +174,9 @@ class StreamPipeline:
         # Frames encoded before this moment do not count for the controller: the first frames wait
         # for engines to build and identities to be computed, which says nothing about steady load.
         self._warm_until = time.monotonic() + 1.0
+        # Frames that arrived before the last change were (partly) processed the old way: they do
+        # not count for the p99 that judges the new level.
+        self._changed_at = 0.0
 
     # -- life cycle -----------------------------------------------------------------------------
 
@@ -256,7 +259,7 @@ class StreamPipeline:
             self._identities = {self.engine_name: ident}
             self.source_version += 1
             self.latency_since_change.clear()
-            self._warm_until = time.monotonic() + 0.5
+            self._changed_at = time.monotonic()
 
     async def _identity(self, engine: str) -> Any:
         """This stream's identity for `engine`, computed on first use (after a switch to mesh)."""
@@ -286,8 +289,12 @@ class StreamPipeline:
         self.engine_name = "mesh" if MESH in applied else self.spec.swapper
         self.scale = rc.low_res_scale if LOW_RES in applied else 1.0
         self.level = level
-        # The p99 that decides the next step must be measured at this level only.
+        # The p99 that decides the next step must be measured at this level only. Frames that arrive
+        # shortly after the change still wait behind work of the old level (a slow batch in flight
+        # on the device thread): as long as the old p99, capped at 2 s, they do not count either.
+        before = self.observation().p99_ms or 0.0
         self.latency_since_change.clear()
+        self._changed_at = time.monotonic() + min(before / 1e3, 2.0)
 
     # -- the stages -----------------------------------------------------------------------------
 
@@ -395,7 +402,7 @@ class StreamPipeline:
                 self.metrics.observe_stage(self.id, "total", now - w.arrived)
                 ms = (now - w.arrived) * 1e3
                 self.latency_recent.append(ms)
-                if now >= self._warm_until:
+                if now >= self._warm_until and w.arrived >= self._changed_at:
                     self.latency_since_change.append(ms)
                 self.out_times.append(now)
                 if w.frame.pts is not None:

@@ -1,0 +1,187 @@
+"""The runtime with real streams on the CPU: several streams sharing batches, one removed while the
+others run, the controller stepping a stream down and back up when an engine is made slow, and
+placement across devices."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from swapstream.config import Config
+from swapstream.demo import astronaut
+from swapstream.runtime.engines import MeshEngine, SwapEngine, SwapItem
+from swapstream.runtime.manager import SlotLoad, StreamRuntime, place
+from swapstream.runtime.stream import InputSpec, OutputSpec, StreamSpec
+
+from .conftest import runtime_config
+
+
+class SlowEngine:
+    """The mesh engine behind an adjustable delay per batch: a neural engine on an overloaded GPU,
+    as far as the runtime can tell. Registered under its own swapper name, so the ladder's `mesh`
+    step moves a stream off it."""
+
+    name = "slowswap"
+
+    def __init__(self, config: Config) -> None:
+        self.inner = MeshEngine(config)
+        self.max_batch = self.inner.max_batch
+        self.delay = 0.0
+        self.batches = 0
+
+    def identity(self, image: np.ndarray) -> Any:
+        return self.inner.identity(image)
+
+    def swap(self, items: list[SwapItem]) -> list[int]:
+        time.sleep(self.delay)
+        self.batches += 1
+        return self.inner.swap(items)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def file_spec(sid: str, clip: Path, swapper: str = "mesh", budget_ms: float | None = None) -> StreamSpec:
+    return StreamSpec(sid, InputSpec(str(clip), realtime=True, loop=True), (OutputSpec("null"),),
+                      swapper=swapper, budget_ms=budget_ms)
+
+
+async def until(cond: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def test_streams_share_batches_and_removing_one_leaves_the_others_running(clip: tuple[Path, Any]) -> None:
+    path, _ = clip
+
+    async def main() -> None:
+        # Three unsynchronised 10 fps streams: a frame arrives every 33 ms on average, so an 80 ms
+        # wait (instead of the default 4 ms, which suits a GPU at full load) gathers several.
+        rt = StreamRuntime(runtime_config("runtime.max_wait_ms=80"), devices=["cpu"])
+        await rt.start()
+        try:
+            ps = [await rt.add_stream(file_spec(f"s{i}", path)) for i in range(3)]
+            for p in ps:
+                await p.set_source(astronaut())
+            slot = rt.slots[0]
+            await until(lambda: all(p.faces_swapped >= 8 for p in ps), 30, "every stream swapping")
+            # Faces of several streams went through one swap call.
+            assert sum(n for size, n in slot.batcher.sizes.items() if size >= 2) > 0, slot.batcher.sizes
+            assert max(slot.batcher.sizes) <= 4
+            before = {p.id: p.frames_out for p in ps}
+            t0 = time.monotonic()
+            gone = await rt.remove_stream("s1")
+            took = time.monotonic() - t0
+            assert gone.state == "stopped" and "s1" not in rt.streams
+            # Every frame the removed stream read is accounted for: encoded or dropped (counted).
+            assert gone.frames_in == gone.frames_out + sum(gone.drops().values()), (gone.frames_in, gone.info())
+            # The others kept going through the removal and after it.
+            await asyncio.sleep(1.0)
+            for p in (ps[0], ps[2]):
+                assert p.state == "running" and p.error is None
+                assert p.frames_out >= before[p.id] + 0.6 * 10 * (1.0 + took) - 3, (p.id, p.info())
+                assert p.pts_regressions == 0
+            text = rt.metrics.render().decode()
+            assert 'swapstream_frames_out_total{stream="s0"}' in text and 'stream="s1"' not in text
+            assert 'swapstream_batch_size_bucket{device="cpu",le="4.0"}' in text
+            assert "swapstream_nvml_available 0.0" in text
+        finally:
+            await rt.close()
+
+    asyncio.run(main())
+
+
+def test_controller_steps_down_on_a_slow_engine_and_back_up_when_it_recovers(clip: tuple[Path, Any]) -> None:
+    path, _ = clip
+    engines: dict[str, SwapEngine] = {}
+
+    def factory(name: str, config: Config, device: str) -> SwapEngine:
+        engines[name] = SlowEngine(config) if name == "slowswap" else MeshEngine(config)
+        return engines[name]
+
+    cfg = runtime_config("runtime.min_samples=5", "runtime.down_cooldown=0.5", "runtime.up_hold=1.0",
+                         "runtime.controller_interval=0.2")
+
+    async def main() -> dict[str, Any]:
+        rt = StreamRuntime(cfg, devices=["cpu"], engine_factory=factory, swappers=["mesh", "slowswap"])
+        await rt.start()
+        try:
+            p = await rt.add_stream(file_spec("cam", path, swapper="slowswap", budget_ms=300))
+            await p.set_source(astronaut())
+            slow = engines["slowswap"]
+            assert isinstance(slow, SlowEngine)
+            slow.delay = 0.6  # every batch now takes longer than the stream's whole budget
+            await until(lambda: p.level == 2, 30, "two steps down")
+            assert p.engine_name == "mesh" and p.cfg.detector.detect_every == 40  # 10 x 4
+            # On mesh the stream is inside its budget: no third step, and (once the batch that was
+            # in flight at the switch is done) nothing more goes to the slow engine.
+            await until(lambda: len(p.latency_since_change) >= 5, 10, "frames on mesh")
+            batches_on_slow = slow.batches
+            await asyncio.sleep(0.5)
+            assert p.level == 2 and slow.batches == batches_on_slow
+            slow.delay = 0.0  # the load falls
+            await until(lambda: p.level == 0, 30, "back to full quality")
+            assert p.engine_name == "slowswap" and p.cfg.detector.detect_every == 10
+            assert slow.batches > batches_on_slow
+            info = p.info()
+            text = rt.metrics.render().decode()
+            assert 'swapstream_degradation_steps_total{direction="down",step="mesh",stream="cam"} 1.0' in text
+            assert 'swapstream_degradation_level{stream="cam"} 0.0' in text
+            await rt.remove_stream("cam")
+            info["final"] = p.info()
+            return info
+        finally:
+            await rt.close()
+
+    info = asyncio.run(main())
+    steps = [(h["direction"], h["step"]) for h in info["history"]]
+    assert steps == [("down", "detect_less"), ("down", "mesh"), ("up", "mesh"), ("up", "detect_less")]
+    assert "over the budget of 300 ms" in info["history"][0]["reason"]
+    assert "under 60% of the budget" in info["history"][2]["reason"]
+    times = [h["time"] for h in info["history"]]
+    assert times[3] - times[2] >= 1.0  # hysteresis: the hold between two steps up
+    final = info["final"]
+    # While the engine was slow, frames were dropped (oldest first, counted) rather than queued.
+    assert final["dropped"]["input"] + final["dropped"]["swap"] + final["dropped"]["encode"] > 0
+    assert final["pts_regressions"] == 0
+    assert final["frames_in"] == final["frames_out"] + sum(final["dropped"].values())
+
+
+def test_placement_prefers_the_least_loaded_device() -> None:
+    loads = [SlotLoad("cuda:0", 3, 0.70, 0.80), SlotLoad("cuda:1", 5, 0.30, 0.35),
+             SlotLoad("cuda:2", 1, 0.10, 0.92)]
+    assert place(loads) == 1  # GPU utilisation counts even when the swap thread looks idle
+    # Equal load: fewer streams, then the first device.
+    assert place([SlotLoad("a", 2, 0.5), SlotLoad("b", 1, 0.5), SlotLoad("c", 1, 0.5)]) == 1
+    assert place([SlotLoad("a", 0, 0.0), SlotLoad("b", 0, 0.0)]) == 0
+    # A device without the memory for another stream is passed over, unless all are short.
+    tight = [SlotLoad("a", 0, 0.0, 0.1, memory_free=1 << 20), SlotLoad("b", 4, 0.6, 0.6, memory_free=8 << 30)]
+    assert place(tight, min_free_memory=2 << 30) == 1
+    assert place([SlotLoad("a", 1, 0.2, memory_free=0)], min_free_memory=1) == 0
+    with pytest.raises(ValueError, match="no devices"):
+        place([])
+
+
+def test_streams_spread_over_devices(clip: tuple[Path, Any]) -> None:
+    path, _ = clip
+
+    async def main() -> list[str]:
+        rt = StreamRuntime(runtime_config(), devices=["cpu:0", "cpu:1"])
+        await rt.start()
+        try:
+            ps = [await rt.add_stream(file_spec(f"s{i}", path)) for i in range(4)]
+            await until(lambda: all(p.frames_out > 3 for p in ps), 20, "frames on every stream")
+            return [p.slot.name for p in ps]
+        finally:
+            await rt.close()
+
+    devices = asyncio.run(main())
+    assert devices[:2] == ["cpu:0", "cpu:1"] and sorted(devices).count("cpu:0") == 2
