@@ -40,7 +40,8 @@ class Frame:
     @property
     def time(self) -> float | None:
         """Presentation time in seconds."""
-        return None if self.pts is None else float(self.pts * self.time_base)
+        # A source may know the order of its frames but not their clock (a raw H.264 stream).
+        return None if self.pts is None or self.time_base is None else float(self.pts * self.time_base)
 
 
 # The five alignment points, in the order every warp template in MODELS.md uses.
