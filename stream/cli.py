@@ -109,6 +109,14 @@ def _job_class(cfg: Config) -> type:
     return FileJob
 
 
+def _log_disclosure(job: "object") -> None:
+    """The run's log: which consent record allows the source face, what the mark says, the label."""
+    rows = [("consent", job.consent.summary() if job.consent else "none")]  # type: ignore[attr-defined]
+    rows += job.disclosure.describe()  # type: ignore[attr-defined]
+    for name, value in rows:
+        err.print(Text(f"{name}: {value}"), soft_wrap=True)
+
+
 def _run_job(cfg: Config, source: Path | None, input_path: Path, output: Path, quiet: bool,
              source_image: tuple[object, str] | None = None) -> "object":
     job_class = _job_class(cfg)
@@ -124,6 +132,7 @@ def _run_job(cfg: Config, source: Path | None, input_path: Path, output: Path, q
         else:
             assert source is not None
             job.set_source(source)
+        _log_disclosure(job)
         if quiet:
             stats = job.run(input_path, output)
         else:
@@ -189,14 +198,19 @@ def live(
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config key: key=value.")] = None,
     max_frames: Annotated[Optional[int], typer.Option(help="Stop after this many frames (default: until the input ends).")] = None,
     reconnect: Annotated[float, typer.Option(help="Seconds to keep reconnecting to a dropped input.")] = 60.0,
+    no_label: Annotated[bool, typer.Option("--no-label", help="Do not draw the visible 'AI-modified' "
+                        "label (logs a warning; the invisible mark stays).")] = False,
 ) -> None:
     """Swap faces in a live stream: pull RTMP, push RTMP and/or write HLS, without building up latency."""
     from .live.job import LiveJob
 
     cfg = _config(config, set_, None)
+    if no_label:
+        cfg.disclosure.label_live = False
     job = LiveJob(cfg)
     try:
         job.set_source(source)
+        _log_disclosure(job)
         err.print(Text(f"live: {input} -> {', '.join(x for x in (rtmp_out, str(hls_dir) if hls_dir else None) if x)}"))
         stats = job.run_live(input, rtmp_out=rtmp_out, hls_dir=hls_dir, max_frames=max_frames,
                              reconnect_seconds=reconnect)
@@ -216,6 +230,8 @@ def serve(
     port: Annotated[int, typer.Option(help="HTTP port for WHIP (POST /whip).")] = 8080,
     config: Annotated[Optional[str], typer.Option("--config", "-c", help="Preset name or YAML file.")] = "live",
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config key: key=value.")] = None,
+    no_label: Annotated[bool, typer.Option("--no-label", help="Do not draw the visible 'AI-modified' "
+                        "label (logs a warning; the invisible mark stays).")] = False,
 ) -> None:
     """Serve WebRTC: a WHIP endpoint (OBS 30+, browsers) whose publisher gets the swapped video back."""
     from fractions import Fraction
@@ -227,8 +243,11 @@ def serve(
     from .types import Frame
 
     cfg = _config(config, set_, None)
-    job = FileJob(cfg)
+    if no_label:
+        cfg.disclosure.label_live = False
+    job = FileJob(cfg, live=True)  # its output is a live WebRTC stream: labelled by default
     job.set_source(source)
+    _log_disclosure(job)
 
     def swap(rgb: object, index: int) -> int:
         return job.swap_frame(Frame(rgb, pts=index, time_base=Fraction(1, 30), index=index))
@@ -252,7 +271,9 @@ def demo(
     """Swap a built-in public-domain face onto a built-in animated clip, offline."""
     from .demo import astronaut, contact_sheet, grace_hopper, write_demo_clip
 
-    cfg = _config(config, set_, None)
+    # The demo shows the visible label too (file runs leave it off by default); --set can still
+    # turn it off, since later overrides win.
+    cfg = _config(config, ["disclosure.label_files=true", *(set_ or [])], None)
     target_clip = out_dir / "demo_target.mp4"
     result = out_dir / "demo.mp4"
     sheet = out_dir / "demo_contact_sheet.png"
@@ -295,6 +316,15 @@ def config_cmd(
             node = node[part]  # type: ignore[index]
         t.add_row(key, Text(repr(node)), doc)
     out.print(t)
+
+
+# `swapstream consent add|list|remove|check` and `swapstream verify` (responsible use: consent.py,
+# watermark.py, verify.py).
+from .consent_cli import app as consent_app  # noqa: E402
+from .verify_cli import verify_command  # noqa: E402
+
+app.add_typer(consent_app, name="consent")
+app.command("verify")(verify_command)
 
 
 def main() -> None:

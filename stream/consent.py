@@ -84,7 +84,7 @@ class ConsentRecord:
 
     def summary(self) -> str:
         """One line for the run's log."""
-        return (f"consent {self.id}: given by {self.given_by} on {self.given_at} for "
+        return (f"record {self.id}: given by {self.given_by} on {self.given_at} for "
                 f"\"{self.purpose}\" (image sha256 {self.image_sha256[:12]})")
 
     @classmethod
