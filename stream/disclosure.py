@@ -26,6 +26,21 @@ log = logging.getLogger(__name__)
 
 _FONT = cv2.FONT_HERSHEY_SIMPLEX
 
+# Metadata written into every output container that supports tags: the content is synthetic.
+# MP4 and MOV keep `comment` (MP4 also `description`); MKV and FLV keep every key; MPEG-TS (HLS)
+# keeps only `service_provider` and `service_name`. The digital source type is the IPTC term (the
+# vocabulary C2PA uses) for real footage composited with the output of a trained model.
+SYNTHETIC_TAGS = {
+    "comment": "AI-modified: faces swapped by SwapStream",
+    "description": "Synthetic content: faces in this video were replaced by SwapStream (AI). Every "
+                   "modified frame carries an invisible watermark; check it with `swapstream verify`.",
+    "digital_source_type": "http://cv.iptc.org/newscodes/digitalsourcetype/"
+                           "compositeWithTrainedAlgorithmicMedia",
+    "encoder_note": "swapstream",
+    "service_provider": "SwapStream",
+    "service_name": "AI-modified (faces swapped)",
+}
+
 
 @dataclass(frozen=True)
 class LabelPatch:

@@ -15,7 +15,7 @@ import numpy as np
 
 from .config import Config
 from .consent import ConsentRecord, ConsentStore
-from .disclosure import Disclosure
+from .disclosure import SYNTHETIC_TAGS, Disclosure  # SYNTHETIC_TAGS: imported from here too
 from .errors import InputError, InputNotFoundError, OutputError
 from .face.analyser import FaceAnalyser
 from .io.video import AudioPacket, VideoInfo, VideoReader, VideoWriter, probe
@@ -24,20 +24,6 @@ from .types import Frame
 
 log = logging.getLogger(__name__)
 
-# Metadata written into every output container that supports tags: the content is synthetic.
-# MP4 and MOV keep `comment` (MP4 also `description`); MKV and FLV keep every key; MPEG-TS (HLS)
-# keeps only `service_provider` and `service_name`. The digital source type is IPTC's term for
-# real footage composited with AI output, which C2PA and the big platforms read.
-SYNTHETIC_TAGS = {
-    "comment": "AI-modified: faces swapped by SwapStream",
-    "description": "Synthetic content: faces in this video were replaced by SwapStream (AI). Every "
-                   "modified frame carries an invisible watermark; check it with `swapstream verify`.",
-    "digital_source_type": "http://cv.iptc.org/newscodes/digitalsourcetype/"
-                           "compositeWithTrainedAlgorithmicMedia",
-    "encoder_note": "swapstream",
-    "service_provider": "SwapStream",
-    "service_name": "AI-modified (faces swapped)",
-}
 
 ProgressFn = Callable[[int, int], None]
 """Called with (frames done, expected total or 0 when unknown)."""

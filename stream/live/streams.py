@@ -16,6 +16,7 @@ from typing import Any
 import av
 import numpy as np
 
+from ..disclosure import SYNTHETIC_TAGS
 from ..errors import InputError, OutputError
 from ..io.video import AudioPacket
 from ..types import Frame
@@ -196,6 +197,8 @@ class LiveWriter:
         self._a = None
         if self.audio_from is not None and self.audio_from.codec_context.name == "aac":
             self._a = c.add_stream_from_template(self.audio_from)
+        # The content is synthetic: FLV keeps every tag, HLS's MPEG-TS segments the service names.
+        c.metadata.update(SYNTHETIC_TAGS)
         self._c = c
 
     def write(self, frame: Frame) -> None:
