@@ -8,6 +8,7 @@ module in fp32 eagerly on the CPU (that is what CI exercises).
 from __future__ import annotations
 
 import logging
+from collections import deque
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,6 +46,7 @@ class TorchRunner(Runner):
     def __init__(self, onnx_model: str | Path | Any, *, device: str = "auto",
                  precision: Precision = "auto", max_batch: int = 4, cuda_graphs: bool = True,
                  channels_last: bool = True, check_finite: bool = True,
+                 finite_check: str = "sync",
                  compile: bool = False) -> None:
         super().__init__()
         self._src = onnx_model
@@ -54,6 +56,11 @@ class TorchRunner(Runner):
         self.cuda_graphs = cuda_graphs
         self.channels_last = channels_last
         self.check_finite = check_finite
+        self.finite_check = finite_check
+        """`sync` (check each output, rerun a bad batch in fp32) or `deferred` (see _sanitise_deferred)."""
+        self.nonfinite_batches = 0
+        """With `deferred`: batches whose non-finite output was zeroed."""
+        self._finite_flags: deque[tuple[Any, Any]] = deque()
         self.compile = compile
         """torch.compile the module (Inductor fuses the element-wise glue between convolutions into
         Triton kernels); costs tens of seconds per batch size at start-up."""
@@ -173,7 +180,9 @@ class TorchRunner(Runner):
         ext = torch.cuda.ExternalStream(stream.ptr) if stream is not None else torch.cuda.current_stream()
         with torch.cuda.stream(ext):
             out = self._replay(batch, args, ext) if self.cuda_graphs else self._run_module(self._module, args)
-            if self.check_finite and self.precision == "fp16" and not bool(torch.isfinite(out).all()):
+            if self.check_finite and self.precision == "fp16" and self.finite_check == "deferred":
+                out = self._sanitise_deferred(out)
+            elif self.check_finite and self.precision == "fp16" and not bool(torch.isfinite(out).all()):
                 # fp16 overflowed somewhere in this batch: run it again in fp32, and count it.
                 self.fp32_reruns += 1
                 log.warning("non-finite fp16 output: rerunning the batch in fp32 (%d so far)",
@@ -187,6 +196,25 @@ class TorchRunner(Runner):
         import cupy
 
         return {self.outputs[0].name: cupy.from_dlpack(out)}
+
+    def _sanitise_deferred(self, out: Any) -> Any:
+        """The `deferred` overflow guard: no host wait. Non-finite values are zeroed on the GPU, and
+        whether there were any is copied to pinned memory and read once that copy has completed
+        (usually at the next call), when the batch is counted in `nonfinite_batches`."""
+        import torch
+
+        while self._finite_flags and self._finite_flags[0][1].query():
+            flag, _ev = self._finite_flags.popleft()
+            if not bool(flag):
+                self.nonfinite_batches += 1
+                log.warning("non-finite fp16 output zeroed (%d batches so far); use "
+                            "neural.finite_check=sync to rerun such batches in fp32", self.nonfinite_batches)
+        flag = torch.empty((), dtype=torch.bool, pin_memory=True)
+        flag.copy_(torch.isfinite(out).all(), non_blocking=True)
+        ev = torch.cuda.Event()
+        ev.record()
+        self._finite_flags.append((flag, ev))
+        return torch.nan_to_num(out, nan=0.0, posinf=0.0, neginf=0.0)
 
     def _replay(self, batch: int, args: list[Any], ext: Any) -> Any:
         """Copy the inputs into this batch size's static buffers and replay its graph (capturing it

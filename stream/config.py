@@ -98,6 +98,10 @@ class NeuralConfig(_Section):
     """With a zoo detector: detect every N frames and carry the faces forward in between."""
     min_score: float = Field(0.5, ge=0.0, le=1.0)
     """With a zoo detector: minimum detection score."""
+    finite_check: Literal["sync", "deferred"] = "sync"
+    """fp16 overflow guard of the torch runner. `sync` checks every output and reruns a bad batch in
+    fp32, which makes the host wait for the model each call; `deferred` zeroes non-finite values on
+    the GPU and counts them a call later, without waiting (the live preset's choice)."""
     blur: float = Field(0.3, ge=0.0, le=1.0)
     """Paste-back box-mask blur, as FaceFusion's face_mask_blur."""
     download: bool = True

@@ -97,6 +97,8 @@ class NeuralStages:
     def _runner(self, path: Path) -> Runner:
         nc = self.cfg.neural
         runner = make_runner(path, nc.runner, precision=nc.precision, compile=nc.compile)
+        if hasattr(runner, "finite_check"):  # the torch runner's fp16 overflow guard
+            runner.finite_check = nc.finite_check  # type: ignore[attr-defined]
         runner.activate()
         self._runners.append(runner)
         return runner

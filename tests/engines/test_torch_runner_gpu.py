@@ -53,3 +53,27 @@ def test_torch_runner_matches_onnxruntime(cp: ModuleType, precision: str, tol: f
                 assert err <= tol, f"batch {batch}: relative error {err:.2e} > {tol}"
         assert tr.graph_failures == 0
         assert tr.compile == compile  # compiled for real, not silently fallen back
+
+
+@pytest.mark.parametrize("mode", ["sync", "deferred"])
+def test_fp16_overflow_guard(cp: ModuleType, mode: str) -> None:
+    """Inputs ~1e4 overflow fp16 inside the network. `sync` reruns the batch in fp32 (counted) and
+    gives a finite answer; `deferred` zeroes the non-finite values without a host wait and counts the
+    batch once its flag has come back."""
+    model = inswapper(width=8, blocks=1, seed=3)
+    rng = np.random.default_rng()
+    src = rng.normal(0, 1, (1, 512)).astype(np.float32)
+    src /= np.linalg.norm(src)
+    big = {"target": cp.asarray(rng.uniform(0, 3e4, (1, 3, 128, 128)).astype(np.float32)),
+           "source": cp.asarray(src)}
+    stream = cp.cuda.Stream(non_blocking=True)
+    with TorchRunner(model, device="cuda", precision="fp16", finite_check=mode) as r:
+        out = cp.asarray(r.infer(big, stream)["output"]).copy()
+        stream.synchronize()
+        assert bool(cp.isfinite(out).all())
+        if mode == "sync":
+            assert r.fp32_reruns == 1
+        else:
+            r.infer(big, stream)  # reads the first call's flag (its copy has completed by now)
+            stream.synchronize()
+            assert r.nonfinite_batches >= 1 and r.fp32_reruns == 0
