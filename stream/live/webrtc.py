@@ -8,6 +8,14 @@ player) both publishes and previews.
 aiortc's receive queue is unbounded: a swap slower than the camera would build up delay without
 limit. The consumer therefore always takes the newest frame and drops the older ones, counting them.
 The swap itself runs in a worker thread so that the event loop keeps serving ICE and RTP.
+
+Audio is not swapped: the publisher's decoded audio frames go back out (Opus) on the publisher's
+connection and to every WHEP viewer, through small drop-oldest relays of our own (aiortc's
+MediaRelay hung aiortc's threads here). aiortc's RTCP sender reports map RTP time to the time a
+packet is *sent*, so a receiver lines audio and video up by send time: audio sent as soon as it
+arrives would play ahead of the video by the swap's delay. Each audio frame is therefore held back
+by the video's measured delay: the swap stage, plus the frame interval aiortc's video jitter buffer
+adds, less the 80 ms its audio jitter buffer adds.
 """
 
 from __future__ import annotations
@@ -19,9 +27,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
+from aiortc import MediaStreamTrack
+from aiortc.mediastreams import MediaStreamError
 
 log = logging.getLogger(__name__)
 
@@ -30,61 +40,159 @@ STATIC = Path(__file__).resolve().parent / "static"
 SwapFn = Callable[[np.ndarray, int], int]
 """Swaps faces in an RGB frame in place; gets the frame's index; returns faces swapped."""
 
+AUDIO_HOLD_MAX_S = 0.8
+"""The most audio is held back to wait for the video; a swap slower than this is not live anyway."""
+AUDIO_LINE_FRAMES = 50
+"""Audio frames waiting to be released (aiortc decodes Opus in 20 ms frames: 1 s), above the hold."""
+AUDIO_OUT_FRAMES = 5
+"""Released audio frames waiting for one sender: 100 ms. A sender that does not read (a publisher
+that only sends) must not make them pile up."""
+AIORTC_AUDIO_PREFETCH_S = 0.08
+"""aiortc's audio jitter buffer releases a frame only once 4 more packets are in: 80 ms at Opus's
+20 ms. (Its video buffer releases a frame when the next frame's first packet comes: one frame
+interval, measured per session.) Both are part of how late each medium reaches us."""
+DELAY_SMOOTHING = 0.2
+"""Weight of the newest measurement in the video delay's moving average: follows a change within
+about five frames, while one slow frame moves the audio by a fifth of its excess."""
 
-def _track_class() -> type:
-    from aiortc import MediaStreamTrack
+T = TypeVar("T")
 
-    class LatestFrameTrack(MediaStreamTrack):
-        """An outgoing video track that always sends the newest swapped frame (older ones dropped)."""
 
-        kind = "video"
+class DropOldest(Generic[T]):
+    """A bounded queue on the event loop whose `put` never waits: when full, the oldest item goes
+    (and is counted). What a live stream needs between a producer and a slower consumer."""
 
-        def __init__(self) -> None:
-            super().__init__()
-            self._queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=1)
-            self.dropped = 0
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, not {capacity}")
+        self._queue: asyncio.Queue[T] = asyncio.Queue(maxsize=capacity)
+        self.dropped = 0
 
-        def offer(self, frame: Any) -> None:
-            if self._queue.full():
-                self._queue.get_nowait()
-                self.dropped += 1
-            self._queue.put_nowait(frame)
+    def put(self, item: T) -> None:
+        if self._queue.full():
+            self._queue.get_nowait()
+            self.dropped += 1
+        self._queue.put_nowait(item)
 
-        async def recv(self) -> Any:
-            return await self._queue.get()
+    async def get(self) -> T:
+        return await self._queue.get()
 
-    return LatestFrameTrack
+    def qsize(self) -> int:
+        return self._queue.qsize()
+
+
+class RelayTrack(MediaStreamTrack):
+    """An outgoing track fed with `put`: the newest `capacity` frames wait, older ones are dropped.
+
+    Video uses a capacity of 1 (always the newest swapped frame); audio a few frames, so that the
+    sender's Opus encoder gets a continuous signal without a backlog building up.
+    """
+
+    def __init__(self, kind: str, capacity: int) -> None:
+        super().__init__()
+        self.kind = kind
+        self._frames: DropOldest[Any] = DropOldest(capacity)
+
+    @property
+    def dropped(self) -> int:
+        return self._frames.dropped
+
+    def put(self, frame: Any) -> None:
+        self._frames.put(frame)
+
+    async def recv(self) -> Any:
+        if self.readyState != "live":
+            raise MediaStreamError
+        return await self._frames.get()
 
 
 @dataclass
 class Session:
-    """One WHIP publisher."""
+    """One WHIP publisher or WHEP viewer, with what its media did."""
 
     pc: Any
-    out: Any
-    task: asyncio.Task[None] | None = None
+    out: RelayTrack = field(default_factory=lambda: RelayTrack("video", 1))
+    """The swapped video going out to this peer."""
+    audio_out: RelayTrack = field(default_factory=lambda: RelayTrack("audio", AUDIO_OUT_FRAMES))
+    """The publisher's audio going out to this peer, held back to meet the video."""
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
     frames_in: int = 0
     frames_out: int = 0
     dropped: int = 0
+    """Video frames skipped because a newer one was waiting (the swap fell behind)."""
+    max_backlog: int = 0
+    """Most video frames found waiting in aiortc's receive queue at once."""
     faces: int = 0
     latency_ms: list[float] = field(default_factory=list)
+    """Per swapped frame: taken from the receive queue -> handed to the outgoing tracks."""
+    video_delay_s: float = 0.0
+    """Moving average of `latency_ms`, in seconds."""
+    in_interval_s: float = 0.0
+    """Moving average of the publisher's frame interval (from the frames' timestamps). aiortc hands
+    a video frame over only when the next one starts arriving: the video reaches the swap this much
+    after it was sent."""
+    audio_frames_in: int = 0
+    audio_frames_out: int = 0
+    audio_line: DropOldest[tuple[float, Any]] = field(
+        default_factory=lambda: DropOldest(AUDIO_LINE_FRAMES))
+    """Received audio frames with their arrival time, waiting for their release time."""
 
 
 def newest(track: Any, first: Any) -> tuple[Any, int]:
     """The newest frame waiting in an aiortc remote track, and how many older ones were skipped.
 
     Reads aiortc's internal queue (`RemoteStreamTrack._queue`): there is no public way to ask a
-    track for its backlog, and draining it is what keeps a live preview live.
+    track for its backlog, and draining it is what keeps a live preview live. The end-of-track
+    marker (None) is put back, so that the next `recv()` ends instead of waiting for ever.
     """
     frame, skipped = first, 0
     q = getattr(track, "_queue", None)
     while q is not None and not q.empty():
         nxt = q.get_nowait()
-        if nxt is None:  # end of track marker
+        if nxt is None:
+            q.put_nowait(None)
             break
         frame = nxt
         skipped += 1
     return frame, skipped
+
+
+def smooth(average: float, value: float, *, first: bool) -> float:
+    """One step of the exponential moving average used for delays (`DELAY_SMOOTHING`)."""
+    return value if first else (1 - DELAY_SMOOTHING) * average + DELAY_SMOOTHING * value
+
+
+def video_copies(rgb: np.ndarray, pts: int | None, time_base: Fraction | None,
+                 n: int) -> list[Any]:
+    """`n` separate yuv420p frames of one swapped picture, one for each outgoing track.
+
+    aiortc's encoders run in executor threads and convert and mark the frame they get
+    (`frame.reformat`, `frame.pict_type`): PyAV keeps the converter on the frame, so two encoders
+    converting one shared frame at once hung in `reformat` here. Converting once and giving each
+    sender its own copy is one memcpy per viewer.
+    """
+    import av
+
+    h, w = rgb.shape[0] & ~1, rgb.shape[1] & ~1  # 4:2:0 needs even sizes
+    yuv = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb[:h, :w]), format="rgb24") \
+        .reformat(format="yuv420p").to_ndarray()
+    frames = []
+    for _ in range(n):
+        f = av.VideoFrame.from_ndarray(yuv, format="yuv420p")
+        f.pts = pts
+        f.time_base = time_base or Fraction(1, 90000)
+        frames.append(f)
+    return frames
+
+
+def audio_copy(frame: Any) -> Any:
+    """A separate copy of a decoded audio frame, for another sender's encoder (see `video_copies`)."""
+    import av
+
+    f = av.AudioFrame.from_ndarray(frame.to_ndarray(), format=frame.format.name,
+                                   layout=frame.layout.name)
+    f.sample_rate, f.pts, f.time_base = frame.sample_rate, frame.pts, frame.time_base
+    return f
 
 
 class WhipServer:
@@ -138,7 +246,7 @@ class WhipServer:
         if "m=video" not in sdp:
             return web.Response(status=400, text="the offer has no video section\n")
         pc = RTCPeerConnection()
-        session = Session(pc=pc, out=_track_class()())
+        session = Session(pc=pc)
         sid = uuid.uuid4().hex
         if before is not None:
             before(pc, session)
@@ -161,13 +269,13 @@ class WhipServer:
                             headers={"Location": f"/{kind.lower()}/{sid}"})
 
     async def _post_whep(self, request: Any) -> Any:
-        """WHEP: a viewer's recvonly offer gets the swapped video of the current publisher."""
+        """WHEP: a viewer's recvonly offer gets the swapped video (and the audio) of the current
+        publisher."""
 
         def prepare(pc: Any, viewer: Session) -> None:
             for t in pc.getTransceivers():
-                if t.kind == "video":
-                    t.sender.replaceTrack(viewer.out)
-                    t.direction = "sendonly"
+                t.sender.replaceTrack(viewer.out if t.kind == "video" else viewer.audio_out)
+                t.direction = "sendonly"
 
         return await self._negotiate(request, "WHEP", self.viewers, after=prepare)
 
@@ -177,23 +285,26 @@ class WhipServer:
         return web.json_response({"ok": True, "sessions": len(self.sessions)})
 
     async def _post(self, request: Any) -> Any:
-        """WHIP: a publisher's offer; its video comes back swapped on the same connection."""
+        """WHIP: a publisher's offer; its video comes back swapped on the same connection, its
+        audio as it was, in step with the video."""
 
         def prepare(pc: Any, session: Session) -> None:
             @pc.on("track")
             def on_track(track: Any) -> None:
                 if track.kind == "video":
                     pc.addTrack(session.out)
-                    session.task = asyncio.ensure_future(self._consume(session, track))
+                    session.tasks.append(asyncio.ensure_future(self._consume(session, track)))
+                elif track.kind == "audio":
+                    pc.addTrack(session.audio_out)
+                    session.tasks.append(asyncio.ensure_future(self._consume_audio(session, track)))
+                    session.tasks.append(asyncio.ensure_future(self._release_audio(session)))
 
         return await self._negotiate(request, "WHIP", self.sessions, before=prepare)
 
     async def _consume(self, s: Session, track: Any) -> None:
-        from aiortc.mediastreams import MediaStreamError
-        import av
-
         loop = asyncio.get_running_loop()
         index = 0
+        last_pts: int | None = None
         while True:
             try:
                 frame = await track.recv()
@@ -202,18 +313,52 @@ class WhipServer:
             frame, skipped = newest(track, frame)
             s.frames_in += 1 + skipped
             s.dropped += skipped
+            s.max_backlog = max(s.max_backlog, skipped)
+            if last_pts is not None and frame.pts is not None and frame.time_base:
+                gap = float((frame.pts - last_pts) * frame.time_base) / (1 + skipped)
+                if 0 < gap < 1:  # a gap of a second or more is a pause, not the frame rate
+                    s.in_interval_s = smooth(s.in_interval_s, gap, first=s.in_interval_s == 0)
+            last_pts = frame.pts
             t0 = loop.time()
             rgb = np.ascontiguousarray(frame.to_ndarray(format="rgb24"))
             s.faces += await loop.run_in_executor(self._pool, self.swap, rgb, index)
             index += 1
-            out = av.VideoFrame.from_ndarray(rgb, format="rgb24")
-            out.pts = frame.pts
-            out.time_base = frame.time_base or Fraction(1, 90000)
-            s.out.offer(out)
-            for v in list(self.viewers.values()):
-                v.out.offer(out)  # frames are read-only once made: every viewer may share one
+            peers = [s] + list(self.viewers.values())
+            for peer, out in zip(peers, video_copies(rgb, frame.pts, frame.time_base, len(peers))):
+                peer.out.put(out)
             s.frames_out += 1
-            s.latency_ms.append((loop.time() - t0) * 1e3)
+            # The frame taken was the newest, so it waited at most one frame interval before t0:
+            # this delay is the video's own to within that.
+            delay = loop.time() - t0
+            s.latency_ms.append(delay * 1e3)
+            s.video_delay_s = smooth(s.video_delay_s, delay, first=s.frames_out == 1)
+
+    async def _consume_audio(self, s: Session, track: Any) -> None:
+        """Take every received audio frame at once (aiortc's queue is unbounded too), noting when
+        it came; `_release_audio` sends it on when the video has caught up."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            s.audio_frames_in += 1
+            s.audio_line.put((loop.time(), frame))
+
+    async def _release_audio(self, s: Session) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            arrived, frame = await s.audio_line.get()
+            # Held for the video's current delay, so that both leave as far apart as they came.
+            # Frames leave in arrival order even when the delay shrinks.
+            hold = min(s.video_delay_s + s.in_interval_s, AUDIO_HOLD_MAX_S) - AIORTC_AUDIO_PREFETCH_S
+            wait = arrived + hold - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            s.audio_out.put(frame)
+            for v in list(self.viewers.values()):
+                v.audio_out.put(audio_copy(frame))
+            s.audio_frames_out += 1
 
     async def _delete(self, request: Any) -> Any:
         from aiohttp import web
@@ -229,8 +374,8 @@ class WhipServer:
         s = sessions.pop(sid, None)
         if s is None:
             return
-        if s.task is not None:
-            s.task.cancel()
+        for task in s.tasks:
+            task.cancel()
         await s.pc.close()
 
     async def _shutdown(self, app: Any) -> None:

@@ -1,5 +1,5 @@
-"""The browser preview in headless Chromium: a fake camera (a .y4m of the demo clip) is published over
-WHIP, and the page plays the swapped video back. Chromium is Debian's; Playwright only drives it."""
+"""The browser preview in headless Chromium: a fake camera (a .y4m of the demo clip) and Chromium's
+fake microphone are published over WHIP, and the page plays the swapped video and the audio back. Chromium is Debian's; Playwright only drives it."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ if CHROMIUM is None:
 import cv2  # noqa: E402
 from aiohttp import web  # noqa: E402
 
-from swapstream.config import load_config  # noqa: E402
+from swapstream.config import Config, load_config  # noqa: E402
 
-from .stamps import read_stamp, stamp  # noqa: E402
+from swapstream.live.probe import read_stamp, stamp  # noqa: E402
 from swapstream.demo import astronaut, grace_hopper, render_target_frame  # noqa: E402
 from swapstream.live.webrtc import WhipServer  # noqa: E402
 from swapstream.pipeline import FileJob  # noqa: E402
@@ -31,6 +31,10 @@ from swapstream.types import Frame  # noqa: E402
 
 W, H, FPS = 320, 240, 15
 CELL = 16
+
+
+def NO_SMOOTHING() -> Config:  # noqa: N802 - reads as the constant it stands for
+    return load_config(None, ["smoothing.enabled=false"])
 
 
 def write_y4m(path: Path, n: int) -> list[np.ndarray]:
@@ -72,7 +76,10 @@ def serve(app: web.Application) -> tuple[int, asyncio.AbstractEventLoop]:
 def test_page_publishes_the_camera_and_shows_the_swapped_face(tmp_path: Path) -> None:
     y4m = tmp_path / "cam.y4m"
     sources = write_y4m(y4m, 60)
-    job = FileJob(load_config())
+    # Landmark smoothing off: each frame's swap then depends on that frame alone, so the screenshot
+    # can be compared with the same camera frame swapped here. With it on, the swapped face trails a
+    # fast-turning head by a frame or two, and how far depends on which frame the screenshot caught.
+    job = FileJob(NO_SMOOTHING())
     job.set_source_image(astronaut(), "astronaut")
 
     def swap(rgb: np.ndarray, index: int) -> int:
@@ -98,6 +105,9 @@ def test_page_publishes_the_camera_and_shows_the_swapped_face(tmp_path: Path) ->
             second = page.evaluate("window.stats")
             assert second["frames"] > first["frames"]  # frames keep being decoded
             assert second["mediaTime"] > first["mediaTime"]
+            # The fake microphone's audio comes back too (Opus): packets keep arriving.
+            page.wait_for_function(f"window.stats.audioPackets > {second['audioPackets'] + 25}",
+                                   timeout=15000)
             png = page.locator("#remote").screenshot()
             browser.close()
     finally:
@@ -115,7 +125,7 @@ def test_page_publishes_the_camera_and_shows_the_swapped_face(tmp_path: Path) ->
     d_corner = np.abs(shot[corner].astype(int) - ref[corner].astype(int)).mean()
     assert d_corner < 20, d_corner
     # What the face should look like: the same camera frame swapped here, without any codec.
-    check = FileJob(load_config())
+    check = FileJob(NO_SMOOTHING())
     check.set_source_image(astronaut(), "astronaut")
     expected = ref.copy()
     faces = check.analyser.analyse_image(expected)
@@ -128,7 +138,8 @@ def test_page_publishes_the_camera_and_shows_the_swapped_face(tmp_path: Path) ->
     to_swapped = np.abs(shot[changed].astype(int) - expected[changed].astype(int)).mean()
     to_camera = np.abs(shot[changed].astype(int) - ref[changed].astype(int)).mean()
     print(f"changed pixels: {to_swapped:.1f} from the swapped frame, {to_camera:.1f} from the camera frame")
-    # Measured ratios 0.57-0.68 over repeated runs (VP8 blur keeps the swapped side from 0); 0.8
-    # still separates "shows the swapped face" from "shows the camera" (ratio 1 or more).
-    assert to_swapped < 0.8 * to_camera, (to_swapped, to_camera)
+    # Measured ratios 0.15-0.3 over repeated runs without smoothing (VP8 blur keeps the swapped side
+    # from 0; with smoothing they were 0.57-0.87, depending on the head's speed in the frame caught);
+    # 0.5 separates "shows the swapped face" from "shows the camera" (ratio 1 or more) with room.
+    assert to_swapped < 0.5 * to_camera, (to_swapped, to_camera)
     print(f"browser: {second['frames']} frames shown, screenshot of frame {n} shows the swapped face")

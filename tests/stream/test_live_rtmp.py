@@ -26,7 +26,7 @@ if shutil.which("ffmpeg") is None or not Path("/usr/lib/nginx/modules/ngx_rtmp_m
 
 from swapstream.config import load_config  # noqa: E402
 
-from .stamps import read_stamp, stamp  # noqa: E402
+from swapstream.live.probe import read_stamp, stamp  # noqa: E402
 from swapstream.demo import astronaut, grace_hopper, render_target_frame  # noqa: E402
 from swapstream.live.auth import StreamKeyAuth  # noqa: E402
 from swapstream.live.job import LiveJob  # noqa: E402

@@ -22,7 +22,7 @@ import av  # noqa: E402
 
 from swapstream.config import load_config  # noqa: E402
 
-from .stamps import read_stamp, stamp  # noqa: E402
+from swapstream.live.probe import read_stamp, stamp  # noqa: E402
 from swapstream.demo import astronaut, grace_hopper, render_target_frame  # noqa: E402
 from swapstream.live.webrtc import WhipServer  # noqa: E402
 from swapstream.pipeline import FileJob  # noqa: E402
