@@ -12,6 +12,8 @@ variant's caching allocators and compiled kernels do not count against the next 
 2. `ours_mesh`: our GPU path (stream/gpu/loop.py) with the built-in mesh swapper.
 3. `ours_neural`: the same path with the full-size inswapper-architecture model (random weights:
    speed and memory are those of the real model; the output is not a likeness).
+Ours include the invisible watermark that every output frame gets (stream/disclosure.py); the peer
+path has none, as the peers have none.
 In the GPU variants frames are decoded by NVDEC into GPU memory when PyNvVideoCodec is importable,
 otherwise by OpenCV on the host and uploaded through pinned memory (`decode` in the results says
 which). Latency is measured from the decoded frame to the encoder-ready frame (NV12 in GPU memory for
@@ -107,6 +109,26 @@ def neural_config(models: Path) -> Any:
                                 "neural.runner=auto", "neural.max_batch=1"])
 
 
+def with_mark(cfg: Any, swap: Any, info: dict[str, Any]) -> Any:
+    """The swap followed by what every output frame of ours gets (FileJob.swap_faces): the
+    invisible watermark (and the label where configured for files, off by default), on the GPU."""
+    from swapstream.disclosure import Disclosure
+
+    disc = Disclosure(cfg, live=False)
+    info["mark"] = "on"
+
+    def run(data: Any, faces: list[Any]) -> int:
+        n = swap(data, faces)
+        if info["mark"] == "on":
+            try:
+                disc.apply(data, n > 0)
+            except Exception as e:  # report it in the results instead of losing the run
+                info["mark"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        return n
+
+    return run
+
+
 def build_stages(variant: str, tmp: Path) -> tuple[Any, Any, Any, Any]:
     """(config, analyser, swap function, neural stages or None) for a variant."""
     from swapstream.config import load_config
@@ -193,6 +215,8 @@ def run_ours(variant: str, clip: Path, frames: int, tmp: Path, decode: str) -> d
     from swapstream.gpu.loop import GpuSwapLoop
 
     cfg, analyser, swap, stages = build_stages(variant, tmp)
+    mark: dict[str, Any] = {}
+    swap = with_mark(cfg, swap, mark)
     use_nvdec = False
     if decode in ("auto", "nvdec"):
         from swapstream.gpu.nvcodec import nvdec_available
@@ -279,7 +303,7 @@ def run_ours(variant: str, clip: Path, frames: int, tmp: Path, decode: str) -> d
     res = {"frames": n, "fps": n / wall, "faces_swapped": faces, "tracks": len(loop.tracks),
            "decode": "nvdec" if use_nvdec else "opencv (host) + pinned upload", "clock": "cuda events",
            "stages_ms": {k: pcts(v) for k, v in per.items()}, "host_analyse_ms": pcts(host_analyse),
-           "e2e_ms": per["end_to_end"], "peak_gpu_bytes_abs": peak}
+           "e2e_ms": per["end_to_end"], "peak_gpu_bytes_abs": peak, "watermark": mark["mark"]}
     if decoder_caps:
         res["decoder"] = {k: str(v) for k, v in decoder_caps.items()}
     return res
