@@ -1,4 +1,4 @@
-"""WebRTC audio and the live policy, with real aiortc peers over loopback ICE.
+"""WebRTC audio and the late-frame policy, with real aiortc peers over loopback ICE.
 
 A publisher sends the stamped portrait video and a tone that is on in even seconds of the same
 clock; the server swaps the video (slowed down on purpose, as a heavy model would be) and sends the
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ from aiohttp import ClientSession  # noqa: E402
 
 from swapstream.live.probe import (ProbeClock, Received, StampedVideoTrack, ToneTrack,  # noqa: E402
                                    audio_lag, peak_hz, tone_edges, video_lag)
-from swapstream.live.webrtc import AIORTC_AUDIO_PREFETCH_S, WhipServer  # noqa: E402
+from swapstream.live.webrtc import AIORTC_AUDIO_PREFETCH_S, Session, WhipServer  # noqa: E402
 
 from .webrtc_peers import connect, mesh_swap, publisher, start, until, viewer  # noqa: E402
 
@@ -46,8 +47,23 @@ def longest_tone(audio: list[tuple[np.ndarray, float]], level: float = 0.3) -> n
     return np.concatenate(best) if best else np.zeros(0)
 
 
-def test_audio_comes_back_as_opus_in_step_with_slow_swapped_video() -> None:
-    async def scenario() -> tuple[Received, Received, dict, ProbeClock, dict[int, float]]:
+@dataclass
+class Run:
+    """One slowed-down WHIP session with a WHEP viewer, and what everyone saw."""
+
+    back: Received
+    seen: Received
+    clock: ProbeClock
+    sent: dict[int, float]
+    answer: str
+    session: Session
+    max_queue: int
+    """Most frames seen waiting in aiortc's receive queue for the publisher's video."""
+
+
+@pytest.fixture(scope="module")
+def run() -> Run:
+    async def scenario() -> Run:
         job, swap = mesh_swap(extra_delay_s=SLOW_SWAP_S)
         server = WhipServer(swap)
         runner, base = await start(server.app)
@@ -56,38 +72,64 @@ def test_audio_comes_back_as_opus_in_step_with_slow_swapped_video() -> None:
         back, seen = Received(), Received()
         pub = publisher([video, ToneTrack(clock)], back)
         view = viewer(("video", "audio"), seen)
+        max_queue = 0
+
         async with ClientSession() as http:
             location = await connect(http, base + "/whip", pub)
-            answer = pub.remoteDescription.sdp
             await connect(http, base + "/whep", view)
-            # Three switch-offs (seconds 1, 3, 5, 7...) at both receivers, and video throughout.
-            await until(lambda: len(tone_edges(back.audio)) >= 3 and len(tone_edges(seen.audio)) >= 2
-                        and len(back.video) >= 10, 40, "three tone switch-offs back at the publisher")
-            s = next(iter(server.sessions.values()))
-            stats = {"answer": answer, "dropped": s.dropped, "audio_in": s.audio_frames_in,
-                     "audio_out": s.audio_frames_out, "delay": s.video_delay_s,
-                     "audio_dropped": s.audio_line.dropped}
+            session = next(iter(server.sessions.values()))
+            incoming = next(r.track for r in session.pc.getReceivers() if r.track.kind == "video")
+
+            def done() -> bool:
+                nonlocal max_queue
+                max_queue = max(max_queue, incoming._queue.qsize())  # aiortc's unbounded queue
+                # Three switch-offs (seconds 1, 3, 5, 7...) back at the publisher, two at the
+                # viewer, and video throughout: some six seconds of media.
+                return (len(tone_edges(back.audio)) >= 3 and len(tone_edges(seen.audio)) >= 2
+                        and len(back.video) >= 10)
+
+            await until(done, 40, "three tone switch-offs back at the publisher")
             await http.delete(base + location)
         await view.close()
         await pub.close()
         await runner.cleanup()
         job.close()
-        return back, seen, stats, clock, video.sent
+        return Run(back, seen, clock, video.sent, pub.remoteDescription.sdp, session, max_queue)
 
-    back, seen, stats, clock, sent = asyncio.run(scenario())
+    return asyncio.run(scenario())
+
+
+def test_late_video_frames_are_dropped_not_queued(run: Run) -> None:
+    s = run.session
+    lags = video_lag(run.back.video, run.clock, FPS, run.sent)
+    quarter = max(1, len(lags) // 4)
+    early, late = statistics.median(lags[:quarter]), statistics.median(lags[-quarter:])
+    print(f"slow swap: {s.frames_in} frames in, {s.dropped} skipped as late, most waiting at once "
+          f"{s.max_backlog} (aiortc queue max {run.max_queue}); video {early * 1e3:.0f} ms behind "
+          f"early, {late * 1e3:.0f} ms late in the run")
+    # 15 fps in, about 3 fps swapped: most frames must have been skipped ...
+    assert s.dropped > 0.5 * s.frames_in
+    # ... so that the receive queue never holds more than one swap's worth of frames (0.33 s at
+    # 15 fps is 5; 10 allows for a stalled machine) ...
+    assert s.max_backlog <= 10 and run.max_queue <= 10
+    # ... and the delay does not grow. Queued frames would fall behind by 0.8 s every second.
+    assert late - early < 0.25 and max(lags) < 1.2
+
+
+def test_audio_comes_back_as_opus_in_step_with_slow_swapped_video(run: Run) -> None:
     # The answer sends audio back as Opus, beside the video.
-    assert "m=audio" in stats["answer"] and "opus/48000/2" in stats["answer"].lower()
-    assert stats["audio_in"] > 100 and stats["audio_out"] > 100 and stats["audio_dropped"] == 0
-    for name, got in (("publisher", back), ("WHEP viewer", seen)):
+    assert "m=audio" in run.answer and "opus/48000/2" in run.answer.lower()
+    s = run.session
+    assert s.audio_frames_in > 100 and s.audio_frames_out > 100 and s.audio_line.dropped == 0
+    for name, got in (("publisher", run.back), ("WHEP viewer", run.seen)):
         tone = longest_tone(got.audio)
         assert len(tone) >= 0.5 * got.audio_rate, f"{name}: no half second of tone"
         hz = peak_hz(tone[: got.audio_rate // 2], got.audio_rate)
         assert abs(hz - 440) <= 4, f"{name}: tone at {hz:.1f} Hz, sent 440 Hz"
-        v = statistics.median(video_lag(got.video, clock, FPS, sent))
+        v = statistics.median(video_lag(got.video, run.clock, FPS, run.sent))
         # The receiving aiortc's own audio jitter buffer adds its prefetch to every audio frame.
-        a = statistics.median(audio_lag(tone_edges(got.audio), clock)) - AIORTC_AUDIO_PREFETCH_S
+        a = statistics.median(audio_lag(tone_edges(got.audio), run.clock)) - AIORTC_AUDIO_PREFETCH_S
         print(f"{name}: video {v * 1e3:.0f} ms behind the source, audio {a * 1e3:.0f} ms "
               f"(A-V {1e3 * (a - v):+.0f} ms), tone {hz:.1f} Hz")
         assert v > SLOW_SWAP_S  # the video really is slow
         assert abs(a - v) < SYNC_TOLERANCE_S, f"{name}: audio {a:.3f} s vs video {v:.3f} s behind"
-    assert stats["dropped"] > 0  # 15 fps in, ~3 fps swapped: late frames were skipped
