@@ -232,8 +232,13 @@ def serve(
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config key: key=value.")] = None,
     no_label: Annotated[bool, typer.Option("--no-label", help="Do not draw the visible 'AI-modified' "
                         "label (logs a warning; the invisible mark stays).")] = False,
+    api_token: Annotated[Optional[str], typer.Option("--api-token", envvar="SWAPSTREAM_API_TOKEN",
+                         help="Bearer token of the stream control API (default: a random one, printed).")] = None,
+    hls_root: Annotated[Optional[Path], typer.Option("--hls-root", help="Folder for the HLS outputs of API streams.")] = None,
+    media_root: Annotated[Optional[Path], typer.Option("--media-root", help="Folder whose files API streams may use as inputs.")] = None,
 ) -> None:
-    """Serve WebRTC: a WHIP endpoint (OBS 30+, browsers) whose publisher gets the swapped video back."""
+    """Serve WebRTC: a WHIP endpoint (OBS 30+, browsers) whose publisher gets the swapped video back;
+    and the multi-stream runtime: control API (/api/streams), /metrics, /dashboard (docs/runtime.md)."""
     from fractions import Fraction
 
     from aiohttp import web
@@ -254,10 +259,29 @@ def serve(
 
     server = WhipServer(swap)  # type: ignore[arg-type]
     err.print(Text(f"WHIP endpoint: http://{host}:{port}/whip  (OBS: Settings > Stream > Service WHIP)"))
+    _mount_runtime(server.app, cfg, api_token, hls_root, media_root, f"http://{host}:{port}")
     try:
         web.run_app(server.app, host=host, port=port, print=None)
     finally:
         job.close()
+
+
+def _mount_runtime(app_: object, cfg: Config, token: Optional[str], hls_root: Optional[Path],
+                   media_root: Optional[Path], base: str) -> None:
+    """The multi-stream runtime and its control API on the serve app (swapstream.runtime)."""
+    from .errors import InputNotFoundError
+    from .runtime.api import ApiSettings, mount_runtime, new_token
+    from .runtime.manager import StreamRuntime
+
+    if media_root is not None and not media_root.is_dir():
+        raise InputNotFoundError(f"--media-root '{media_root}' is not a folder. Give an existing folder.")
+    chosen = token or new_token()
+    mount_runtime(app_, StreamRuntime(cfg), ApiSettings(chosen, hls_root=hls_root,  # type: ignore[arg-type]
+                                                         media_root=media_root))
+    err.print(Text(f"stream API: {base}/api/streams  dashboard: {base}/dashboard  metrics: {base}/metrics"))
+    if token is None:
+        # Printed once, on the terminal that started the server; set SWAPSTREAM_API_TOKEN to choose it.
+        err.print(Text(f"API token: {chosen}"))
 
 
 @app.command()

@@ -41,7 +41,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..config import PRESETS_DIR
-from ..errors import ConfigError, InputError, NoFaceError, SwapStreamError
+from ..errors import ConfigError, ConsentError, InputError, NoFaceError, SwapStreamError
 from .manager import STREAM_ID, StreamNotFound, StreamRequestError, StreamRuntime
 from .metrics import CONTENT_TYPE
 from .stream import InputSpec, OutputSpec, StreamPipeline, StreamSpec
@@ -53,7 +53,9 @@ STATIC = Path(__file__).resolve().parent / "static"
 IMAGE_TYPES = {"image/png": "png", "image/jpeg": "jpeg", "image/webp": "webp"}
 HLS_FILE = re.compile(r"^(index\.m3u8|seg_\d{5}\.ts)$")
 RTMP_URL = re.compile(r"^rtmps?://[A-Za-z0-9.\-\[\]:]+(:\d+)?/[\x21-\x7e]{1,1000}$")
-FORBIDDEN_OVERRIDES = ("models_dir", "runtime")
+# Server-side decisions: where files are read (models, consent records), the runtime itself, and
+# what every output must carry (label, watermark).
+FORBIDDEN_OVERRIDES = ("models_dir", "runtime", "consent", "disclosure", "watermark")
 
 
 @dataclass
@@ -270,6 +272,9 @@ class ControlApi:
         key = self.settings.view_keys.get(p.id)
         if key is not None and any(o.kind == "hls" for o in p.spec.outputs):
             info["hls"] = f"/hls/{p.id}/{key}/index.m3u8"
+            # A player opened before the first segment exists gives up: say when it is worth it.
+            root = self.settings.hls_root
+            info["hls_ready"] = root is not None and (root / p.id / "index.m3u8").is_file()
         info["preview"] = f"/api/streams/{p.id}/preview.jpg"
         return info
 
@@ -285,6 +290,8 @@ class ControlApi:
             return resp
         except StreamRequestError as e:
             return _error(e.status, str(e))
+        except ConsentError as e:
+            return _error(403, str(e))
         except (NoFaceError, InputError) as e:
             return _error(422, str(e))
         except (ConfigError, SwapStreamError) as e:

@@ -160,6 +160,14 @@ class StreamPipeline:
         """The last encoded frame (RGB), for previews."""
         self.source_image: np.ndarray | None = None
         self.source_version = 0
+        # Responsible use, as in every job: each output frame is labelled (live outputs) and marked
+        # (`disclosure`), and a source face is used only with a consent record.
+        from ..consent import ConsentStore
+        from ..disclosure import Disclosure
+
+        self.disclosure = Disclosure(cfg, live=True)
+        self.consents = ConsentStore.for_config(cfg)
+        self.consent: Any = None
         self._identities: dict[str, Any] = {}
         self._identity_lock = asyncio.Lock()
         self._analyse_pool = ThreadPoolExecutor(1, thread_name_prefix=f"analyse-{self.id}")
@@ -255,6 +263,10 @@ class StreamPipeline:
         """Use the largest face of `image` from the next frame on; NoFaceError leaves the old one."""
         async with self._identity_lock:
             ident = await self.slot.call(self.engine_name, lambda e: e.identity(image))
+            # After the face check, so that a picture without a face says so rather than ask for
+            # consent. ConsentError leaves the old face in place.
+            self.consent = self.consents.require(image, "the uploaded image")
+            log.info("stream %s: source face: %s", self.id, self.consent.summary())
             self.source_image = image
             self._identities = {self.engine_name: ident}
             self.source_version += 1
@@ -396,7 +408,7 @@ class StreamPipeline:
                 audio = list(self.audio)
                 self.audio.clear()
                 t = time.monotonic()
-                await loop.run_in_executor(self._encode_pool, self._write, w.frame, audio)
+                await loop.run_in_executor(self._encode_pool, self._write, w.frame, w.swapped > 0, audio)
                 now = time.monotonic()
                 self.metrics.observe_stage(self.id, "encode", now - t)
                 self.metrics.observe_stage(self.id, "total", now - w.arrived)
@@ -430,7 +442,8 @@ class StreamPipeline:
                     s.close()
             self.done.set()
 
-    def _write(self, frame: Frame, audio: list[AudioPacket]) -> None:
+    def _write(self, frame: Frame, swapped: bool, audio: list[AudioPacket]) -> None:
+        self.disclosure.apply(frame.data, swapped)
         if not self._sinks:
             self._sinks = self._open_sinks(frame)
         for s in self._sinks:

@@ -105,6 +105,8 @@ def test_every_api_route_refuses_a_missing_or_wrong_token(served: Served) -> Non
      "field 'preset': unknown preset '../../etc/x': choose one of"),
     ({"input": {"file": "clip.mp4"}, "outputs": [{"type": "null"}], "set": ["models_dir=/etc"]}, 400,
      "'models_dir' cannot be set per stream over the API"),
+    ({"input": {"file": "clip.mp4"}, "outputs": [{"type": "null"}], "set": ["disclosure.label_live=false"]},
+     400, "'disclosure.label_live' cannot be set per stream over the API"),
     ({"input": {"file": "clip.mp4"}, "outputs": [{"type": "null"}], "set": ["detector.max_faces=0"]}, 400,
      "invalid value 0 for config key 'detector.max_faces'"),
     ({"input": {"file": "clip.mp4"}, "outputs": [{"type": "null"}], "swapper": "nope"}, 400,
@@ -171,6 +173,9 @@ def test_uploads_are_checked_for_size_type_content_and_face(served: Served) -> N
     assert st == 422 and "no face found" in why
     st, why = put(face[: len(face) // 2], "image/png")
     assert st == 422 and "could not be decoded" in why
+    # A face without a consent record (the astronaut mirrored: a picture nobody recorded) is refused.
+    st, why = put(png(np.ascontiguousarray(astronaut()[:, ::-1])), "image/png")
+    assert st == 403 and "no consent record for the face in the uploaded image" in why
     raw, ctype = multipart("picture", face, "image/png")
     st, why = put(raw, ctype)
     assert st == 400 and "no field named 'image'" in why
