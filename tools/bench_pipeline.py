@@ -208,7 +208,9 @@ def run_peer(clip: Path, frames: int, tmp: Path) -> dict[str, Any]:
             "stages_ms": {k: pcts(v) for k, v in stages_ms.items()}, "e2e_ms": stages_ms["end_to_end"]}
 
 
-def run_ours(variant: str, clip: Path, frames: int, tmp: Path, decode: str) -> dict[str, Any]:
+def run_ours(variant: str, clip: Path, frames: int, tmp: Path, decode: str,
+             prof: Any = None) -> dict[str, Any]:
+    """A GPU variant; `prof` (a cProfile.Profile) is enabled for the measured frames only."""
     import cupy
     import cupyx
 
@@ -245,6 +247,8 @@ def run_ours(variant: str, clip: Path, frames: int, tmp: Path, decode: str) -> d
         loop.finished(item)
         if item.index == WARMUP - 1:
             t0 = time.perf_counter()  # CUDA graph captures and torch.compile happen before this
+            if prof is not None:
+                prof.enable()
         if item.index < WARMUP:
             return
         for k, v in item.stage_ms().items():
@@ -296,6 +300,8 @@ def run_ours(variant: str, clip: Path, frames: int, tmp: Path, decode: str) -> d
     while pending:
         finish(pending.popleft())
     wall = time.perf_counter() - t0
+    if prof is not None:
+        prof.disable()
     peak = max(peak, device_used_bytes())
     if stages is not None:
         stages.close()
@@ -341,22 +347,24 @@ def run_x264(clip: Path, frames: int) -> dict[str, Any]:
 # -- parent -------------------------------------------------------------------------------------
 
 def child(args: argparse.Namespace) -> None:
+    prof = None
     if args.profile:
         import cProfile
-        import pstats
 
         prof = cProfile.Profile()
-        prof.enable()
     with tempfile.TemporaryDirectory() as tmp:
         if args.child == "peer":
             res = run_peer(args.clip, args.frames, Path(tmp))
         elif args.child == "x264":
             res = run_x264(args.clip, args.frames)
         else:
-            res = run_ours(args.child, args.clip, args.frames, Path(tmp), args.decode)
-    if args.profile:
-        prof.disable()
-        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(30)
+            res = run_ours(args.child, args.clip, args.frames, Path(tmp), args.decode, prof)
+    if prof is not None:
+        import pstats
+
+        st = pstats.Stats(prof, stream=sys.stderr)
+        st.sort_stats("tottime").print_stats(25)
+        st.sort_stats("cumulative").print_stats(35)
     print("RESULT " + json.dumps(res), flush=True)
 
 
@@ -423,7 +431,7 @@ def main() -> None:
         p = subprocess.run(cmd, capture_output=True, text=True)
         sys.stdout.write("\n".join(x[:400] for x in p.stdout.splitlines()[-30:]) + "\n")
         if args.profile:
-            sys.stdout.write(p.stderr[-6000:])
+            sys.stdout.write(p.stderr[-14000:])
         if p.returncode != 0:
             print(f"{v} failed (rc {p.returncode}):\n{p.stderr[-4000:]}")
             results[v] = {"error": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "failed"}
