@@ -42,8 +42,9 @@ SwapFn = Callable[[np.ndarray, int], int]
 
 AUDIO_HOLD_MAX_S = 0.8
 """The most audio is held back to wait for the video; a swap slower than this is not live anyway."""
-AUDIO_LINE_FRAMES = 50
-"""Audio frames waiting to be released (aiortc decodes Opus in 20 ms frames: 1 s), above the hold."""
+AUDIO_LINE_FRAMES = 75
+"""Audio frames waiting to be released: 1.5 s of aiortc's 20 ms Opus frames, the longest hold and
+0.7 s for a stalled event loop. (At 1 s, a loaded machine dropped some.)"""
 AUDIO_OUT_FRAMES = 5
 """Released audio frames waiting for one sender: 100 ms. A sender that does not read (a publisher
 that only sends) must not make them pile up."""

@@ -1,12 +1,10 @@
 """The browser preview in headless Chromium: a fake camera (a .y4m of the demo clip) and Chromium's
-fake microphone are published over WHIP, and the page plays the swapped video and the audio back. Chromium is Debian's; Playwright only drives it."""
+fake microphone are published over WHIP, and the page plays the swapped video and the audio back.
+Chromium is Debian's; Playwright only drives it."""
 
 from __future__ import annotations
 
-import asyncio
 import shutil
-import threading
-from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -19,22 +17,15 @@ if CHROMIUM is None:
     pytest.skip("needs Debian's chromium (.ci/run installs it)", allow_module_level=True)
 
 import cv2  # noqa: E402
-from aiohttp import web  # noqa: E402
 
-from swapstream.config import Config, load_config  # noqa: E402
-
+from swapstream.demo import grace_hopper, render_target_frame  # noqa: E402
 from swapstream.live.probe import read_stamp, stamp  # noqa: E402
-from swapstream.demo import astronaut, grace_hopper, render_target_frame  # noqa: E402
 from swapstream.live.webrtc import WhipServer  # noqa: E402
-from swapstream.pipeline import FileJob  # noqa: E402
-from swapstream.types import Frame  # noqa: E402
+
+from .webrtc_peers import ServerThread, chromium_args, looks_swapped, mesh_swap  # noqa: E402
 
 W, H, FPS = 320, 240, 15
 CELL = 16
-
-
-def NO_SMOOTHING() -> Config:  # noqa: N802 - reads as the constant it stands for
-    return load_config(None, ["smoothing.enabled=false"])
 
 
 def write_y4m(path: Path, n: int) -> list[np.ndarray]:
@@ -51,53 +42,21 @@ def write_y4m(path: Path, n: int) -> list[np.ndarray]:
     return frames
 
 
-def serve(app: web.Application) -> tuple[int, asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    holder: dict = {}
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        runner = web.AppRunner(app)
-        loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        loop.run_until_complete(site.start())
-        holder["port"] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        holder["runner"] = runner
-        ready.set()
-        loop.run_forever()
-        loop.run_until_complete(runner.cleanup())
-
-    threading.Thread(target=run, daemon=True).start()
-    ready.wait(10)
-    return holder["port"], loop
-
-
 def test_page_publishes_the_camera_and_shows_the_swapped_face(tmp_path: Path) -> None:
     y4m = tmp_path / "cam.y4m"
     sources = write_y4m(y4m, 60)
     # Landmark smoothing off: each frame's swap then depends on that frame alone, so the screenshot
     # can be compared with the same camera frame swapped here. With it on, the swapped face trails a
     # fast-turning head by a frame or two, and how far depends on which frame the screenshot caught.
-    job = FileJob(NO_SMOOTHING())
-    job.set_source_image(astronaut(), "astronaut")
-
-    def swap(rgb: np.ndarray, index: int) -> int:
-        return job.swap_frame(Frame(rgb, pts=index, time_base=Fraction(1, FPS), index=index))
-
-    server = WhipServer(swap)
-    port, loop = serve(server.app)
-    args = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
-            f"--use-file-for-fake-video-capture={y4m}",
-            # Host candidates as plain IP addresses: aiortc cannot resolve Chromium's mDNS names.
-            "--disable-features=WebRtcHideLocalIpsWithMdns"]
+    job, swap = mesh_swap(smoothing=False)
+    server = ServerThread(WhipServer(swap).app)
+    args = chromium_args("--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+                         f"--use-file-for-fake-video-capture={y4m}")
     try:
         with sync_api.sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=args)
             page = browser.new_page(viewport={"width": 800, "height": 500})
-            page.goto(f"http://127.0.0.1:{port}/")
+            page.goto(f"{server.base}/")
             page.wait_for_function("window.stats.frames > 20 || window.stats.error", timeout=30000)
             first = page.evaluate("window.stats")
             assert first["error"] is None and first["status"] == 201
@@ -111,7 +70,7 @@ def test_page_publishes_the_camera_and_shows_the_swapped_face(tmp_path: Path) ->
             png = page.locator("#remote").screenshot()
             browser.close()
     finally:
-        loop.call_soon_threadsafe(loop.stop)
+        server.close()
         job.close()
     shot = cv2.cvtColor(cv2.imdecode(np.frombuffer(png, np.uint8), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
     shot = cv2.resize(shot, (W, H), interpolation=cv2.INTER_AREA)
@@ -125,18 +84,7 @@ def test_page_publishes_the_camera_and_shows_the_swapped_face(tmp_path: Path) ->
     d_corner = np.abs(shot[corner].astype(int) - ref[corner].astype(int)).mean()
     assert d_corner < 20, d_corner
     # What the face should look like: the same camera frame swapped here, without any codec.
-    check = FileJob(NO_SMOOTHING())
-    check.set_source_image(astronaut(), "astronaut")
-    expected = ref.copy()
-    faces = check.analyser.analyse_image(expected)
-    check.swapper.swap(expected, faces)
-    check.close()
-    # Judge where the swap changes the picture a lot (glasses, eyes, mouth), not where VP8's blur
-    # dominates every difference.
-    changed = np.abs(expected.astype(int) - ref.astype(int)).mean(axis=2) > 30
-    assert changed.sum() > 300
-    to_swapped = np.abs(shot[changed].astype(int) - expected[changed].astype(int)).mean()
-    to_camera = np.abs(shot[changed].astype(int) - ref[changed].astype(int)).mean()
+    to_swapped, to_camera = looks_swapped(shot, ref)
     print(f"changed pixels: {to_swapped:.1f} from the swapped frame, {to_camera:.1f} from the camera frame")
     # Measured ratios 0.15-0.3 over repeated runs without smoothing (VP8 blur keeps the swapped side
     # from 0; with smoothing they were 0.57-0.87, depending on the head's speed in the frame caught);

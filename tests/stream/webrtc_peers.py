@@ -4,9 +4,11 @@ clients that publish (WHIP) or view (WHEP) through it."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from fractions import Fraction
+from typing import Any, TypeVar
 
 import numpy as np
 from aiohttp import ClientSession, web
@@ -17,6 +19,8 @@ from swapstream.demo import astronaut
 from swapstream.live.probe import Received, receive
 from swapstream.pipeline import FileJob
 from swapstream.types import Frame
+
+T = TypeVar("T")
 
 
 async def start(app: web.Application) -> tuple[web.AppRunner, str]:
@@ -65,13 +69,16 @@ async def until(condition: Callable[[], bool], timeout: float, what: str) -> Non
         await asyncio.sleep(0.05)
 
 
-def mesh_swap(*, extra_delay_s: float = 0.0) -> tuple[FileJob, Callable[[np.ndarray, int], int]]:
+def mesh_swap(*, extra_delay_s: float = 0.0, smoothing: bool = True
+              ) -> tuple[FileJob, Callable[[np.ndarray, int], int]]:
     """The real CPU swap (mesh, default preset, the astronaut's face) as WhipServer's swap function.
 
     `extra_delay_s` makes the swap stage that much slower than it is, standing in for a heavy
-    model or a loaded GPU: the frames are still really swapped.
+    model or a loaded GPU: the frames are still really swapped. Without `smoothing` (of the
+    landmarks over time) each frame's swap depends on that frame alone, so that a frame seen at the
+    far end can be compared with the same source frame swapped afresh (`swapped_afresh`).
     """
-    job = FileJob(load_config())
+    job = FileJob(load_config(None, [] if smoothing else ["smoothing.enabled=false"]))
     job.set_source_image(astronaut(), "astronaut")
 
     def swap(rgb: np.ndarray, index: int) -> int:
@@ -81,3 +88,54 @@ def mesh_swap(*, extra_delay_s: float = 0.0) -> tuple[FileJob, Callable[[np.ndar
         return faces
 
     return job, swap
+
+
+class ServerThread:
+    """Our app served from its own thread's event loop, for tests whose main thread drives a
+    browser (Playwright's sync API). `call` runs a coroutine on that loop and waits for it."""
+
+    def __init__(self, app: web.Application) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="test-server", daemon=True)
+        self._thread.start()
+        self.runner, self.base = self.call(start(app))
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.call(self.runner.cleanup())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+
+
+def chromium_args(*extra: str) -> list[str]:
+    """Headless Debian Chromium for WebRTC on loopback."""
+    return ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            # Host candidates as plain IP addresses: aiortc cannot resolve Chromium's mDNS names.
+            "--disable-features=WebRtcHideLocalIpsWithMdns", *extra]
+
+
+def swapped_afresh(rgb: np.ndarray) -> np.ndarray:
+    """`rgb` with the astronaut's face swapped in by a new job without smoothing: what a server
+    running `mesh_swap(smoothing=False)` makes of this frame, before any codec."""
+    job = FileJob(load_config(None, ["smoothing.enabled=false"]))
+    job.set_source_image(astronaut(), "astronaut")
+    try:
+        out = rgb.copy()
+        job.swapper.swap(out, job.analyser.analyse_image(out))
+        return out
+    finally:
+        job.close()
+
+
+def looks_swapped(seen: np.ndarray, sent: np.ndarray) -> tuple[float, float]:
+    """How far `seen` (what came out) is from `sent` swapped afresh, and from `sent` itself, over
+    the pixels the swap changes a lot (glasses, eyes, mouth): codec blur dominates elsewhere."""
+    expected = swapped_afresh(sent)
+    changed = np.abs(expected.astype(int) - sent.astype(int)).mean(axis=2) > 30
+    assert changed.sum() > 300, "the swap changed almost nothing in the sent frame"
+    to_swapped = float(np.abs(seen[changed].astype(int) - expected[changed].astype(int)).mean())
+    to_sent = float(np.abs(seen[changed].astype(int) - sent[changed].astype(int)).mean())
+    return to_swapped, to_sent
