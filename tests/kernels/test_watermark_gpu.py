@@ -1,0 +1,86 @@
+"""CUDA watermark embedding against its NumPy reference (run with `pytest -m gpu`).
+
+Fresh random frames and chips every run (never zeros; chips include 0 as well as +-1). The op works
+in place: the reference runs on a host copy of the same frame and EVERY element of the whole frame is
+compared, so a pixel the kernel skipped or wrote twice fails. Before each launch the device frame is
+filled from the host copy, never left from the previous run.
+
+Tolerance: none. The kernel performs the reference's float32 operations in the same order with the
+`_rn` intrinsics (each product basis_y * basis_x rounded once, never fused into the sum; a chip of
++-1 flips it exactly; a chip of 0 adds nothing, as the reference's acc + 0 * term leaves acc
+unchanged), and rintf rounds half to even like np.rint; the tables are the reference's float32
+values uploaded as they are. Every result is therefore expected bit for bit.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+from swapstream.kernels.watermark import block_pattern, embed_watermark, embed_watermark_ref
+
+pytestmark = pytest.mark.gpu
+
+COEFS = ((0, 2), (1, 1), (2, 0), (0, 3), (1, 2), (2, 1), (3, 0))
+
+
+def _assert_frames_equal(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    d = np.abs(got.astype(int) - want.astype(int))
+    assert d.max() == 0, (f"{what}: {int((d > 0).sum())} elements differ, max {int(d.max())}, "
+                          f"first at {np.argwhere(d > 0)[:5].tolist()}")
+
+
+@pytest.mark.parametrize("size", [(1080, 1920), (720, 1280), (480, 854), (1920, 1080), (37, 53)])
+def test_embed_matches_reference(cp: ModuleType, size: tuple[int, int]) -> None:
+    rng = np.random.default_rng()
+    h, w = size
+    grid = (64, 36) if w >= h else (36, 64)
+    for strength in (7.0, float(rng.uniform(3.5, 14.0))):
+        # Uniform random pixels put many pixels at 0 and 255, so clipping is exercised too.
+        frame = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        signs = rng.choice(np.array([-1, 0, 1], np.int8), size=(grid[1], grid[0], len(COEFS)))
+        pattern = block_pattern(h, w, grid, COEFS, strength)
+        want = frame.copy()
+        embed_watermark_ref(want, signs, pattern)
+        got = cp.asarray(frame)
+        embed_watermark(got, cp.asarray(signs), pattern.to(cp))
+        assert not np.array_equal(want, frame)  # the reference did something
+        _assert_frames_equal(got.get(), want, f"{w}x{h} strength {strength:.3f}")
+
+
+def test_watermarker_on_the_gpu_matches_the_cpu(cp: ModuleType) -> None:
+    """The product's embedder (swapstream.watermark) on a CuPy frame, inside a non-default stream
+    as the GPU job runs it, gives the CPU pipeline's frame bit for bit; and the mark is found."""
+    from swapstream.watermark import PRODUCT_SWAPSTREAM, Payload, Watermarker, detect, luma_of
+
+    rng = np.random.default_rng()
+    wm = Watermarker(Payload(PRODUCT_SWAPSTREAM, int(rng.integers(0, 2 ** 32))))
+    small = rng.integers(0, 256, (68, 120, 3), dtype=np.uint8)
+    import cv2
+
+    frame = cv2.resize(small, (1920, 1080), interpolation=cv2.INTER_CUBIC)  # smooth, like video
+    want = frame.copy()
+    wm.embed(want)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        got = cp.asarray(frame)
+        wm.embed(got)
+        wm.embed(cp.asarray(frame))  # the second call reuses the device tables
+    stream.synchronize()
+    _assert_frames_equal(got.get(), want, "Watermarker 1080p")
+    d = detect(luma_of(got.get()))
+    assert d.found and d.payload == wm.payload
+
+
+def test_host_arrays_with_a_device_frame_are_refused(cp: ModuleType) -> None:
+    h, w = 72, 128
+    grid = (64, 36)
+    pattern = block_pattern(h, w, grid, COEFS, 7.0)
+    signs = np.ones((grid[1], grid[0], len(COEFS)), np.int8)
+    frame = cp.asarray(np.random.default_rng().integers(0, 256, (h, w, 3), dtype=np.uint8))
+    with pytest.raises(ValueError, match="CuPy"):
+        embed_watermark(frame, signs, pattern.to(cp))
+    with pytest.raises(ValueError, match="CuPy"):
+        embed_watermark(frame, cp.asarray(signs), pattern)
