@@ -290,17 +290,22 @@ def _exact_fp32() -> Iterator[None]:
 
 
 @contextmanager
-def _on_cupy_stream(x: Any) -> Iterator[None]:
+def _on_cupy_stream(x: Any, cache: dict[int, Any]) -> Iterator[None]:
     """Run torch on CuPy's current stream when the input is a CuPy array, so that the model is
     ordered after the kernels that made its input (and before those that read its output) without
-    a sync; NumPy input runs on torch's own current stream."""
+    a sync; NumPy input runs on torch's own current stream. `cache` keeps one torch stream object
+    per CuPy stream: making one costs more than the model's launch."""
     if not type(x).__module__.startswith("cupy"):
         yield
         return
     import cupy
     import torch
 
-    with torch.cuda.stream(torch.cuda.ExternalStream(cupy.cuda.get_current_stream().ptr)):
+    ptr = cupy.cuda.get_current_stream().ptr
+    ext = cache.get(ptr)
+    if ext is None:
+        ext = cache.setdefault(ptr, torch.cuda.ExternalStream(ptr))
+    with torch.cuda.stream(ext):
         yield
 
 
@@ -327,6 +332,7 @@ class TfliteTorchRunner:
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.module = build_module(self.graph).to(self.device).eval()
         self._graphs: dict[int, tuple[Any, Any, list[Any]]] = {}
+        self._streams: dict[int, Any] = {}
 
     def _torch_input(self, x: Any) -> Any:
         import torch
@@ -351,7 +357,7 @@ class TfliteTorchRunner:
         import torch
 
         self._check(x)
-        with torch.inference_mode(), _exact_fp32(), _on_cupy_stream(x):
+        with torch.inference_mode(), _exact_fp32(), _on_cupy_stream(x, self._streams):
             return self._run(x)
 
     def _run(self, x: Any) -> list[Any]:
@@ -392,7 +398,7 @@ class TfliteTorchRunner:
         self._check(x)
         # The copies to the host must be ordered on the stream the model ran on (CuPy's, for CuPy
         # input), so they happen inside the same stream context.
-        with torch.inference_mode(), _exact_fp32(), _on_cupy_stream(x):
+        with torch.inference_mode(), _exact_fp32(), _on_cupy_stream(x, self._streams):
             return [o.detach().cpu().numpy() for o in self._run(x)]
 
     def close(self) -> None:
