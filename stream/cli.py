@@ -194,6 +194,8 @@ def live(
     input: Annotated[str, typer.Option("--input", "-i", help="Live input: rtmp://HOST:PORT/APP/KEY (or a file).")],
     rtmp_out: Annotated[Optional[str], typer.Option("--rtmp-out", help="Push the result to this RTMP URL.")] = None,
     hls_dir: Annotated[Optional[Path], typer.Option("--hls-dir", help="Write a live HLS playlist (index.m3u8) and segments here.")] = None,
+    vcam: Annotated[bool, typer.Option("--vcam", help="Send the result to a virtual camera (v4l2loopback on Linux, OBS Virtual Camera on Windows/macOS; needs swapstream[vcam]).")] = False,
+    vcam_device: Annotated[Optional[str], typer.Option("--vcam-device", help="Which virtual camera, e.g. /dev/video10 (default: the first found).")] = None,
     config: Annotated[Optional[str], typer.Option("--config", "-c", help="Preset name or YAML file.")] = "live",
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config key: key=value.")] = None,
     max_frames: Annotated[Optional[int], typer.Option(help="Stop after this many frames (default: until the input ends).")] = None,
@@ -201,7 +203,8 @@ def live(
     no_label: Annotated[bool, typer.Option("--no-label", help="Do not draw the visible 'AI-modified' "
                         "label (logs a warning; the invisible mark stays).")] = False,
 ) -> None:
-    """Swap faces in a live stream: pull RTMP, push RTMP and/or write HLS, without building up latency."""
+    """Swap faces in a live stream: pull RTMP; push RTMP, write HLS and/or feed a virtual camera,
+    without building up latency."""
     from .live.job import LiveJob
 
     cfg = _config(config, set_, None)
@@ -211,9 +214,11 @@ def live(
     try:
         job.set_source(source)
         _log_disclosure(job)
-        err.print(Text(f"live: {input} -> {', '.join(x for x in (rtmp_out, str(hls_dir) if hls_dir else None) if x)}"))
+        outputs = [x for x in (rtmp_out, str(hls_dir) if hls_dir else None,
+                               (vcam_device or "virtual camera") if vcam else None) if x]
+        err.print(Text(f"live: {input} -> {', '.join(outputs)}"))
         stats = job.run_live(input, rtmp_out=rtmp_out, hls_dir=hls_dir, max_frames=max_frames,
-                             reconnect_seconds=reconnect)
+                             reconnect_seconds=reconnect, vcam=vcam, vcam_device=vcam_device)
     finally:
         job.close()
     lat = sorted(stats.latency_ms)

@@ -1,4 +1,5 @@
-"""The live job: pull a stream, swap faces, push it to RTMP and/or HLS without building up latency.
+"""The live job: pull a stream, swap faces, push it to RTMP, HLS and/or a virtual camera without
+building up latency.
 
 A reader thread demuxes and decodes the input. Video frames wait in a small bounded buffer: when the
 swap falls behind, the oldest waiting frame is dropped and counted (a live stream must not lag),
@@ -13,12 +14,13 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..io.video import AudioPacket
 from ..pipeline import FileJob
 from ..types import Frame
 from .streams import LiveReader, LiveWriter
+from .vcam import VirtualCamera, check_vcam
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,16 @@ class LiveStats:
     """Monotonic clock at each output frame, to see gaps (a dropped input) and when output resumed."""
 
 
+class LiveOutput(Protocol):
+    """Where swapped live frames go: `LiveWriter` (RTMP, HLS) and `VirtualCamera`."""
+
+    def write(self, frame: Frame) -> None: ...
+
+    def write_audio(self, packet: AudioPacket) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class LiveJob(FileJob):
     """Swaps faces in a live input and writes live outputs. Construct like `FileJob`."""
 
@@ -47,11 +59,14 @@ class LiveJob(FileJob):
 
     def run_live(self, url: str, *, rtmp_out: str | None = None, hls_dir: Path | None = None,
                  max_frames: int | None = None, buffer_frames: int = 2,
-                 stop: threading.Event | None = None, reconnect_seconds: float = 60.0) -> LiveStats:
-        if rtmp_out is None and hls_dir is None:
+                 stop: threading.Event | None = None, reconnect_seconds: float = 60.0,
+                 vcam: bool = False, vcam_device: str | None = None) -> LiveStats:
+        if rtmp_out is None and hls_dir is None and not vcam:
             from ..errors import ConfigError
 
-            raise ConfigError("a live run needs an output: --rtmp-out URL and/or --hls-dir FOLDER")
+            raise ConfigError("a live run needs an output: --rtmp-out URL, --hls-dir FOLDER and/or --vcam")
+        if vcam:
+            check_vcam(vcam_device)  # a missing device is known now, before waiting on the input
         stop = stop or threading.Event()
         reader = LiveReader(url, reconnect_seconds=reconnect_seconds)
         reader.open()
@@ -81,7 +96,7 @@ class LiveJob(FileJob):
                 with cond:
                     cond.notify()
 
-        writers: list[LiveWriter] = []
+        writers: list[LiveOutput] = []
         thread = threading.Thread(target=read, name="live-reader", daemon=True)
         thread.start()
         try:
@@ -97,7 +112,8 @@ class LiveJob(FileJob):
                 if item is not None:
                     frame, arrived = item
                     if not writers:
-                        writers = self._open_writers(frame, reader, rtmp_out, hls_dir)
+                        writers = self._open_writers(frame, reader, rtmp_out, hls_dir,
+                                                     vcam_device if vcam else None, vcam)
                     stats.faces_swapped += self.swap_frame(frame)
                     for w in writers:
                         w.write(frame)
@@ -121,13 +137,16 @@ class LiveJob(FileJob):
         return stats
 
     def _open_writers(self, first: Frame, reader: LiveReader, rtmp_out: str | None,
-                      hls_dir: Path | None) -> list[LiveWriter]:
+                      hls_dir: Path | None, vcam_device: str | None = None,
+                      vcam: bool = False) -> list[LiveOutput]:
         h, w = first.data.shape[:2]
         common: dict[str, Any] = dict(width=w, height=h, fps=reader.info_fps, time_base=first.time_base,
                                       audio_from=reader.audio_stream, crf=self.config.encode.crf)
-        out = []
+        out: list[LiveOutput] = []
         if rtmp_out:
             out.append(LiveWriter(rtmp_out, kind="rtmp", **common))
         if hls_dir is not None:
             out.append(LiveWriter(str(hls_dir / "index.m3u8"), kind="hls", **common))
+        if vcam:
+            out.append(VirtualCamera(width=w, height=h, fps=reader.info_fps, device=vcam_device))
         return out
