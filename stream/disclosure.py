@@ -25,6 +25,8 @@ from .watermark import PRODUCT_SWAPSTREAM, Payload, Watermarker
 log = logging.getLogger(__name__)
 
 _FONT = cv2.FONT_HERSHEY_SIMPLEX
+MIN_TEXT_PX = 8.0
+"""Smallest label text height, in pixels: below it the label is not readable and is not drawn."""
 
 # Metadata written into every output container that supports tags: the content is synthetic.
 # MP4 and MOV keep `comment` (MP4 also `description`); MKV and FLV keep every key; MPEG-TS (HLS)
@@ -63,19 +65,22 @@ def render_label(height: int, width: int, cfg: DisclosureConfig) -> LabelPatch |
     with a margin of 2% of the shorter side. Shrunk to fit narrow frames; None when even 8 px text
     does not fit (frames under about 60 px)."""
     margin = max(2, round(0.02 * min(height, width)))
-    (tw1, th1), base1 = cv2.getTextSize(cfg.text, _FONT, 1.0, 2)
-    scale = max(cfg.size * height, 8.0) / th1
+    (tw1, th1), _ = cv2.getTextSize(cfg.text, _FONT, 1.0, 2)
+    scale = max(cfg.size * height, MIN_TEXT_PX) / th1
     pad_frac = 0.45                                           # box padding, in text heights
-    avail = width - 2 * margin
-    need = tw1 * scale + 2 * pad_frac * th1 * scale
-    if need > avail:
-        scale *= avail / need
-    if th1 * scale < 8.0 - 1e-6 and cfg.size * height >= 8.0:
-        return None
-    thickness = max(1, round(scale * 1.6))
-    (tw, th), base = cv2.getTextSize(cfg.text, _FONT, scale, thickness)
-    pad = max(2, round(pad_frac * th))
-    bw, bh = tw + 2 * pad, th + base + 2 * pad
+    need = (tw1 + 2 * pad_frac * th1) * scale
+    if need > width - 2 * margin:
+        scale *= (width - 2 * margin) / need                  # shrink to fit a narrow frame
+    for _ in range(3):
+        if th1 * scale < MIN_TEXT_PX - 1e-6:
+            return None                                       # it would not be readable
+        thickness = max(1, round(scale * 1.6))
+        (tw, th), base = cv2.getTextSize(cfg.text, _FONT, scale, thickness)
+        pad = max(2, round(pad_frac * th))
+        bw, bh = tw + 2 * pad, th + base + 2 * pad
+        if bw <= width - 2 * margin:
+            break
+        scale *= (width - 2 * margin) / bw                    # strokes and rounding: shrink again
     if bw > width - 2 * margin or bh > height - 2 * margin:
         return None
     text = np.zeros((bh, bw), np.uint8)
