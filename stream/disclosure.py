@@ -130,7 +130,8 @@ class Disclosure:
             log.warning("the invisible watermark is OFF (watermark.enabled=false): the output cannot "
                         "be checked with `swapstream verify`.")
 
-    def _patch(self, frame: Any) -> LabelPatch | None:
+    def label_patch(self, frame: Any) -> LabelPatch | None:
+        """The label rendered for this frame's size, on the frame's device (None: too small)."""
         h, w = int(frame.shape[0]), int(frame.shape[1])
         on_gpu = type(frame).__module__.startswith("cupy")
         device = -1
@@ -153,7 +154,7 @@ class Disclosure:
         returns whether it was marked."""
         labelled = False
         if self.label_on:
-            patch = self._patch(frame)
+            patch = self.label_patch(frame)
             if patch is not None:
                 draw_label(frame, patch)
                 labelled = True

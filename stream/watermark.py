@@ -262,18 +262,22 @@ class Watermarker:
         return (chip_signs(self.payload, grid),
                 block_pattern(h, w, grid, _coefficients_for(grid), AMPLITUDE * self.strength))
 
+    def device_tables(self, h: int, w: int) -> tuple[Any, BlockPattern]:
+        """(chips, pattern) for (h, w) frames on the current CUDA device, uploaded once."""
+        import cupy
+
+        key = (h, w, cupy.cuda.runtime.getDevice())
+        dev = self._device.get(key)
+        if dev is None:
+            signs, pattern = self._tables(h, w)
+            dev = self._device.setdefault(key, (cupy.asarray(signs), pattern.to(cupy)))
+        return dev
+
     def embed(self, frame: Any) -> None:
         """Mark an (H, W, 3) uint8 RGB frame in place: NumPy on the CPU, CuPy on its device."""
         h, w = int(frame.shape[0]), int(frame.shape[1])
         if type(frame).__module__.startswith("cupy"):
-            import cupy
-
-            key = (h, w, cupy.cuda.runtime.getDevice())
-            dev = self._device.get(key)
-            if dev is None:
-                signs, pattern = self._tables(h, w)
-                dev = self._device.setdefault(key, (cupy.asarray(signs), pattern.to(cupy)))
-            embed_watermark(frame, *dev)
+            embed_watermark(frame, *self.device_tables(h, w))
             return
         delta = self._host.get((h, w))
         if delta is None:
