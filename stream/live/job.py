@@ -102,7 +102,7 @@ class LiveJob(FileJob):
         try:
             while not stop.is_set():
                 with cond:
-                    while not frames and not audio and not finished.is_set():
+                    while not frames and not audio and not finished.is_set() and not stop.is_set():
                         cond.wait(0.1)
                     pending_audio = list(audio)
                     audio.clear()

@@ -53,11 +53,34 @@ class ProbeClock:
         self.start = start
 
 
+class StampedClip:
+    """The animated portrait (the demo clip's motion), frame n stamped with n mod 256.
+
+    The animation repeats every `loop_frames`: rendering each frame once leaves the CPU to the code
+    under test.
+    """
+
+    def __init__(self, *, size: tuple[int, int] = (320, 240), fps: float = 15,
+                 loop_frames: int = 60) -> None:
+        self.size, self.fps, self.loop_frames = size, fps, loop_frames
+        self._portrait = grace_hopper()
+        self._rendered: dict[int, np.ndarray] = {}
+
+    def frame(self, n: int) -> np.ndarray:
+        k = n % self.loop_frames
+        if k not in self._rendered:
+            self._rendered[k] = render_target_frame(self._portrait, k / self.fps, self.size)
+        img = self._rendered[k].copy()
+        stamp(img, n % 256)
+        return img
+
+
 class StampedVideoTrack(MediaStreamTrack):
-    """A live camera stand-in: the animated portrait, frame n due at `start + n / fps`, stamped n.
+    """A live camera stand-in: `StampedClip`'s frame n, due at `start + n / fps`.
 
     Like a camera it never catches up on frames it was too late for: it skips to the current one.
-    `sent[n]` is when frame n was handed to the sender; `sources[n % 256]` its pixels.
+    `sent[n]` is when frame n was handed to the sender (before encoding); `sources[n % 256]` its
+    pixels.
     """
 
     kind = "video"
@@ -66,23 +89,10 @@ class StampedVideoTrack(MediaStreamTrack):
                  loop_frames: int = 60) -> None:
         super().__init__()
         self.clock, self.size, self.fps = clock, size, fps
-        self._portrait = grace_hopper()
-        # The animation repeats every `loop_frames`: rendering each frame once leaves the CPU to
-        # the code under test.
-        self._loop_frames = loop_frames
-        self._rendered: dict[int, np.ndarray] = {}
+        self.clip = StampedClip(size=size, fps=fps, loop_frames=loop_frames)
         self._next: int | None = None
         self.sent: dict[int, float] = {}
         self.sources: dict[int, np.ndarray] = {}
-
-    def frame(self, n: int) -> np.ndarray:
-        """The picture of frame n, stamped."""
-        k = n % self._loop_frames
-        if k not in self._rendered:
-            self._rendered[k] = render_target_frame(self._portrait, k / self.fps, self.size)
-        img = self._rendered[k].copy()
-        stamp(img, n % 256)
-        return img
 
     async def recv(self) -> av.VideoFrame:
         if self.readyState != "live":
@@ -92,13 +102,21 @@ class StampedVideoTrack(MediaStreamTrack):
         n = max(self._next or 0, math.ceil(now * self.fps))
         await asyncio.sleep(max(0.0, n / self.fps - now))
         self._next = n + 1
-        img = self.frame(n)
+        img = self.clip.frame(n)
         self.sources[n % 256] = img
         f = av.VideoFrame.from_ndarray(img, format="rgb24")
         f.pts = round(n / self.fps / VIDEO_CLOCK)
         f.time_base = VIDEO_CLOCK
         self.sent[n] = loop.time()
         return f
+
+
+def tone(first_sample: int, count: int, *, hz: float = 440.0, level: float = 0.3,
+         rate: int = AUDIO_RATE) -> np.ndarray:
+    """`count` samples of the probe tone from `first_sample` of the probe clock, as float in [-1, 1]:
+    a sine at `hz`, on in even seconds (`tone_on`)."""
+    t = (first_sample + np.arange(count)) / rate
+    return level * (np.floor(t) % 2 == 0) * np.sin(2 * np.pi * hz * t)
 
 
 class ToneTrack(MediaStreamTrack):
@@ -114,9 +132,7 @@ class ToneTrack(MediaStreamTrack):
 
     def samples(self, k: int) -> np.ndarray:
         """Audio frame k of the probe clock as int16."""
-        t = (k * AUDIO_FRAME + np.arange(AUDIO_FRAME)) / AUDIO_RATE
-        gate = (np.floor(t) % 2 == 0).astype(np.float64)
-        return (self.level * 32767 * gate * np.sin(2 * np.pi * self.hz * t)).astype(np.int16)
+        return (32767 * tone(k * AUDIO_FRAME, AUDIO_FRAME, hz=self.hz, level=self.level)).astype(np.int16)
 
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
@@ -194,26 +210,32 @@ def tone_edges(audio: list[tuple[np.ndarray, float]], *, level: float = 0.3) -> 
     return edges
 
 
-def video_lag(video: list[tuple[int, np.ndarray, float]], clock: ProbeClock, fps: float,
-              sent: dict[int, float], *, aiortc_receiver: bool = True) -> list[float]:
-    """Per received video frame: when it reached the receiver, minus when the source frame with that
-    stamp was due.
+def unwrap(video: list[tuple[int, np.ndarray, float]], sent: dict[int, float]
+           ) -> list[tuple[int, float, float]]:
+    """Each received video frame as (source frame number, when it was handed over by the receiver,
+    when it reached the receiver).
 
+    Stamps wrap at 256: each is unwrapped to the latest frame with that stamp sent before it came.
     An aiortc receiver hands a frame over only when the next frame's first packet comes in, which
     adds one frame interval of the *sender's* rate (a slow sender: a long one) that a browser's
-    receiver does not add. With `aiortc_receiver`, frame k is taken to have arrived when frame k-1
-    was handed over, i.e. when frame k's first packet came (the first frame is then skipped).
-    Stamps wrap at 256: each is unwrapped to the latest frame with that stamp sent before it arrived.
+    receiver does not add; so frame k is taken to have reached it when frame k-1 was handed over
+    (when frame k's first packet came). The first frame has no such time and is left out.
     """
-    lags = []
+    out = []
     numbers = sorted(sent)
-    for k, (n8, _img, t) in enumerate(video):
+    for k in range(1, len(video)):
+        n8, _img, t = video[k]
         candidates = [n for n in numbers if n % 256 == n8 and sent[n] <= t]
-        if not candidates or (aiortc_receiver and k == 0):
-            continue
-        arrived = video[k - 1][2] if aiortc_receiver else t
-        lags.append(arrived - (clock.start + candidates[-1] / fps))
-    return lags
+        if candidates:
+            out.append((candidates[-1], t, video[k - 1][2]))
+    return out
+
+
+def video_lag(video: list[tuple[int, np.ndarray, float]], clock: ProbeClock, fps: float,
+              sent: dict[int, float]) -> list[float]:
+    """Per received video frame: when it reached the receiver (see `unwrap`), minus when the source
+    frame with that stamp was due on the probe clock (the audio's lag is measured the same way)."""
+    return [reached - (clock.start + n / fps) for n, _handed, reached in unwrap(video, sent)]
 
 
 def audio_lag(edges: list[float], clock: ProbeClock) -> list[float]:

@@ -1,0 +1,349 @@
+"""Live latency, frame by frame: RTMP -> swap -> RTMP, and the WebRTC round trip (WHIP publisher ->
+swap -> back to the publisher), on real peers over loopback.
+
+    python tools/bench_live.py [--seconds 12] [--size 640x360] [--fps 15] [--config live]
+                               [--only rtmp|webrtc] [--out docs/benchmarks]
+
+Every source frame carries its number (`swapstream.live.probe`); a frame's latency is the time from
+when the publisher handed it to its encoder to when the frame with that number reached the viewer,
+so encoding at both ends, both network hops, the server's demuxing and decoding, the swap and the
+player's decoding are all in it; only capture and display are not. The first `--warmup` seconds
+(connection set-up, first keyframes, probing) are left out.
+
+- RTMP: a PyAV publisher (x264 `zerolatency`, AAC) pushes to a real nginx-rtmp; `LiveJob` pulls,
+  swaps and pushes back under another key; a PyAV player pulls that and decodes.
+- WebRTC: an aiortc publisher sends video and a tone over WHIP to `WhipServer` (as `swapstream serve`
+  runs it) and receives the swapped video and the audio back on the same connection. The audio's
+  offset from the video is measured too.
+
+Writes `live_latency.json` (records as DESIGN.md describes) and `live_latency.md` into --out. With
+--only, the other path's records already in the JSON are kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import av
+import numpy as np
+
+from swapstream.config import Config, load_config
+from swapstream.demo import astronaut
+from swapstream.live.job import LiveJob
+from swapstream.live.nginx import NginxRtmp
+from swapstream.live.probe import (AUDIO_RATE, ProbeClock, Received, StampedClip, StampedVideoTrack,
+                                   ToneTrack, audio_lag, read_stamp, receive, tone, tone_edges,
+                                   unwrap, video_lag)
+from swapstream.live.streams import rtmp_input_options, x264_live_options
+from swapstream.pipeline import FileJob
+from swapstream.types import Frame
+
+NGINX_RTMP_MODULE = Path("/usr/lib/nginx/modules/ngx_rtmp_module.so")
+
+
+def git_sha() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
+
+
+# --------------------------------------------------------------------------------------------------
+# RTMP -> swap -> RTMP
+
+
+def publish_rtmp(url: str, clip: StampedClip, sent: dict[int, float], stop: threading.Event) -> None:
+    """Push the stamped clip and the probe tone to `url` in real time, as OBS would, until `stop`;
+    `sent[n]` is when frame n went to the encoder."""
+    fps = clip.fps
+    with av.open(url, "w", format="flv", timeout=5.0) as c:
+        v = c.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
+        v.width, v.height, v.pix_fmt = clip.size[0], clip.size[1], "yuv420p"
+        v.time_base = Fraction(1, 1000)
+        v.options = x264_live_options(fps)
+        a = c.add_stream("aac", rate=AUDIO_RATE)
+        a.layout = "mono"
+        t0, samples, n = time.monotonic(), 0, 0
+        while not stop.is_set():
+            # A real-time source: frame n exists from t0 + n / fps on (pacing, not synchronisation).
+            time.sleep(max(0.0, t0 + n / fps - time.monotonic()))
+            f = av.VideoFrame.from_ndarray(clip.frame(n), format="rgb24")
+            f.pts, f.time_base = round(n * 1000 / fps), Fraction(1, 1000)
+            sent[n] = time.monotonic()
+            c.mux(v.encode(f))
+            while samples < (n + 1) * AUDIO_RATE / fps:
+                af = av.AudioFrame.from_ndarray(tone(samples, 1024).astype(np.float32)[None],
+                                                format="fltp", layout="mono")
+                af.sample_rate, af.pts, af.time_base = AUDIO_RATE, samples, Fraction(1, AUDIO_RATE)
+                c.mux(a.encode(af))
+                samples += 1024
+            n += 1
+        c.mux(v.encode(None))
+
+
+def bench_rtmp(cfg: Config, size: tuple[int, int], fps: float, seconds: float,
+               warmup: float) -> dict[str, Any]:
+    clip = StampedClip(size=size, fps=fps)
+    sent: dict[int, float] = {}
+    got: list[tuple[int, float]] = []
+    stop = threading.Event()
+    with tempfile.TemporaryDirectory() as tmp, NginxRtmp(Path(tmp) / "nginx") as nginx:
+        pub = threading.Thread(target=publish_rtmp, args=(nginx.url("in"), clip, sent, stop),
+                               name="publisher")
+        pub.start()
+        job = LiveJob(cfg)
+        job.set_source_image(astronaut(), "astronaut")
+        result: dict[str, Any] = {}
+        # The job's first connection must find a stream (later ones reconnect): wait until the
+        # publisher has sent half a second.
+        deadline = time.monotonic() + 10
+        while len(sent) < fps / 2:
+            if time.monotonic() > deadline or not pub.is_alive():
+                stop.set()
+                raise RuntimeError("the RTMP publisher did not start")
+            time.sleep(0.05)
+        worker = threading.Thread(target=lambda: result.setdefault("stats", job.run_live(
+            nginx.url("in"), rtmp_out=nginx.url("out"), stop=stop, reconnect_seconds=10.0)),
+            name="live-job")
+        worker.start()
+        # The player: from its first frame, `warmup` then `seconds` of frames.
+        give_up, end = time.monotonic() + 30, float("inf")
+        while time.monotonic() < min(give_up, end) and pub.is_alive():
+            try:
+                with av.open(nginx.url("out"), options=rtmp_input_options(), timeout=(5, 3)) as c:
+                    for f in c.decode(video=0):
+                        got.append((read_stamp(f.to_ndarray(format="rgb24")), time.monotonic()))
+                        end = min(end, got[0][1] + warmup + seconds)
+                        if got[-1][1] > end:
+                            break
+            except (av.error.FFmpegError, OSError):
+                time.sleep(0.2)  # the output is not published yet: try again
+        stop.set()
+        pub.join(timeout=10)
+        worker.join(timeout=20)
+        job.close()
+    stats = result.get("stats")
+    if not got:
+        raise RuntimeError("no frame came out of the RTMP path")
+    start = got[0][1] + warmup
+    numbers = sorted(sent)
+    lat = []
+    for n8, t in got:
+        cand = [n for n in numbers if n % 256 == n8 and sent[n] <= t]
+        if cand and t >= start:
+            lat.append((t - sent[cand[-1]]) * 1e3)
+    return {"latency_ms": lat, "frames_sent": len(sent), "frames_back": len(got),
+            "dropped": stats.dropped if stats else None,
+            "swap_ms": statistics.median(stats.latency_ms) if stats and stats.latency_ms else None}
+
+
+# --------------------------------------------------------------------------------------------------
+# WebRTC round trip
+
+
+async def bench_webrtc(cfg: Config, size: tuple[int, int], fps: float, seconds: float,
+                       warmup: float) -> dict[str, Any]:
+    from aiohttp import ClientSession, web
+    from aiortc import RTCPeerConnection, RTCSessionDescription
+
+    from swapstream.live.webrtc import AIORTC_AUDIO_PREFETCH_S, WhipServer
+
+    job = FileJob(cfg)
+    job.set_source_image(astronaut(), "astronaut")
+
+    def swap(rgb: np.ndarray, index: int) -> int:
+        return job.swap_frame(Frame(rgb, pts=index, time_base=Fraction(1, round(fps)), index=index))
+
+    server = WhipServer(swap)
+    runner = web.AppRunner(server.app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    base = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    loop = asyncio.get_running_loop()
+    clock = ProbeClock(loop.time())
+    video = StampedVideoTrack(clock, size=size, fps=fps)
+    back = Received()
+    pc = RTCPeerConnection()
+    pc.addTransceiver(video, direction="sendrecv")
+    pc.addTransceiver(ToneTrack(clock), direction="sendrecv")
+    pc.on("track", lambda track: asyncio.ensure_future(receive(track, back, keep_pixels=False)))
+    await pc.setLocalDescription(await pc.createOffer())
+    async with ClientSession() as http:
+        r = await http.post(base + "/whip", data=pc.localDescription.sdp,
+                            headers={"Content-Type": "application/sdp"})
+        if r.status != 201:
+            raise RuntimeError(f"WHIP answered {r.status}: {await r.text()}")
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=await r.text(), type="answer"))
+        give_up = loop.time() + 30
+        while not back.video:
+            if loop.time() > give_up:
+                raise RuntimeError("no frame came back over WebRTC")
+            await asyncio.sleep(0.05)
+        first = back.video[0][2]
+        await asyncio.sleep(warmup + seconds)  # the measurement window, from the first frame back
+        session = next(iter(server.sessions.values()))
+        await http.delete(base + r.headers["Location"])
+    await pc.close()
+    await runner.cleanup()
+    job.close()
+    start = first + warmup
+    frames = [(n, handed, reached) for n, handed, reached in unwrap(back.video, video.sent)
+              if reached >= start]
+    lat = [(reached - video.sent[n]) * 1e3 for n, _h, reached in frames]
+    handed = [(h - video.sent[n]) * 1e3 for n, h, _r in frames]
+    v = [x for x, (_n, _h, reached) in zip(video_lag(back.video, clock, fps, video.sent),
+                                            unwrap(back.video, video.sent)) if reached >= start]
+    a = [x - AIORTC_AUDIO_PREFETCH_S for x, t in zip(audio_lag(tone_edges(back.audio), clock),
+                                                     tone_edges(back.audio)) if t >= start]
+    return {"latency_ms": lat, "handover_ms": handed, "frames_sent": len(video.sent),
+            "frames_back": len(back.video), "dropped": session.dropped,
+            "swap_ms": statistics.median(session.latency_ms) if session.latency_ms else None,
+            "av_offset_ms": (statistics.median(a) - statistics.median(v)) * 1e3 if a and v else None}
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def records_for(path: str, res: dict[str, Any], common: dict[str, Any], size: str) -> list[dict[str, Any]]:
+    out = []
+
+    def add(metric: str, value: float | None, unit: str, stat: str) -> None:
+        if value is not None and not np.isnan(value):
+            out.append({"metric": metric, "value": round(float(value), 1), "unit": unit, "stat": stat,
+                        **common})
+
+    lat = res["latency_ms"]
+    name = {"rtmp": f"rtmp_to_rtmp_latency_{size}", "webrtc": f"webrtc_roundtrip_latency_{size}"}[path]
+    add(name, percentile(lat, 50), "ms", "p50")
+    add(name, percentile(lat, 99), "ms", "p99")
+    add(name, max(lat) if lat else None, "ms", "max")
+    if path == "webrtc":
+        # What an aiortc player sees: it hands a frame over one frame interval late (probe.unwrap).
+        add(f"webrtc_roundtrip_latency_aiortc_handover_{size}", percentile(res["handover_ms"], 50), "ms", "p50")
+        add(f"webrtc_audio_minus_video_offset_{size}", res["av_offset_ms"], "ms", "p50")
+    add(f"{path}_swap_stage_{size}", res["swap_ms"], "ms", "p50")
+    add(f"{path}_frames_measured_{size}", len(lat), "frames", "count")
+    add(f"{path}_frames_dropped_{size}", res["dropped"], "frames", "count")
+    return out
+
+
+BEGIN, END = "<!-- tools/bench_live.py: begin -->", "<!-- tools/bench_live.py: end -->"
+"""The part of live_latency.md this tool writes; the rest of the file is kept as it is."""
+
+
+def write_markdown(path: Path, records: list[dict[str, Any]]) -> None:
+    block = "\n".join([BEGIN, *table(records), END])
+    text = path.read_text() if path.exists() else "# Live latency\n\n"
+    if BEGIN in text and END in text:
+        text = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    path.write_text(text)
+
+
+def table(records: list[dict[str, Any]]) -> list[str]:
+    by = {(r["metric"], r["stat"]): r for r in records}
+    first = records[0]
+    load = first["config"].get("load_average_1min_before")
+    lines = [f"`{first['command']}` on {first['device']} (load average {load} before the run), "
+             f"commit {first['commit']}, {first['date']}. "
+             "Real peers on loopback; the swap is the CPU mesh swap (`live` preset) of one face. A "
+             "frame's latency runs from the publisher handing it to its encoder to the frame with the "
+             "same stamped number reaching the player: both encodes, both hops, the server's "
+             "decode, the swap and the player's decode; not capture or display.", "",
+             "| path | size | p50 ms | p99 ms | max ms | frames | dropped | swap stage p50 ms |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        if r["stat"] != "p50" or "_latency_" not in r["metric"] or "handover" in r["metric"]:
+            continue
+        metric, size = r["metric"], r["metric"].rsplit("_", 1)[1]
+        kind = "webrtc" if metric.startswith("webrtc") else "rtmp"
+        label = {"webrtc": "WebRTC round trip: WHIP publisher -> swap -> same connection back",
+                 "rtmp": "RTMP -> swap -> RTMP (nginx-rtmp both ways)"}[kind]
+
+        def get(m: str, s: str) -> str:
+            x = by.get((m, s))
+            return f"{x['value']:g}" if x else "-"
+
+        lines.append(f"| {label} | {size} | {get(metric, 'p50')} | {get(metric, 'p99')} | "
+                     f"{get(metric, 'max')} | {get(f'{kind}_frames_measured_{size}', 'count')} | "
+                     f"{get(f'{kind}_frames_dropped_{size}', 'count')} | "
+                     f"{get(f'{kind}_swap_stage_{size}', 'p50')} |")
+    lines.append("")
+    for r in records:
+        if "handover" in r["metric"]:
+            lines.append(f"An aiortc player hands each frame over one frame interval later than it "
+                         f"arrives (it waits for the next frame's first packet; browsers do not): "
+                         f"measured that way the WebRTC round trip is {r['value']:g} ms (p50).")
+        if "offset" in r["metric"]:
+            lines.append(f"WebRTC audio minus video delay at the publisher, after the server's "
+                         f"hold: {r['value']:+g} ms (positive: audio later).")
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=12.0, help="measured seconds per path")
+    ap.add_argument("--warmup", type=float, default=3.0, help="seconds left out at the start")
+    ap.add_argument("--size", default="640x360")
+    ap.add_argument("--fps", type=float, default=15.0)
+    ap.add_argument("--config", default="live", help="preset, as `swapstream live/serve` use")
+    ap.add_argument("--only", choices=("rtmp", "webrtc"))
+    ap.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
+    args = ap.parse_args()
+    w, h = (int(x) for x in args.size.split("x"))
+    cfg = load_config(args.config)
+    command = "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
+    common = {"config": {"size": args.size, "fps": args.fps, "preset": args.config, "swapper": cfg.swapper,
+                         "seconds": args.seconds, "warmup": args.warmup,
+                         # Other work on the machine moves these figures: say how busy it was.
+                         "load_average_1min_before": round(os.getloadavg()[0], 2)},
+              "device": f"CPU ({platform.machine()}, {os.cpu_count()} cores)", "commit": git_sha(),
+              "date": dt.date.today().isoformat(), "command": command}
+    paths = [args.only] if args.only else ["rtmp", "webrtc"]
+    records: list[dict[str, Any]] = []
+    for path in paths:
+        if path == "rtmp" and (shutil.which("nginx") is None or not NGINX_RTMP_MODULE.exists()):
+            sys.exit("error: the RTMP path needs nginx with libnginx-mod-rtmp (or use --only webrtc)")
+        print(f"{path}: {args.warmup:g} s warm-up + {args.seconds:g} s ...", flush=True)
+        if path == "rtmp":
+            res = bench_rtmp(cfg, (w, h), args.fps, args.seconds, args.warmup)
+        else:
+            res = asyncio.run(bench_webrtc(cfg, (w, h), args.fps, args.seconds, args.warmup))
+        new = records_for(path, res, common, args.size)
+        for r in new:
+            print(f"  {r['metric']} {r['stat']}: {r['value']:g} {r['unit']}")
+        records += new
+    out_json = args.out / "live_latency.json"
+    if args.only and out_json.exists():
+        kept = [r for r in json.loads(out_json.read_text()) if not r["metric"].startswith(args.only)]
+        records = kept + records
+    args.out.mkdir(parents=True, exist_ok=True)
+    out_json.write_text(json.dumps(records, indent=1) + "\n")
+    write_markdown(args.out / "live_latency.md", records)
+    print(f"wrote {out_json} and live_latency.md")
+
+
+if __name__ == "__main__":
+    main()
