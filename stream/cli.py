@@ -263,7 +263,11 @@ def serve(
         return job.swap_frame(Frame(rgb, pts=index, time_base=Fraction(1, 30), index=index))
 
     server = WhipServer(swap)  # type: ignore[arg-type]
-    err.print(Text(f"WHIP endpoint: http://{host}:{port}/whip  (OBS: Settings > Stream > Service WHIP)"))
+    base = f"http://{host}:{port}"
+    for line in (f"WHIP endpoint: {base}/whip  (OBS: Settings > Stream > Service WHIP)",
+                 f"WHEP endpoint: {base}/whep  browser preview: {base}/",
+                 f"view for an OBS Browser Source: {base}/view?bg=transparent  (or ?bg=chroma&color=00ff00)"):
+        err.print(Text(line), soft_wrap=True)  # URLs unbroken, to copy into OBS
     _mount_runtime(server.app, cfg, api_token, hls_root, media_root, f"http://{host}:{port}")
     try:
         web.run_app(server.app, host=host, port=port, print=None)
