@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the `device` tool), from the repository root:
-#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|all]   (default: all; bench = kernels + swap + pipeline)
+#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|all]   (default: all; bench = kernels + swap + pipeline)
 #   tools/device_check.sh pytest ARGS...    (pytest with ARGS, in the same environment)
 # Installs the carried wheels (.whl/, ignored by git), makes `swapstream` importable from this tree,
 # runs `pytest -m gpu`, then the benchmarks. Logs and JSON go to $OUT (or ./device_out locally).
@@ -58,9 +58,20 @@ fi
 if [[ "$what" == bench || "$what" == pipeline || "$what" == all ]]; then
   # The 1080p H.264 clip is made on the dev machine (PyAV + x264) and carried in .bench/, so the
   # same clip serves the runs with and without PyAV (PyNvVideoCodec and PyAV do not fit one carry).
-  clip=".bench/clip_1080p.mp4"
+  clip=".bench/streams_1080p30.mp4"
   tag=""
   python3 -c "import PyNvVideoCodec" 2>/dev/null && tag="_nvdec"
   python3 tools/bench_pipeline.py --clip "$clip" --out "$OUT" --tag "$tag" 2>&1 | tee "$OUT/bench_pipeline$tag.log" || rc=1
+fi
+if [[ "$what" == streams || "$what" == all ]]; then
+  # Null sink with NVDEC where PyNvVideoCodec is carried; the x264 sink needs PyAV (the other carry).
+  if python3 -c "import PyNvVideoCodec" 2>/dev/null; then
+    python3 tools/bench_streams.py --clip720 .bench/streams_720p30.mp4 --clip1080 .bench/streams_1080p30.mp4 \
+      --out "$OUT" --sink null --tag _null_nvdec ${STREAMS_ARGS:-} 2>&1 | tee "$OUT/bench_streams_null.log" || rc=1
+  fi
+  if python3 -c "import av" 2>/dev/null; then
+    python3 tools/bench_streams.py --clip720 .bench/streams_720p30.mp4 --clip1080 .bench/streams_1080p30.mp4 \
+      --out "$OUT" --sink x264 --decode cpu --tag _x264 ${STREAMS_ARGS:-} 2>&1 | tee "$OUT/bench_streams_x264.log" || rc=1
+  fi
 fi
 exit "$rc"
