@@ -76,7 +76,7 @@ def mesh_swap(*, extra_delay_s: float = 0.0, smoothing: bool = True
     `extra_delay_s` makes the swap stage that much slower than it is, standing in for a heavy
     model or a loaded GPU: the frames are still really swapped. Without `smoothing` (of the
     landmarks over time) each frame's swap depends on that frame alone, so that a frame seen at the
-    far end can be compared with the same source frame swapped afresh (`swapped_afresh`).
+    far end can be compared with the same source frame swapped afresh (`fresh_job`).
     """
     job = FileJob(load_config(None, [] if smoothing else ["smoothing.enabled=false"]))
     job.set_source_image(astronaut(), "astronaut")
@@ -117,23 +117,26 @@ def chromium_args(*extra: str) -> list[str]:
             "--disable-features=WebRtcHideLocalIpsWithMdns", *extra]
 
 
-def swapped_afresh(rgb: np.ndarray) -> np.ndarray:
-    """`rgb` with the astronaut's face swapped in by a new job without smoothing: what a server
-    running `mesh_swap(smoothing=False)` makes of this frame, before any codec."""
+def fresh_job() -> FileJob:
+    """A job without smoothing that swaps the astronaut's face in: what a server running
+    `mesh_swap(smoothing=False)` makes of a frame, before any codec. Close it after use."""
     job = FileJob(load_config(None, ["smoothing.enabled=false"]))
     job.set_source_image(astronaut(), "astronaut")
+    return job
+
+
+def looks_swapped(seen: np.ndarray, sent: np.ndarray, job: FileJob | None = None
+                  ) -> tuple[float, float]:
+    """How far `seen` (what came out) is from `sent` swapped afresh (by `job`, else a `fresh_job()`),
+    and from `sent` itself, over the pixels the swap changes a lot (glasses, eyes, mouth): codec
+    blur dominates elsewhere."""
+    swapper = job or fresh_job()
     try:
-        out = rgb.copy()
-        job.swapper.swap(out, job.analyser.analyse_image(out))
-        return out
+        expected = sent.copy()
+        swapper.swapper.swap(expected, swapper.analyser.analyse_image(expected))
     finally:
-        job.close()
-
-
-def looks_swapped(seen: np.ndarray, sent: np.ndarray) -> tuple[float, float]:
-    """How far `seen` (what came out) is from `sent` swapped afresh, and from `sent` itself, over
-    the pixels the swap changes a lot (glasses, eyes, mouth): codec blur dominates elsewhere."""
-    expected = swapped_afresh(sent)
+        if job is None:
+            swapper.close()
     changed = np.abs(expected.astype(int) - sent.astype(int)).mean(axis=2) > 30
     assert changed.sum() > 300, "the swap changed almost nothing in the sent frame"
     to_swapped = float(np.abs(seen[changed].astype(int) - expected[changed].astype(int)).mean())
