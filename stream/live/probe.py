@@ -41,11 +41,6 @@ def read_stamp(img: np.ndarray, cell: int = 16) -> int:
                if img[m:cell - m, b * cell + m:(b + 1) * cell - m].mean() > 128)
 
 
-def tone_on(t: float) -> bool:
-    """Whether the probe tone sounds at `t` seconds of the probe clock: on in even seconds."""
-    return math.floor(t) % 2 == 0
-
-
 class ProbeClock:
     """The time both probe tracks count from, on the event loop's clock (`loop.time()`)."""
 
@@ -114,7 +109,7 @@ class StampedVideoTrack(MediaStreamTrack):
 def tone(first_sample: int, count: int, *, hz: float = 440.0, level: float = 0.3,
          rate: int = AUDIO_RATE) -> np.ndarray:
     """`count` samples of the probe tone from `first_sample` of the probe clock, as float in [-1, 1]:
-    a sine at `hz`, on in even seconds (`tone_on`)."""
+    a sine at `hz`, on in even seconds."""
     t = (first_sample + np.arange(count)) / rate
     return level * (np.floor(t) % 2 == 0) * np.sin(2 * np.pi * hz * t)
 
