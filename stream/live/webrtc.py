@@ -1,4 +1,5 @@
-"""WebRTC in and out with aiortc: a WHIP endpoint whose publisher gets the swapped video back.
+"""WebRTC in and out with aiortc: a WHIP endpoint whose publisher gets the swapped video back, and a
+WHEP endpoint for viewers of it (the view page, an OBS Browser Source).
 
 `POST /whip` with an SDP offer (Content-Type application/sdp) answers `201 Created` with the SDP
 answer and a `Location` for the session; `DELETE` on that location ends it (WHIP, RFC 9725). The
@@ -10,8 +11,9 @@ limit. The consumer therefore always takes the newest frame and drops the older 
 The swap itself runs in a worker thread so that the event loop keeps serving ICE and RTP.
 
 Audio is not swapped: the publisher's decoded audio frames go back out (Opus) on the publisher's
-connection and to every WHEP viewer, through small drop-oldest relays of our own (aiortc's
-MediaRelay hung aiortc's threads here). aiortc's RTCP sender reports map RTP time to the time a
+connection and to every WHEP viewer, through small drop-oldest relays of our own, each sender with
+its own copy of the frame. (aiortc's MediaRelay hands one frame object to every subscriber; two
+encoder threads converting one frame at once hung in PyAV here, see `video_copies`.) aiortc's RTCP sender reports map RTP time to the time a
 packet is *sent*, so a receiver lines audio and video up by send time: audio sent as soon as it
 arrives would play ahead of the video by the swap's delay. Each audio frame is therefore held back
 by the video's measured delay: the swap stage, plus the frame interval aiortc's video jitter buffer
