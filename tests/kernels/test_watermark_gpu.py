@@ -84,3 +84,23 @@ def test_host_arrays_with_a_device_frame_are_refused(cp: ModuleType) -> None:
         embed_watermark(frame, signs, pattern.to(cp))
     with pytest.raises(ValueError, match="CuPy"):
         embed_watermark(frame, cp.asarray(signs), pattern)
+
+
+def test_label_and_mark_on_the_gpu_match_the_cpu(cp: ModuleType) -> None:
+    """The pipeline's whole per-frame step (stream/disclosure.py: label blend in integer xp code,
+    then the mark) on a CuPy frame equals the CPU's, bit for bit, for a live output at 1080p."""
+    pytest.importorskip("pydantic")
+    from swapstream.config import load_config
+    from swapstream.disclosure import Disclosure
+
+    rng = np.random.default_rng()
+    cfg = load_config(overrides=[f"watermark.stream_id={int(rng.integers(0, 2 ** 32))}",
+                                 "disclosure.position=top-right"])
+    cpu, gpu = Disclosure(cfg, live=True), Disclosure(cfg, live=True)
+    assert cpu.payload == gpu.payload
+    frame = rng.integers(0, 256, (1080, 1920, 3), dtype=np.uint8)
+    want = frame.copy()
+    assert cpu.apply(want, swapped=False)          # labelled, hence marked
+    got = cp.asarray(frame)
+    assert gpu.apply(got, swapped=False)
+    _assert_frames_equal(got.get(), want, "label + mark, 1080p")
