@@ -51,6 +51,7 @@ if [[ "$what" == tests || "$what" == all ]]; then
 fi
 if [[ "$what" == bench || "$what" == kernels || "$what" == all ]]; then
   python3 tools/bench_kernels.py --out "$OUT" 2>&1 | tee "$OUT/bench_kernels.log" || rc=1
+  python3 tools/bench_watermark.py --out "$OUT" 2>&1 | tee "$OUT/bench_watermark.log" || rc=1
 fi
 if [[ "$what" == bench || "$what" == swap || "$what" == all ]]; then
   python3 tools/bench_swap.py --out "$OUT" 2>&1 | tee "$OUT/bench_swap.log" || rc=1
