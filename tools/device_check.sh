@@ -15,9 +15,12 @@ export PYTHONUNBUFFERED=1
 
 # .whl/ holds PyAV and LiteRT; .whl-nvc/ holds PyNvVideoCodec. Both sets do not fit one 64 MiB carry,
 # so a run carries one of them (plus pydantic, tflite and flatbuffers in each).
+# A folder carried by an earlier call stays on a warm machine, so both may be there: install each
+# wheel once (the same file can be in both folders).
 if compgen -G ".whl*/*.whl" >/dev/null; then
+  mapfile -t wheels < <(ls .whl*/*.whl | awk -F/ '!seen[$NF]++')
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl*/*.whl || { echo "wheel install failed"; exit 1; }
+    --target /tmp/site "${wheels[@]}" || { echo "wheel install failed"; exit 1; }
 fi
 # The folders map onto one package (pyproject's package-dir); mirror that with links so the tree
 # runs in place without a build step.
