@@ -14,6 +14,9 @@ import numpy as np
 import pytest
 
 av = pytest.importorskip("av")
+# The runtime's own dependencies: absent on the GPU machine, whose run is `-m gpu` only.
+pytest.importorskip("prometheus_client")
+pytest.importorskip("aiohttp")
 
 from aiohttp import web  # noqa: E402
 
