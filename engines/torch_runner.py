@@ -60,7 +60,8 @@ class TorchRunner(Runner):
         """`sync` (check each output, rerun a bad batch in fp32) or `deferred` (see _sanitise_deferred)."""
         self.nonfinite_batches = 0
         """With `deferred`: batches whose non-finite output was zeroed."""
-        self._finite_flags: deque[tuple[Any, Any]] = deque()
+        self._finite_flags: deque[tuple[Any, Any, Any]] = deque()
+        self._flag_pool: list[Any] = []
         self._streams: dict[int, Any] = {}
         self.compile = compile
         """torch.compile the module (Inductor fuses the element-wise glue between convolutions into
@@ -207,20 +208,30 @@ class TorchRunner(Runner):
     def _sanitise_deferred(self, out: Any) -> Any:
         """The `deferred` overflow guard: no host wait. Non-finite values are zeroed on the GPU, and
         whether there were any is copied to pinned memory and read once that copy has completed
-        (usually at the next call), when the batch is counted in `nonfinite_batches`."""
+        (usually at the next call), when the batch is counted in `nonfinite_batches`.
+
+        The flag goes through CuPy's pinned memory and a raw async copy, not a pinned torch tensor:
+        torch's host allocator records an event on the copy's stream when such a tensor is freed,
+        and the stream (a caller's CuPy stream) may be gone by then, which aborts the process."""
+        import cupy
+        import cupyx
         import torch
 
-        while self._finite_flags and self._finite_flags[0][1].query():
-            flag, _ev = self._finite_flags.popleft()
-            if not bool(flag):
+        while self._finite_flags and self._finite_flags[0][2].done:
+            host, _dev, _ev = self._finite_flags.popleft()
+            if not bool(host[0]):
                 self.nonfinite_batches += 1
                 log.warning("non-finite fp16 output zeroed (%d batches so far); use "
                             "neural.finite_check=sync to rerun such batches in fp32", self.nonfinite_batches)
-        flag = torch.empty((), dtype=torch.bool, pin_memory=True)
-        flag.copy_(torch.isfinite(out).all(), non_blocking=True)
-        ev = torch.cuda.Event()
-        ev.record()
-        self._finite_flags.append((flag, ev))
+            self._flag_pool.append(host)
+        host = self._flag_pool.pop() if self._flag_pool else cupyx.empty_pinned((1,), np.bool_)
+        dev = torch.isfinite(out).all().reshape(1)  # kept alive in the queue until its copy is done
+        ptr = torch.cuda.current_stream().cuda_stream
+        cupy.cuda.runtime.memcpyAsync(host.ctypes.data, dev.data_ptr(), 1,
+                                      cupy.cuda.runtime.memcpyDeviceToHost, ptr)
+        ev = cupy.cuda.Event(disable_timing=True)
+        ev.record(cupy.cuda.ExternalStream(ptr))
+        self._finite_flags.append((host, dev, ev))
         return torch.nan_to_num(out, nan=0.0, posinf=0.0, neginf=0.0)
 
     def _replay(self, batch: int, args: list[Any], ext: Any) -> Any:
