@@ -17,6 +17,7 @@ av = pytest.importorskip("av")
 # The runtime's own dependencies: absent on the GPU machine, whose run is `-m gpu` only.
 pytest.importorskip("prometheus_client")
 pytest.importorskip("aiohttp")
+pytest.importorskip("aiortc")
 
 from aiohttp import web  # noqa: E402
 
