@@ -6,6 +6,8 @@
 # runs `pytest -m gpu`, then the benchmarks. Logs and JSON go to $OUT (or ./device_out locally).
 # Carry: .whl (ai-edge-litert, pydantic and their small deps for Python 3.12) and .models (the
 # built-in .tflite files, so nothing is downloaded there).
+# Benchmarks record $GIT_SHA as their commit: pass it from the dev machine (the device's copy of the
+# tree may carry a stale .git), e.g. GIT_SHA=abc1234 tools/device_check.sh bench.
 set -uo pipefail
 what="${1:-all}"
 shift || true
