@@ -154,17 +154,10 @@ class BlazeFaceDetector:
 
         from ..kernels.crop import crop_batch
 
-        h, w = rgb.shape[:2]
         s = self.size
-        scale = s / max(h, w)
-        factor = max(1, int(1.0 / scale))
-        src = rgb
-        if factor > 1:
-            src = box_downsample(rgb, factor, self._buffer(cupy, (h // factor, w // factor, rgb.shape[2])))
-        pad_x = (s - w * scale) / 2.0
-        pad_y = (s - h * scale) / 2.0
-        k = 1.0 / (scale * factor)
-        m = np.array([[[k, 0.0, (0.5 - pad_x) * k - 0.5], [0.0, k, (0.5 - pad_y) * k - 0.5]]], np.float32)
+        src, scale, pad_x, pad_y, m2 = self._reduce(rgb, cupy)
+        m = m2.astype(np.float32)[None]
+        k = float(m2[0, 0])
         key = ("input", s)
         out = self._buffers.get(key)
         if out is None:
@@ -183,16 +176,13 @@ class BlazeFaceDetector:
                     out[tuple(sl)] = -1.0
         return out.transpose(0, 2, 3, 1), scale, pad_x, pad_y
 
-    def _letterbox(self, rgb: np.ndarray) -> tuple[np.ndarray, float, float, float]:
-        """Fit the frame into the square input, centred, keeping its aspect ratio.
-
-        Returns the canvas and the (scale, pad_x, pad_y) that map canvas pixels back to the frame.
-        """
+    def _reduce(self, rgb: Any, xp: Any) -> tuple[Any, float, float, float, np.ndarray]:
+        """The frame box-averaged by the integer part of the shrink, and the letterbox geometry:
+        (reduced frame, scale, pad_x, pad_y, 2x3 canvas pixel -> reduced-frame pixel matrix)."""
         h, w = rgb.shape[:2]
         s = self.size
         scale = s / max(h, w)
         factor = max(1, int(1.0 / scale))
-        xp = get_xp(rgb)
         src = rgb
         if factor > 1:
             src = box_downsample(rgb, factor, self._buffer(xp, (h // factor, w // factor, rgb.shape[2])))
@@ -203,6 +193,16 @@ class BlazeFaceDetector:
         k = 1.0 / (scale * factor)
         m = np.array([[k, 0.0, (0.5 - pad_x) * k - 0.5],
                       [0.0, k, (0.5 - pad_y) * k - 0.5]])
+        return src, scale, pad_x, pad_y, m
+
+    def _letterbox(self, rgb: np.ndarray) -> tuple[np.ndarray, float, float, float]:
+        """Fit the frame into the square input, centred, keeping its aspect ratio.
+
+        Returns the canvas and the (scale, pad_x, pad_y) that map canvas pixels back to the frame.
+        """
+        xp = get_xp(rgb)
+        s = self.size
+        src, scale, pad_x, pad_y, m = self._reduce(rgb, xp)
         canvas = self._buffer(xp, (s, s, 3))
         warp_affine(src, m, canvas, border="constant", fill=0.0)
         return canvas, scale, pad_x, pad_y

@@ -17,11 +17,9 @@ NVDEC decoding and NVENC encoding (PyNvVideoCodec) are the next step: this job d
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +29,7 @@ from ..config import Config
 from ..io.video import AudioPacket, VideoReader, VideoWriter, probe
 from ..pipeline import SYNTHETIC_TAGS, FileJob, JobStats, ProgressFn, expected_frames
 from ..types import Frame
+from .loop import nvtx
 from .ring import Ring, Slot
 
 log = logging.getLogger(__name__)
@@ -54,22 +53,6 @@ def gpu_available() -> tuple[bool, str]:
         return False, "no CUDA device"
     name = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
     return True, f"CuPy {cupy.__version__} on {name}"
-
-
-@contextlib.contextmanager
-def nvtx(name: str) -> Iterator[None]:
-    """An NVTX range (visible in Nsight Systems), or nothing where NVTX is unavailable."""
-    try:
-        from cupy.cuda import nvtx as _nvtx
-
-        _nvtx.RangePush(name)
-    except Exception:  # NVTX is optional: profiling aid only
-        yield
-        return
-    try:
-        yield
-    finally:
-        _nvtx.RangePop()
 
 
 class GpuFileJob(FileJob):
