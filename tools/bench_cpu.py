@@ -8,12 +8,13 @@ Stages are timed with perf_counter around each call, one frame at a time, single
 
 from __future__ import annotations
 
+import sys
+
 import argparse
 import datetime as dt
 import json
 import os
 import platform
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -26,14 +27,9 @@ from swapstream.face.analyser import FaceAnalyser
 from swapstream.io.video import AudioPacket, VideoReader, VideoWriter, probe
 from swapstream.pipeline import SYNTHETIC_TAGS
 from swapstream.swap.mesh import MeshSwapper, source_face
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import git_sha  # noqa: E402
 
-
-def git_sha() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main() -> None:

@@ -11,10 +11,11 @@ copies them to docs/benchmarks/ when run from the repository.
 
 from __future__ import annotations
 
+import sys
+
 import argparse
 import datetime as dt
 import json
-import subprocess
 import time
 from collections.abc import Callable
 from fractions import Fraction
@@ -23,20 +24,11 @@ from typing import Any
 
 import cv2
 import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import git_sha  # noqa: E402
 
 W, H = 1920, 1080
 
-
-def git_sha() -> str:
-    import os
-
-    if os.environ.get("GIT_SHA"):  # the device gets a copy of the tree without .git
-        return os.environ["GIT_SHA"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def gpu_time_us(cp: Any, fn: Callable[[], Any], reps: int = 200, warm: int = 10) -> float:

@@ -30,7 +30,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -52,16 +51,11 @@ from swapstream.live.probe import (AUDIO_RATE, ProbeClock, Received, StampedClip
 from swapstream.live.streams import rtmp_input_options, x264_live_options
 from swapstream.pipeline import FileJob
 from swapstream.types import Frame
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import git_sha  # noqa: E402
 
 NGINX_RTMP_MODULE = Path("/usr/lib/nginx/modules/ngx_rtmp_module.so")
 
-
-def git_sha() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def percentile(values: list[float], q: float) -> float:

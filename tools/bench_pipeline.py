@@ -45,6 +45,8 @@ from typing import Any
 import numpy as np
 
 TOOLS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TOOLS))
+from benchlib import git_sha  # noqa: E402
 VARIANTS = ("peer", "ours_mesh", "ours_neural")
 TARGETS = {"p99_ms": 8.0, "fps": 250.0, "gpu_gb": 3.0}
 WARMUP = 30
@@ -450,7 +452,7 @@ def main() -> None:
 
 
 def write(results: dict[str, Any], args: argparse.Namespace) -> None:
-    common = {"device": os.environ.get("DEVICE_NAME", "GPU machine"), "commit": os.environ.get("GIT_SHA", "unknown"),
+    common = {"device": os.environ.get("DEVICE_NAME", "GPU machine"), "commit": git_sha(),
               "date": dt.date.today().isoformat(),
               "command": f"python tools/bench_pipeline.py --clip CLIP --frames {args.frames} --decode {args.decode}"}
     records = []

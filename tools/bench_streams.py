@@ -43,6 +43,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_pipeline import device_used_bytes, neural_config, pcts  # noqa: E402
+from benchlib import git_sha  # noqa: E402
 
 BUDGET_MS = 33.0
 MAX_DROP = 0.01
@@ -414,7 +415,7 @@ def main() -> None:
 
 
 def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    common = {"device": os.environ.get("DEVICE_NAME", "GPU machine"), "commit": os.environ.get("GIT_SHA", "unknown"),
+    common = {"device": os.environ.get("DEVICE_NAME", "GPU machine"), "commit": git_sha(),
               "date": dt.date.today().isoformat(),
               "command": f"python tools/bench_streams.py --ns {args.ns} --seconds {args.seconds} "
                          f"--workers {args.workers} --sink {args.sink} --max-wait-ms {args.max_wait_ms}"}

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import git_sha  # noqa: E402
 from make_test_models import inswapper  # noqa: E402
 
 from swapstream.engines.torch_models import build_inswapper, onnx_initializers  # noqa: E402
@@ -57,7 +57,7 @@ def main() -> None:
     params = sum(int(np.prod(v.shape)) for k, v in inits.items() if k != "emap")
     print(f"inswapper architecture: {params / 1e6:.1f} M parameters")
     dev = torch.cuda.get_device_name()
-    common = {"device": dev, "commit": os.environ.get("GIT_SHA", "unknown"),
+    common = {"device": dev, "commit": git_sha(),
               "date": dt.date.today().isoformat(), "command": "tools/device_check.sh bench"}
     rng = np.random.default_rng(0)
     stream = cp.cuda.Stream(non_blocking=True)

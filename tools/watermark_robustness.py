@@ -19,11 +19,10 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,8 @@ from typing import Any
 import av
 import cv2
 import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import git_sha  # noqa: E402
 
 SIZE = (1280, 720)
 FPS = 30
@@ -139,13 +140,6 @@ def detections(lumas: list[np.ndarray]) -> list[Any]:
 # -- the measurement --------------------------------------------------------------------------------
 
 
-def git_sha() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
 
 def main() -> None:
     from swapstream.watermark import PRODUCT_SWAPSTREAM, Payload, Watermarker
@@ -238,7 +232,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "watermark_robustness.json").write_text(json.dumps(records, indent=2) + "\n")
     psnrs = {r["config"]["clip"]: r for r in records if r["metric"].startswith("watermark_psnr")}
-    lines = [f"# Watermark robustness (CPU, reference implementation)", "",
+    lines = ["# Watermark robustness (CPU, reference implementation)", "",
              f"`{common['command']}`, commit {common['commit']}, {common['date']}. Clips of "
              f"{args.frames} frames at 1280x720, 30 fps; payload {payload}. Recovered: the frame's "
              f"payload decoded exactly (CRC and score checks passed).", "",
