@@ -191,7 +191,7 @@ def run(
 @app.command()
 def live(
     source: Annotated[Path, typer.Option("--source", "-s", help="Image with the face to put in.")],
-    input: Annotated[str, typer.Option("--input", "-i", help="Live input: rtmp://HOST:PORT/APP/KEY (or a file).")],
+    input: Annotated[str, typer.Option("--input", "-i", help="Live input: rtmp://HOST:PORT/APP/KEY, or a file (played once in real time).")],
     rtmp_out: Annotated[Optional[str], typer.Option("--rtmp-out", help="Push the result to this RTMP URL.")] = None,
     hls_dir: Annotated[Optional[Path], typer.Option("--hls-dir", help="Write a live HLS playlist (index.m3u8) and segments here.")] = None,
     vcam: Annotated[bool, typer.Option("--vcam", help="Send the result to a virtual camera (v4l2loopback on Linux, OBS Virtual Camera on Windows/macOS; needs swapstream[vcam]).")] = False,
@@ -199,7 +199,8 @@ def live(
     config: Annotated[Optional[str], typer.Option("--config", "-c", help="Preset name or YAML file.")] = "live",
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config key: key=value.")] = None,
     max_frames: Annotated[Optional[int], typer.Option(help="Stop after this many frames (default: until the input ends).")] = None,
-    reconnect: Annotated[float, typer.Option(help="Seconds to keep reconnecting to a dropped input.")] = 60.0,
+    reconnect: Annotated[float, typer.Option(help="Seconds to keep reconnecting to a dropped network input.")] = 60.0,
+    loop: Annotated[bool, typer.Option("--loop", help="Play a file input again from the start each time it ends (stop with Ctrl+C or --max-frames).")] = False,
     no_label: Annotated[bool, typer.Option("--no-label", help="Do not draw the visible 'AI-modified' "
                         "label (logs a warning; the invisible mark stays).")] = False,
 ) -> None:
@@ -218,7 +219,8 @@ def live(
                                (vcam_device or "virtual camera") if vcam else None) if x]
         err.print(Text(f"live: {input} -> {', '.join(outputs)}"))
         stats = job.run_live(input, rtmp_out=rtmp_out, hls_dir=hls_dir, max_frames=max_frames,
-                             reconnect_seconds=reconnect, vcam=vcam, vcam_device=vcam_device)
+                             reconnect_seconds=reconnect, vcam=vcam, vcam_device=vcam_device,
+                             loop=loop)
     finally:
         job.close()
     lat = sorted(stats.latency_ms)

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from ..io.video import AudioPacket
 from ..pipeline import FileJob
 from ..types import Frame
-from .streams import LiveReader, LiveWriter
+from .streams import LiveReader, LiveWriter, is_file_input
 from .vcam import VirtualCamera, check_vcam
 
 log = logging.getLogger(__name__)
@@ -60,15 +60,21 @@ class LiveJob(FileJob):
     def run_live(self, url: str, *, rtmp_out: str | None = None, hls_dir: Path | None = None,
                  max_frames: int | None = None, buffer_frames: int = 2,
                  stop: threading.Event | None = None, reconnect_seconds: float = 60.0,
-                 vcam: bool = False, vcam_device: str | None = None) -> LiveStats:
-        if rtmp_out is None and hls_dir is None and not vcam:
-            from ..errors import ConfigError
+                 vcam: bool = False, vcam_device: str | None = None, loop: bool = False) -> LiveStats:
+        """Run until the input ends (a file's end; a network input that stays away longer than
+        `reconnect_seconds`), `max_frames` are out, or `stop` is set. A file input plays at its own
+        pace, once, or again and again with `loop`."""
+        from ..errors import ConfigError
 
+        if rtmp_out is None and hls_dir is None and not vcam:
             raise ConfigError("a live run needs an output: --rtmp-out URL, --hls-dir FOLDER and/or --vcam")
+        if loop and not is_file_input(url):
+            raise ConfigError(f"--loop repeats a file input, and '{url}' is a network stream, which "
+                              f"reconnects when it drops (--reconnect SECONDS); leave out --loop")
         if vcam:
             check_vcam(vcam_device)  # a missing device is known now, before waiting on the input
         stop = stop or threading.Event()
-        reader = LiveReader(url, reconnect_seconds=reconnect_seconds)
+        reader = LiveReader(url, reconnect_seconds=reconnect_seconds, loop=loop, realtime=True)
         reader.open()
         stats = LiveStats()
         frames: deque[tuple[Frame, float]] = deque()

@@ -1,4 +1,5 @@
-"""Live inputs and outputs over PyAV (FFmpeg): RTMP pull with reconnect, RTMP push and HLS out.
+"""Live inputs and outputs over PyAV (FFmpeg): RTMP pull with reconnect (or a file played in real
+time), RTMP push and HLS out.
 
 The options and arguments are built by pure functions (`rtmp_input_options`, `x264_live_options`,
 `hls_options`) so that tests pin them exactly.
@@ -7,6 +8,8 @@ The options and arguments are built by pure functions (`rtmp_input_options`, `x2
 from __future__ import annotations
 
 import logging
+import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from fractions import Fraction
@@ -17,11 +20,20 @@ import av
 import numpy as np
 
 from ..disclosure import SYNTHETIC_TAGS
-from ..errors import InputError, OutputError
+from ..errors import InputError, InputNotFoundError, OutputError
 from ..io.video import AudioPacket
 from ..types import Frame
 
 log = logging.getLogger(__name__)
+
+
+_NETWORK_URL = re.compile(r"^(?!file://)[a-z][a-z0-9+.-]*://", re.IGNORECASE)
+
+
+def is_file_input(url: str) -> bool:
+    """A local file (a path or a file: URL), which ends, rather than a network stream (rtmp://,
+    srt://, http(s)://, udp:// ...), which drops and comes back."""
+    return not _NETWORK_URL.match(url)
 
 
 def rtmp_input_options() -> dict[str, str]:
@@ -47,27 +59,39 @@ def hls_options(folder: Path, *, segment_seconds: float = 1.0, list_size: int = 
 
 
 class LiveReader:
-    """Frames and audio packets from a live URL (or a file), reconnecting when the input drops.
+    """Frames and audio packets from a live URL, reconnecting when the input drops, or from a file,
+    which ends at its end (or starts again with `loop`).
 
-    After a reconnect the new publisher's timestamps start again; the reader shifts them so that
-    `pts` keeps increasing across the gap (in the first connection's time base).
+    After a reconnect the new publisher's timestamps start again, and so do a looped file's; the
+    reader shifts them so that `pts` keeps increasing across the gap (in the first connection's time
+    base). With `realtime`, a file's frames come out at their own pace, as a live source sends them.
     """
 
     def __init__(self, url: str, *, reconnect_seconds: float = 60.0, open_timeout: float = 5.0,
-                 read_timeout: float = 2.0) -> None:
+                 read_timeout: float = 2.0, loop: bool = False, realtime: bool = False) -> None:
         self.url = url
+        self.is_file = is_file_input(url)
+        self.loop = loop and self.is_file
+        self.realtime = realtime and self.is_file
         self.reconnect_seconds = reconnect_seconds
         # A read that waits longer than this is a dropped input (nginx keeps a player's connection
         # open after its publisher leaves): it ends the read and starts reconnecting.
         self.timeouts = (open_timeout, read_timeout)
         self.reconnects = 0
+        self.loops = 0
+        """Times a looped file started again."""
         self.audio_stream: Any = None
         self.info_fps: float = 30.0
         self._offset = 0
         self._last_pts: int | None = None
+        self._first_pts: int | None = None
+        self._step = 1
+        self._next_shift: int | None = None
+        self._clock: tuple[float, float] | None = None
         self._time_base: Fraction | None = None
         self._index = 0
         self._stopped = False
+        self._wake = threading.Event()
         self._container: Any = None
 
     def _open(self) -> Any:
@@ -79,6 +103,9 @@ class LiveReader:
         try:
             self._container = self._open()
         except (av.error.FFmpegError, OSError) as e:
+            if self.is_file and isinstance(e, FileNotFoundError):
+                raise InputNotFoundError(f"live input file '{self.url}' does not exist. Check the "
+                                         f"path.") from None
             raise InputError(f"cannot open live input '{self.url}': {e}. Check the URL and that "
                              f"the stream is being published.") from None
         if not self._container.streams.video:
@@ -91,47 +118,97 @@ class LiveReader:
                              f"Output > Encoder x264 or NVENC H.264)")
         self._time_base = v.time_base
         self.info_fps = float(v.average_rate or v.guessed_rate or 30)
+        self._step = max(1, round(1 / (self.info_fps * v.time_base)))  # one frame, in pts
         self.audio_stream = self._container.streams.audio[0] if self._container.streams.audio else None
 
     def stop(self) -> None:
         self._stopped = True
+        self._wake.set()
 
     def __iter__(self) -> Iterator[Frame | AudioPacket]:
         if self._container is None:
             self.open()
         while not self._stopped:
+            ended, start = False, self._index
             try:
                 yield from self._read(self._container)
+                ended = True
             except (av.error.FFmpegError, OSError) as e:
-                log.warning("live input '%s' dropped: %s", self.url, e)
+                log.warning("live input '%s' %s: %s", self.url, "failed" if self.is_file else "dropped", e)
             finally:
                 self._container.close()
-            if self._stopped or not self._reconnect():
+            if self._stopped:
+                return
+            if self.is_file:
+                # The end of a file is the end of the input, not a drop: no reconnecting. A loop
+                # stops on an error, or on a pass without frames, rather than spin.
+                if not (self.loop and ended and self._index > start and self._restart()):
+                    log.info("live input file '%s' ended after %d frames", self.url, self._index)
+                    return
+            elif not self._reconnect():
                 return
 
     def _read(self, c: Any) -> Iterator[Frame | AudioPacket]:
         v = c.streams.video[0]
         streams = [v] + ([c.streams.audio[0]] if c.streams.audio else [])
-        shift = None
+        # A looped file's shift is known before its first packet, so its audio moves with it; a new
+        # connection's is found from its first frame, and its audio keeps the publisher's times.
+        shift, self._next_shift = self._next_shift, None
+        audio_shift = 0
+        if shift is not None and c.streams.audio and self._time_base is not None:
+            audio_shift = round(shift * self._time_base / c.streams.audio[0].time_base)
         for packet in c.demux(streams):
             if self._stopped:
                 return
             if packet.stream.type == "audio":
                 if packet.size:
+                    if audio_shift and packet.pts is not None:
+                        packet.pts += audio_shift
+                        if packet.dts is not None:
+                            packet.dts += audio_shift
                     yield AudioPacket(packet)
                 continue
             for vf in packet.decode():
                 pts = vf.pts if vf.pts is not None else (self._last_pts or 0) + 1
+                if self._first_pts is None:
+                    self._first_pts = pts
                 if shift is None:
-                    # A new connection: continue after the last frame we gave out.
-                    shift = 0 if self._last_pts is None else self._last_pts + 1 - pts
+                    # A new connection: continue one frame after the last frame we gave out.
+                    shift = 0 if self._last_pts is None else self._last_pts + self._step - pts
                 pts += shift
                 if self._last_pts is not None and pts <= self._last_pts:
                     pts = self._last_pts + 1
                 self._last_pts = pts
                 rgb = np.ascontiguousarray(vf.to_ndarray(format="rgb24"))
+                if self.realtime:
+                    self._pace(pts)
+                    if self._stopped:
+                        return
                 yield Frame(rgb, pts=pts, time_base=self._time_base or v.time_base, index=self._index)
                 self._index += 1
+
+    def _pace(self, pts: int) -> None:
+        """Hold a file's frame until its time, as a live source would send it. A reader that fell
+        behind by more than 0.1 s starts the clock again rather than catching up in a burst."""
+        t = float(pts * (self._time_base or 0))
+        now = time.monotonic()
+        if self._clock is None or now - (self._clock[0] + t - self._clock[1]) > 0.1:
+            self._clock = (now, t)
+        wait = self._clock[0] + t - self._clock[1] - now
+        if wait > 0:
+            self._wake.wait(wait)
+
+    def _restart(self) -> bool:
+        """Open a looped file again; its next pass starts one frame after the last frame of this one."""
+        try:
+            self._container = self._open()
+        except (av.error.FFmpegError, OSError) as e:
+            log.warning("live input file '%s' could not be opened again: %s", self.url, e)
+            return False
+        if self._last_pts is not None and self._first_pts is not None:
+            self._next_shift = self._last_pts + self._step - self._first_pts
+        self.loops += 1
+        return True
 
     def _reconnect(self) -> bool:
         deadline = time.monotonic() + self.reconnect_seconds

@@ -198,10 +198,10 @@ class StreamPipeline:
         is_file = not re.match(r"^[a-z][a-z0-9+.-]*://", inp.url)
         if is_file and not Path(inp.url).is_file():
             raise InputError(f"input file '{inp.url}' does not exist")
-        # A file that ends is "reconnected" by LiveReader only when looping (it reopens the file
-        # and carries the timestamps on).
-        reconnect = (1e9 if inp.loop else 0.0) if is_file else inp.reconnect_seconds
-        self._reader = LiveReader(inp.url, reconnect_seconds=reconnect)
+        # A file ends at its end, or with `loop` LiveReader opens it again and carries the
+        # timestamps on; only a network input reconnects. Pacing stays here (`_read`).
+        self._reader = LiveReader(inp.url, reconnect_seconds=inp.reconnect_seconds,
+                                  loop=inp.loop and is_file)
         try:
             await loop.run_in_executor(self._analyse_pool, self._reader.open)
             self._analyser = await loop.run_in_executor(self._analyse_pool, FaceAnalyser, self.cfg)
