@@ -56,6 +56,8 @@ class TorchRunner(Runner):
         self.cuda_graphs = cuda_graphs
         self.channels_last = channels_last
         self.check_finite = check_finite
+        if finite_check not in ("sync", "deferred"):
+            raise ValueError(f"finite_check must be 'sync' or 'deferred', got {finite_check!r}")
         self.finite_check = finite_check
         """`sync` (check each output, rerun a bad batch in fp32) or `deferred` (see _sanitise_deferred)."""
         self.nonfinite_batches = 0

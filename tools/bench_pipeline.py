@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -451,8 +450,18 @@ def main() -> None:
     write(results, args)
 
 
+def gpu_name() -> str:
+    """The GPU's name from nvidia-smi (the parent process makes no CUDA context of its own)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, check=True).stdout
+        return out.splitlines()[0].strip() or "unknown GPU"
+    except (OSError, subprocess.CalledProcessError, IndexError):
+        return "unknown GPU"
+
+
 def write(results: dict[str, Any], args: argparse.Namespace) -> None:
-    common = {"device": os.environ.get("DEVICE_NAME", "GPU machine"), "commit": git_sha(),
+    common = {"device": gpu_name(), "commit": git_sha(),
               "date": dt.date.today().isoformat(),
               "command": f"python tools/bench_pipeline.py --clip CLIP --frames {args.frames} --decode {args.decode}"}
     records = []
@@ -461,8 +470,8 @@ def write(results: dict[str, Any], args: argparse.Namespace) -> None:
             records.append({"metric": f"{v}_error", "value": r["error"], **common})
             continue
         records.append({"metric": f"{v}_fps_1080p", "value": r["fps"], "unit": "fps", "stat": "mean",
-                        "config": {k: r[k] for k in ("frames", "decode", "faces_swapped", "preset", "crf")
-                                   if k in r}, **common})
+                        "config": {k: r[k] for k in ("frames", "decode", "faces_swapped", "preset", "crf",
+                                                     "watermark") if k in r}, **common})
         for stage, s in r["stages_ms"].items():
             for stat in ("p50", "p99"):
                 records.append({"metric": f"{v}_{stage}_ms", "value": s[stat], "unit": "ms", "stat": stat,
@@ -490,6 +499,11 @@ def write(results: dict[str, Any], args: argparse.Namespace) -> None:
         f = lambda d: f"{d['p50']:.2f} / {d['p99']:.2f}"  # noqa: E731
         lines.append(f"| {v} | {r['decode']} | {r['fps']:.1f} | {f(s['analyse'])} | {f(s['swap'])} | {f(last)} "
                      f"| {f(s['end_to_end'])} | {r.get('peak_gpu_gb', '')} |")
+    marks = [f"{v}: {results[v]['watermark']}" for v in VARIANTS
+             if v in results and "watermark" in results[v]]
+    if marks:
+        lines += ["", "Invisible watermark on every swapped frame of ours (the peer path has none): "
+                  + "; ".join(marks) + "."]
     if "x264" in results and "error" not in results["x264"]:
         x = results["x264"]
         lines += ["", f"x264 at 1080p (PyAV, preset {x['preset']}, crf {x['crf']}), reported separately: "

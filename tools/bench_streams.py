@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_pipeline import device_used_bytes, neural_config, pcts  # noqa: E402
+from bench_pipeline import device_used_bytes, gpu_name, neural_config, pcts  # noqa: E402
 from benchlib import git_sha  # noqa: E402
 
 BUDGET_MS = 33.0
@@ -402,7 +402,8 @@ def main() -> None:
                    "latency_ms": pcts(lat) if lat else None,
                    "gpu_util_mean": round(float(np.mean(util)), 1) if util else None,
                    "gpu_mem_gb": round(max(o["peak_gpu_bytes"] for o in outs) / 1e9, 2),
-                   "batch_sizes": dict(sizes), "decode": outs[0]["decode"]}
+                   "batch_sizes": dict(sizes), "decode": outs[0]["decode"],
+                   "frames_marked": sum(o["marked"] for o in outs)}
             row["within_budget"] = bool(lat) and row["drop_rate"] <= MAX_DROP and row["latency_ms"]["p99"] <= BUDGET_MS
             print(json.dumps(row), flush=True)
             rows.append(row)
@@ -415,7 +416,7 @@ def main() -> None:
 
 
 def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    common = {"device": os.environ.get("DEVICE_NAME", "GPU machine"), "commit": git_sha(),
+    common = {"device": gpu_name(), "commit": git_sha(),
               "date": dt.date.today().isoformat(),
               "command": f"python tools/bench_streams.py --ns {args.ns} --seconds {args.seconds} "
                          f"--workers {args.workers} --sink {args.sink} --max-wait-ms {args.max_wait_ms}"}
@@ -423,12 +424,13 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     records = []
     for r in rows:
         cfg = {k: r[k] for k in ("res", "n", "workers", "frames", "dropped", "drop_rate", "gpu_util_mean", "gpu_mem_gb",
-                                 "batch_sizes", "decode", "within_budget")}
+                                 "batch_sizes", "decode", "within_budget", "frames_marked") if k in r}
         records.append({"metric": f"streams_{args.sink}_{r['res']}p_n{r['n']}_faces_per_s", "value": r["faces_per_s"],
                         "unit": "faces/s", "stat": "mean", "config": cfg, **common})
         if r["latency_ms"]:
-            records.append({"metric": f"streams_{args.sink}_{r['res']}p_n{r['n']}_latency", "value": r["latency_ms"]["p99"],
-                            "unit": "ms", "stat": "p99", "config": {"p50": r["latency_ms"]["p50"]}, **common})
+            for stat in ("p50", "p99"):
+                records.append({"metric": f"streams_{args.sink}_{r['res']}p_n{r['n']}_latency",
+                                "value": r["latency_ms"][stat], "unit": "ms", "stat": stat, **common})
     (args.out / f"streams{args.tag}.json").write_text(json.dumps(records, indent=1) + "\n")
     lines = [f"# Concurrent live streams on one GPU, {args.sink} sink ({common['device']})", "",
              f"`{common['command']}`, commit {common['commit']}, {common['date']}. One face per stream, full-size "

@@ -128,7 +128,9 @@ class GpuSwapLoop:
         out = self.nv12_ring.acquire(pts)
         with nvtx("swap"), s:
             s.wait_event(analysed)
-            swapped = self.swap(slot.buffer, faces) if faces else 0
+            # Called with no faces too: the job's swap step also labels and marks every output
+            # frame (FileJob.swap_faces), faceless ones included.
+            swapped = self.swap(slot.buffer, faces)
             if self.timing:
                 events["swapped"] = self._event(s)
             y, uv = out.buffer

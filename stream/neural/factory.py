@@ -98,6 +98,7 @@ class NeuralStages:
         nc = self.cfg.neural
         runner = make_runner(path, nc.runner, precision=nc.precision, compile=nc.compile)
         if hasattr(runner, "finite_check"):  # the torch runner's fp16 overflow guard
+            # Validated by the config's Literal type ("sync" or "deferred").
             runner.finite_check = nc.finite_check  # type: ignore[attr-defined]
         runner.activate()
         self._runners.append(runner)
