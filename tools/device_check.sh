@@ -64,8 +64,8 @@ if [[ "$what" == bench || "$what" == swap || "$what" == all ]]; then
   python3 tools/bench_swap.py --out "$OUT" 2>&1 | tee "$OUT/bench_swap.log" || rc=1
 fi
 if [[ "$what" == bench || "$what" == pipeline || "$what" == all ]]; then
-  # The 1080p H.264 clip is made on the dev machine (PyAV + x264) and carried in .bench/, so the
-  # same clip serves the runs with and without PyAV (PyNvVideoCodec and PyAV do not fit one carry).
+  # The clips are made on the dev machine by tools/make_bench_clips.py (PyAV + x264) and carried in
+  # .bench/, so the same clips serve the runs with and without PyAV.
   clip=".bench/streams_1080p30.mp4"
   tag=""
   python3 -c "import PyNvVideoCodec" 2>/dev/null && tag="_nvdec"
