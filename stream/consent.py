@@ -121,8 +121,12 @@ class ConsentStore:
     processes (a `consent add` while a server runs) see each other's changes; writes replace the
     file atomically under a lock."""
 
-    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str] | None = None, *,
+                 choose_with: str = "--set consent.store=PATH") -> None:
         self.path = Path(path).expanduser() if path is not None else default_store_path()
+        self.choose_with = choose_with
+        """How the user of this store points to another, for its error messages: the config key
+        for run/live/serve, the `--store` option for `swapstream consent`."""
 
     @classmethod
     def for_config(cls, config: Any) -> "ConsentStore":
@@ -141,11 +145,11 @@ class ConsentStore:
             data = json.loads(self.path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ConsentError(f"cannot read the consent store '{self.path}': {e}. Fix the file, or "
-                               f"point to another with --set consent.store=PATH") from None
+                               f"point to another with {self.choose_with}") from None
         if not isinstance(data, dict) or data.get("format") != FORMAT or \
                 not isinstance(data.get("records"), list):
             raise ConsentError(f"'{self.path}' is not a SwapStream consent store (format {FORMAT}). "
-                               f"Point to another with --set consent.store=PATH")
+                               f"Point to another with {self.choose_with}")
         return [ConsentRecord.from_dict(r, str(self.path)) for r in data["records"]]
 
     def records(self) -> list[ConsentRecord]:
@@ -193,7 +197,7 @@ class ConsentStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise ConsentError(f"cannot create the consent store's folder '{self.path.parent}': "
-                               f"{e.strerror or e}. Choose another with --store PATH") from None
+                               f"{e.strerror or e}. Choose another with {self.choose_with}") from None
         return exclusive(self.path.with_name(self.path.name + ".lock"))
 
     def add(self, image: np.ndarray, *, given_by: str, purpose: str, given_at: str | None = None,

@@ -24,7 +24,9 @@ StoreOpt = Annotated[Optional[Path], typer.Option(
 
 def _store(store: Path | None) -> ConsentStore:
     # The option wins; else the default preset's consent.store; else the environment and the default.
-    return ConsentStore(store if store is not None else load_config().consent.store)
+    # Whichever applied, these commands' errors point to another store with their own option.
+    return ConsentStore(store if store is not None else load_config().consent.store,
+                        choose_with="--store PATH")
 
 
 @app.command()

@@ -258,3 +258,19 @@ def test_cli_consent_add_bad_input(tmp_path: Path) -> None:
                               cwd=tmp_path, store=store))
     assert "YYYY-MM-DD" in line
     assert not store.exists()
+
+
+def test_store_errors_say_how_each_command_chooses_another(tmp_path: Path, stranger: np.ndarray) -> None:
+    """`swapstream consent` takes --store; run/live/serve take the config key. Each error names the
+    one the command in hand accepts."""
+    store = tmp_path / "store.json"
+    store.write_text("{not json")
+    line = one_error_line(cli("consent", "list", "--store", store, cwd=tmp_path, store=tmp_path / "x.json"))
+    assert f"'{store}'" in line and "--store PATH" in line and "consent.store" not in line, line
+    line = one_error_line(cli("consent", "check", save(tmp_path / "f.png", stranger), cwd=tmp_path,
+                              store=store))
+    assert "--store PATH" in line and "consent.store" not in line, line
+    face = save(tmp_path / "face.png", stranger)
+    line = one_error_line(cli("run", "-s", face, "-i", tmp_path / "in.mp4", "-o", tmp_path / "out.mp4",
+                              "-q", cwd=tmp_path, store=store))
+    assert f"'{store}'" in line and "--set consent.store=PATH" in line and "--store PATH" not in line, line
