@@ -88,12 +88,24 @@ class ConsentRecord:
                 f"\"{self.purpose}\" (image sha256 {self.image_sha256[:12]})")
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], where: str) -> "ConsentRecord":
-        names = {f.name for f in dataclasses.fields(cls)}
-        missing = {"id", "given_by", "given_at", "purpose", "image_sha256"} - set(d)
-        if missing or not set(d) <= names:
-            raise ConsentError(f"consent store '{where}' has a malformed record {d!r}: fix or remove "
-                               f"it with `swapstream consent remove`")
+    def from_dict(cls, d: Any) -> "ConsentRecord":
+        """The record in a JSON object; a ValueError that says what is wrong with it otherwise."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a record is a JSON object, not {type(d).__name__}")
+        missing = [k for k in ("id", "given_by", "given_at", "purpose", "image_sha256") if k not in d]
+        if missing:
+            raise ValueError(f"it has no {', '.join(missing)}")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(str(k) for k in set(d) - fields)
+        if unknown:
+            raise ValueError(f"it has unknown fields {', '.join(unknown)}")
+        for k, v in d.items():
+            if k == "builtin":
+                ok = isinstance(v, bool)
+            else:   # every other field is text; the file's hash and name may be null
+                ok = isinstance(v, str) or (v is None and k in ("file_sha256", "source"))
+            if not ok:
+                raise ValueError(f"its {k} is {v!r}, not {'true or false' if k == 'builtin' else 'text'}")
         return cls(**d)
 
 
@@ -136,7 +148,8 @@ class ConsentStore:
 
     def builtin_records(self) -> list[ConsentRecord]:
         data = json.loads(BUILTIN_PATH.read_text())
-        return [ConsentRecord.from_dict({**r, "builtin": True}, str(BUILTIN_PATH)) for r in data["records"]]
+        # A malformed built-in record is our bug, not the user's: its ValueError keeps its traceback.
+        return [ConsentRecord.from_dict({**r, "builtin": True}) for r in data["records"]]
 
     def user_records(self) -> list[ConsentRecord]:
         if not self.path.exists():
@@ -150,7 +163,17 @@ class ConsentStore:
                 not isinstance(data.get("records"), list):
             raise ConsentError(f"'{self.path}' is not a SwapStream consent store (format {FORMAT}). "
                                f"Point to another with {self.choose_with}")
-        return [ConsentRecord.from_dict(r, str(self.path)) for r in data["records"]]
+        records = []
+        for i, r in enumerate(data["records"]):
+            try:
+                records.append(ConsentRecord.from_dict(r))
+            except ValueError as e:
+                shown = repr(r) if len(repr(r)) <= 80 else repr(r)[:77] + "..."
+                raise ConsentError(
+                    f"consent store '{self.path}' has a malformed record (number {i + 1}, {shown}): "
+                    f"{e}. Repair or delete that record in the file, or remove the file (its records "
+                    f"are lost), or point to another store with {self.choose_with}") from None
+        return records
 
     def records(self) -> list[ConsentRecord]:
         """Built-in records first, then the store's, in the order they were added."""

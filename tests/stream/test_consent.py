@@ -274,3 +274,27 @@ def test_store_errors_say_how_each_command_chooses_another(tmp_path: Path, stran
     line = one_error_line(cli("run", "-s", face, "-i", tmp_path / "in.mp4", "-o", tmp_path / "out.mp4",
                               "-q", cwd=tmp_path, store=store))
     assert f"'{store}'" in line and "--set consent.store=PATH" in line and "--store PATH" not in line, line
+
+
+GOOD = {"id": "ab12cd34", "given_by": "Jane Doe", "given_at": "2026-01-02", "purpose": "test",
+        "image_sha256": "0" * 64}
+
+
+@pytest.mark.parametrize("record,needle", [
+    (5, "not int"),
+    ("ab12cd34", "not str"),
+    ({"id": "ab12cd34"}, "no given_by, given_at, purpose, image_sha256"),
+    ({**GOOD, "colour": "red"}, "unknown fields colour"),
+    ({**GOOD, "given_by": 7}, "its given_by is 7"),
+    ({**GOOD, "image_sha256": None}, "its image_sha256 is None"),
+])
+def test_a_malformed_record_is_named_with_the_fix(tmp_path: Path, record: object, needle: str) -> None:
+    store = tmp_path / "store.json"
+    store.write_text(json.dumps({"format": "swapstream-consent-v1", "records": [GOOD, record]}))
+    with pytest.raises(ConsentError, match="malformed record"):
+        ConsentStore(store).records()
+    for args in (("list",), ("remove", "ab12cd34")):
+        line = one_error_line(cli("consent", *args, "--store", store, cwd=tmp_path, store=store))
+        for want in (f"'{store}'", "malformed record (number 2", needle, "Repair or delete that record",
+                     "remove the file", "--store PATH"):
+            assert want in line, (want, line)
