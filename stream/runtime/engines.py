@@ -26,9 +26,10 @@ from ..types import Face
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(eq=False)
 class SwapItem:
-    """One frame's faces to swap, in place, with its stream's identity."""
+    """One frame's faces to swap, in place, with its stream's identity. Compared by identity: the
+    generated `==` would compare the frames, and a NumPy array has no single truth value."""
 
     frame: Any
     """HxWx3 uint8 RGB, modified in place."""
@@ -167,9 +168,10 @@ class NeuralEngine:
         sources = [it.identity for it in full for _ in it.faces]
         if pairs:
             self.swapper.swap_many(pairs, sources)
+        at_full = {id(it) for it in full}
         out = []
         for it in items:
-            if it in full:
+            if id(it) in at_full:
                 out.append(len(it.faces))
             else:
                 out.append(swap_scaled(it.frame, it.faces, it.scale, lambda fr, fc, s=it.identity:
