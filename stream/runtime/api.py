@@ -17,7 +17,8 @@
 Nothing a request sends becomes a path unchecked: inputs are RTMP URLs, or file names resolved inside
 `--media-root` and refused if they leave it; HLS goes into `--hls-root/<stream id>/`, with ids that
 match `[a-z0-9][a-z0-9_-]*`; HLS files are served only under names the writer uses; presets are
-names from configs/, never paths; config overrides cannot touch `models_dir` or `runtime.*`. Uploaded
+names from configs/, never paths; config overrides cannot touch the server's settings (`models_dir`,
+`runtime`, `consent`, `disclosure`, `watermark`: every stream has the server's). Uploaded
 images are checked for size, declared type and magic bytes, and their dimensions are read from the
 header before OpenCV decodes them from memory.
 """
@@ -42,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..config import PRESETS_DIR
 from ..errors import ConfigError, ConsentError, InputError, NoFaceError, SwapStreamError
-from .manager import STREAM_ID, StreamNotFound, StreamRequestError, StreamRuntime
+from .manager import SERVER_SETTINGS, STREAM_ID, StreamNotFound, StreamRequestError, StreamRuntime
 from .metrics import CONTENT_TYPE
 from .stream import InputSpec, OutputSpec, StreamPipeline, StreamSpec
 
@@ -53,9 +54,7 @@ STATIC = Path(__file__).resolve().parent / "static"
 IMAGE_TYPES = {"image/png": "png", "image/jpeg": "jpeg", "image/webp": "webp"}
 HLS_FILE = re.compile(r"^(index\.m3u8|seg_\d{5}\.ts)$")
 RTMP_URL = re.compile(r"^rtmps?://[A-Za-z0-9.\-\[\]:]+(:\d+)?/[\x21-\x7e]{1,1000}$")
-# Server-side decisions: where files are read (models, consent records), the runtime itself, and
-# what every output must carry (label, watermark).
-FORBIDDEN_OVERRIDES = ("models_dir", "runtime", "consent", "disclosure", "watermark")
+FORBIDDEN_OVERRIDES = SERVER_SETTINGS
 
 
 @dataclass

@@ -38,6 +38,11 @@ T = TypeVar("T")
 
 STREAM_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
+SERVER_SETTINGS = ("models_dir", "runtime", "consent", "disclosure", "watermark")
+"""Config keys that are the server's, never a stream's: where files are read (models, consent
+records), the runtime itself, and what every output must carry (label, watermark). Every stream
+gets the server's values, whatever its preset says; the API refuses overrides of them."""
+
 
 class StreamRequestError(SwapStreamError, ValueError):
     """A request the runtime cannot carry out as asked; `status` is the HTTP status that fits."""
@@ -276,8 +281,9 @@ class StreamRuntime:
                 raise StreamRequestError(f"the runtime already runs {len(self.streams)} streams "
                                     f"(runtime.max_streams); stop one first", 503)
             cfg = load_config(spec.preset, list(spec.overrides))
-            # The runtime's own settings (batching, controller) stay the runtime's.
-            cfg.runtime = self.config.runtime.model_copy()
+            for key in SERVER_SETTINGS:
+                value = getattr(self.config, key)
+                setattr(cfg, key, value.model_copy(deep=True) if hasattr(value, "model_copy") else value)
             slot = self.slots[place(self._loads())]
             budget = spec.budget_ms or self.config.runtime.budget_ms
             pipeline = StreamPipeline(spec, cfg, slot, self.metrics, budget)

@@ -17,9 +17,11 @@ import cv2
 import numpy as np
 import pytest
 
-from swapstream.demo import astronaut
+from swapstream.demo import astronaut, grace_hopper
+from swapstream.runtime.api import ApiSettings
+from swapstream.runtime.manager import StreamRuntime
 
-from .conftest import TOKEN, Served
+from .conftest import TOKEN, Served, runtime_config, serve_runtime
 
 
 def request(s: Served, method: str, path: str, body: Any = None, *, token: str | None = TOKEN,
@@ -220,3 +222,33 @@ def test_hls_files_are_served_only_with_the_view_key_and_writer_names(served: Se
     for name in ("..%2F..%2Fetc%2Fpasswd", "index.m3u8.bak", "seg_1.ts"):
         assert request(served, "GET", hls.replace("index.m3u8", name), token=None)[0] == 404
     request(served, "DELETE", "/api/streams/h1")
+
+
+@pytest.fixture
+def served_with_store(clip: tuple[Path, list[np.ndarray]], tmp_path: Path) -> Any:
+    """A server whose own config names a consent store (with one record in it) and a label text."""
+    from swapstream.consent import ConsentStore
+
+    store = tmp_path / "consent.json"
+    ConsentStore(store).add(np.ascontiguousarray(astronaut()[:, ::-1]), given_by="the test",
+                            purpose="runtime test")
+    runtime = StreamRuntime(runtime_config(f"consent.store={store}", "disclosure.text=Server label"),
+                            devices=["cpu"])
+    yield from serve_runtime(runtime, ApiSettings(TOKEN, media_root=clip[0].parent))
+
+
+def test_streams_use_the_servers_consent_store_and_disclosure(served_with_store: Served) -> None:
+    s = served_with_store
+    status, _, body = request(s, "POST", "/api/streams", file_stream())
+    assert status == 201, body
+    p = s.runtime.get("cam")
+    assert p.cfg.consent.store == s.runtime.config.consent.store
+    assert p.cfg.disclosure.text == "Server label"
+    # The mirrored astronaut is recorded only in the server's store: accepted there.
+    status, _, body = request(s, "PUT", "/api/streams/cam/source",
+                              raw=png(np.ascontiguousarray(astronaut()[:, ::-1])), ctype="image/png")
+    assert status == 200, body
+    # A face recorded nowhere is refused, and the answer names the server's store.
+    status, _, body = request(s, "PUT", "/api/streams/cam/source",
+                              raw=png(np.ascontiguousarray(grace_hopper()[:, ::-1])), ctype="image/png")
+    assert status == 403 and f"(store: {s.runtime.config.consent.store})" in error_of(body)
