@@ -23,6 +23,8 @@ import json
 import os
 import secrets
 import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -201,27 +203,44 @@ class ConsentStore:
 
     # -- writing -----------------------------------------------------------------------------------
 
+    def _unusable(self, doing: str, path: Path, e: OSError) -> ConsentError:
+        return ConsentError(f"cannot {doing} '{path}' for the consent store '{self.path}': "
+                            f"{e.strerror or e}. Choose a store in a folder you can write with "
+                            f"{self.choose_with}")
+
     def _write(self, records: list[ConsentRecord]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         body = {"format": FORMAT, "records": [
             {k: v for k, v in dataclasses.asdict(r).items() if k != "builtin"} for r in records]}
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".consent-", suffix=".json")
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".consent-", suffix=".json")
+        except OSError as e:
+            raise self._unusable("write in", self.path.parent, e) from None
         try:
             with os.fdopen(fd, "w") as f:
                 json.dump(body, f, indent=2)
                 f.write("\n")
             os.replace(tmp, self.path)
+        except OSError as e:
+            Path(tmp).unlink(missing_ok=True)
+            raise self._unusable("write", self.path, e) from None
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
 
-    def _locked(self) -> Any:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise ConsentError(f"cannot create the consent store's folder '{self.path.parent}': "
-                               f"{e.strerror or e}. Choose another with {self.choose_with}") from None
-        return exclusive(self.path.with_name(self.path.name + ".lock"))
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the store's lock file (next to it) for a read-modify-write."""
+        lock = self.path.with_name(self.path.name + ".lock")
+        with ExitStack() as stack:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise self._unusable("create the folder", self.path.parent, e) from None
+            try:
+                stack.enter_context(exclusive(lock))
+            except OSError as e:
+                raise self._unusable("lock", lock, e) from None
+            yield
 
     def add(self, image: np.ndarray, *, given_by: str, purpose: str, given_at: str | None = None,
             path: str | os.PathLike[str] | None = None) -> ConsentRecord:

@@ -298,3 +298,37 @@ def test_a_malformed_record_is_named_with_the_fix(tmp_path: Path, record: object
         for want in (f"'{store}'", "malformed record (number 2", needle, "Repair or delete that record",
                      "remove the file", "--store PATH"):
             assert want in line, (want, line)
+
+
+def test_a_store_that_cannot_be_written_is_one_error_line(tmp_path: Path, stranger: np.ndarray) -> None:
+    face = save(tmp_path / "face.png", stranger)
+    lock_is_a_folder = tmp_path / "store.json"
+    (tmp_path / "store.json.lock").mkdir()
+    under_a_file = tmp_path / "notes.txt" / "store.json"
+    (tmp_path / "notes.txt").write_text("x")
+    stores = [lock_is_a_folder, under_a_file]
+    if Path("/proc/self").is_dir():
+        stores.append(Path("/proc/swapstream-consent.json"))   # no files can be made there, even by root
+    for store in stores:
+        for args in (("add", face, "--by", "Jane", "--purpose", "test"), ("remove", "ab12cd34")):
+            line = one_error_line(cli("consent", *args, "--store", store, cwd=tmp_path, store=store))
+            assert f"consent store '{store}'" in line and "--store PATH" in line, line
+
+
+def test_a_failed_write_is_a_consent_error(store_path: Path, stranger: np.ndarray,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    def read_only(*_a: object, **_k: object) -> None:
+        raise OSError(30, "Read-only file system")
+
+    import swapstream.consent as consent
+
+    with monkeypatch.context() as m:
+        m.setattr(consent.tempfile, "mkstemp", read_only)
+        with pytest.raises(ConsentError, match=f"cannot write in '{store_path.parent}'.*Read-only file "
+                                               f"system.*--set consent.store=PATH"):
+            ConsentStore().add(stranger, given_by="Jane", purpose="test")
+    with monkeypatch.context() as m:
+        m.setattr(consent.os, "replace", read_only)
+        with pytest.raises(ConsentError, match=f"cannot write '{store_path}'.*Read-only file system"):
+            ConsentStore().add(stranger, given_by="Jane", purpose="test")
+    assert not store_path.exists() and not list(store_path.parent.glob(".consent-*"))
