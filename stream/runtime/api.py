@@ -42,7 +42,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..config import PRESETS_DIR
-from ..errors import ConfigError, ConsentError, InputError, NoFaceError, SwapStreamError
+from ..errors import ConfigError, ConsentError, EngineUserError, InputError, NoFaceError, SwapStreamError
 from .manager import SERVER_SETTINGS, STREAM_ID, StreamNotFound, StreamRequestError, StreamRuntime
 from .metrics import CONTENT_TYPE
 from .stream import InputSpec, OutputSpec, StreamPipeline, StreamSpec
@@ -293,6 +293,10 @@ class ControlApi:
             return _error(403, str(e))
         except (NoFaceError, InputError) as e:
             return _error(422, str(e))
+        except EngineUserError as e:
+            # The swapper the stream asked for cannot be built here (model missing and downloads off,
+            # licence not accepted...): the message names the file and the fix; another swapper may do.
+            return _error(422, f"swapper unavailable: {e}")
         except (ConfigError, SwapStreamError) as e:
             return _error(400, str(e))
 

@@ -252,3 +252,26 @@ def test_streams_use_the_servers_consent_store_and_disclosure(served_with_store:
     status, _, body = request(s, "PUT", "/api/streams/cam/source",
                               raw=png(np.ascontiguousarray(grace_hopper()[:, ::-1])), ctype="image/png")
     assert status == 403 and f"(store: {s.runtime.config.consent.store})" in error_of(body)
+
+
+def test_a_swapper_whose_model_is_missing_is_a_422_naming_the_file(clip: tuple[Path, list[np.ndarray]],
+                                                                   tmp_path: Path) -> None:
+    import shutil
+
+    from swapstream.engines.builtin import BUILTIN_MODELS, builtin_model_path
+
+    models = tmp_path / "models"  # the face analyser's models, no zoo swapper
+    models.mkdir()
+    for name in BUILTIN_MODELS:
+        shutil.copy(builtin_model_path(name), models / name)
+    runtime = StreamRuntime(runtime_config("neural.download=false", f"models_dir={models}"), devices=["cpu"])
+    for s in serve_runtime(runtime, ApiSettings(TOKEN, media_root=clip[0].parent)):
+        status, _, body = request(s, "POST", "/api/streams", file_stream(swapper="inswapper_128"))
+        assert status == 201, body
+        # The engine is built on first use: computing the uploaded face's identity.
+        status, _, body = request(s, "PUT", "/api/streams/cam/source", raw=png(astronaut()), ctype="image/png")
+        why = error_of(body)
+        assert status == 422 and why.startswith("swapper unavailable: ") and "inswapper_128.onnx" in why, body
+        assert str(models) in why
+        # The stream carries on without a face.
+        assert json.loads(request(s, "GET", "/api/streams/cam")[2])["state"] == "running"
