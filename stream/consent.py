@@ -66,7 +66,7 @@ class ConsentRecord:
     given_by: str
     """Who gave consent (the person shown, or who may consent for them)."""
     given_at: str
-    """When consent was given (ISO 8601 date)."""
+    """When consent was given (ISO 8601: a date, or a date and time)."""
     purpose: str
     """What it was given for."""
     image_sha256: str
@@ -121,13 +121,23 @@ def default_store_path() -> Path:
 
 
 def _check_date(value: str) -> str:
+    """The consent date in its normal ISO 8601 form: YYYY-MM-DD for a date, YYYY-MM-DDTHH:MM:SS
+    (with its UTC offset, if given) for a date and time. All of the value must parse: what is not a
+    date is refused rather than stored as given."""
     try:
-        day = dt.date.fromisoformat(value[:10])
+        when: dt.date = dt.date.fromisoformat(value)
+        normal = when.isoformat()
     except ValueError:
-        raise InputError(f"consent date {value!r} is not a date: use YYYY-MM-DD") from None
-    if day > dt.date.today() + dt.timedelta(days=1):   # a day of slack for time zones
-        raise InputError(f"consent date {value!r} is in the future: give the day consent was given")
-    return value
+        try:
+            moment = dt.datetime.fromisoformat(value)
+        except ValueError:
+            raise InputError(f"consent date (--date) {value!r} is not a date: use YYYY-MM-DD, or a date "
+                             f"and time such as 2026-01-31T14:30") from None
+        when, normal = moment.date(), moment.isoformat(timespec="seconds")
+    if when > dt.date.today() + dt.timedelta(days=1):   # a day of slack for time zones
+        raise InputError(f"consent date (--date) {value!r} is in the future: give the day consent "
+                         f"was given")
+    return normal
 
 
 class ConsentStore:

@@ -34,7 +34,7 @@ def add(
     image: Annotated[Path, typer.Argument(help="The picture of the face (PNG, JPEG, ...).")],
     by: Annotated[str, typer.Option("--by", help="Who gave consent: the person shown, or who may consent for them.")],
     purpose: Annotated[str, typer.Option("--purpose", help="What consent was given for.")],
-    date: Annotated[Optional[str], typer.Option("--date", help="When consent was given, YYYY-MM-DD (default: today).")] = None,
+    date: Annotated[Optional[str], typer.Option("--date", help="When consent was given: YYYY-MM-DD, or an ISO date and time (default: today).")] = None,
     store: StoreOpt = None,
 ) -> None:
     """Record that the person shown in IMAGE consented to its use, for PURPOSE."""

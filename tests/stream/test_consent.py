@@ -167,6 +167,8 @@ def test_store_add_list_remove(store_path: Path, stranger: np.ndarray) -> None:
     ({"given_by": " ", "purpose": "x"}, "--by"),
     ({"given_by": "Jane", "purpose": ""}, "--purpose"),
     ({"given_by": "Jane", "purpose": "x", "given_at": "yesterday"}, "YYYY-MM-DD"),
+    ({"given_by": "Jane", "purpose": "x", "given_at": "2024-01-01garbage"}, "'2024-01-01garbage' is not a date"),
+    ({"given_by": "Jane", "purpose": "x", "given_at": "2024-01-01T25:00"}, "YYYY-MM-DD"),
     ({"given_by": "Jane", "purpose": "x", "given_at": "2999-01-01"}, "future"),
 ])
 def test_store_refuses_incomplete_records(store_path: Path, stranger: np.ndarray,
@@ -174,6 +176,21 @@ def test_store_refuses_incomplete_records(store_path: Path, stranger: np.ndarray
     with pytest.raises(InputError, match=needle):
         ConsentStore().add(stranger, **kwargs)
     assert not store_path.exists()
+
+
+@pytest.mark.parametrize("given,stored", [
+    ("2026-01-02", "2026-01-02"),
+    ("20260102", "2026-01-02"),
+    (" 2026-01-02 ", "2026-01-02"),
+    ("2026-01-02 14:30", "2026-01-02T14:30:00"),
+    ("2026-01-02T14:30:05.250+02:00", "2026-01-02T14:30:05+02:00"),
+    ("2026-01-02T14:30Z", "2026-01-02T14:30:00+00:00"),
+])
+def test_store_keeps_the_date_in_its_normal_form(store_path: Path, stranger: np.ndarray,
+                                                 given: str, stored: str) -> None:
+    rec = ConsentStore().add(stranger, given_by="Jane", purpose="x", given_at=given)
+    assert rec.given_at == stored
+    assert json.loads(store_path.read_text())["records"][0]["given_at"] == stored
 
 
 def test_a_corrupt_store_is_named(store_path: Path, stranger: np.ndarray) -> None:
@@ -257,6 +274,9 @@ def test_cli_consent_add_bad_input(tmp_path: Path) -> None:
     line = one_error_line(cli("consent", "add", face, "--by", "X", "--purpose", "Y", "--date", "13/01/2026",
                               cwd=tmp_path, store=store))
     assert "YYYY-MM-DD" in line
+    line = one_error_line(cli("consent", "add", face, "--by", "X", "--purpose", "Y", "--date",
+                              "2024-01-01garbage", cwd=tmp_path, store=store))
+    assert "--date" in line and "'2024-01-01garbage' is not a date" in line and "YYYY-MM-DD" in line
     assert not store.exists()
 
 
