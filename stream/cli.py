@@ -198,8 +198,8 @@ def live(
     vcam_device: Annotated[Optional[str], typer.Option("--vcam-device", help="Which virtual camera, e.g. /dev/video10 (default: the first found).")] = None,
     config: Annotated[Optional[str], typer.Option("--config", "-c", help="Preset name or YAML file.")] = "live",
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config key: key=value.")] = None,
-    max_frames: Annotated[Optional[int], typer.Option(help="Stop after this many frames (default: until the input ends).")] = None,
-    reconnect: Annotated[float, typer.Option(help="Seconds to keep reconnecting to a dropped network input.")] = 60.0,
+    max_frames: Annotated[Optional[int], typer.Option(min=1, help="Stop after this many frames (default: until the input ends).")] = None,
+    reconnect: Annotated[float, typer.Option(min=0, help="Seconds to keep reconnecting to a dropped network input.")] = 60.0,
     loop: Annotated[bool, typer.Option("--loop", help="Play a file input again from the start each time it ends (stop with Ctrl+C or --max-frames).")] = False,
     no_label: Annotated[bool, typer.Option("--no-label", help="Do not draw the visible 'AI-modified' "
                         "label (logs a warning; the invisible mark stays).")] = False,

@@ -80,3 +80,15 @@ def test_live_needs_an_output(face: Path, tmp_path: Path) -> None:
     res = cli("live", "-s", face, "-i", "rtmp://127.0.0.1:9/live/in", cwd=tmp_path)
     assert res.returncode == 2
     assert_user_error(res, "a live run needs an output", "--rtmp-out", "--hls-dir", "--vcam")
+
+
+@pytest.mark.parametrize("option,value", [("--max-frames", "-3"), ("--max-frames", "0"),
+                                          ("--reconnect", "-1")])
+def test_negative_counts_and_times_are_refused(face: Path, tmp_path: Path, option: str, value: str) -> None:
+    res = cli("live", "-s", face, "-i", "rtmp://127.0.0.1:9/live/in", "--hls-dir", tmp_path / "hls",
+              option, value, cwd=tmp_path)
+    # A usage error from Click: exit 2, the option named, no traceback, nothing started.
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "Traceback" not in res.stdout + res.stderr
+    assert f"Invalid value for '{option}'" in res.stderr, res.stderr
+    assert not (tmp_path / "hls").exists()
