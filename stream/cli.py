@@ -254,6 +254,7 @@ def serve(
     from .pipeline import FileJob
     from .types import Frame
 
+    _check_serve_folders(hls_root, media_root)  # before the models load: bad paths fail at once
     cfg = _config(config, set_, None)
     if no_label:
         cfg.disclosure.label_live = False
@@ -277,15 +278,35 @@ def serve(
         job.close()
 
 
-def _mount_runtime(app_: object, cfg: Config, token: Optional[str], hls_root: Optional[Path],
-                   media_root: Optional[Path], base: str) -> None:
-    """The multi-stream runtime and its control API on the serve app (swapstream.runtime)."""
-    from .errors import InputNotFoundError
-    from .runtime.api import ApiSettings, mount_runtime, new_token
-    from .runtime.manager import StreamRuntime
+def _check_serve_folders(hls_root: Optional[Path], media_root: Optional[Path]) -> None:
+    """--media-root must be an existing folder (it is read); --hls-root a folder that can be written,
+    made now if missing, rather than an API stream failing later."""
+    import tempfile
+
+    from .errors import InputNotFoundError, OutputError
 
     if media_root is not None and not media_root.is_dir():
         raise InputNotFoundError(f"--media-root '{media_root}' is not a folder. Give an existing folder.")
+    if hls_root is None:
+        return
+    if hls_root.exists() and not hls_root.is_dir():
+        raise OutputError(f"--hls-root '{hls_root}' is a file, not a folder. Give a folder (it is made "
+                          f"if missing).")
+    try:
+        hls_root.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=hls_root).close()  # the real test of writing, for root and RO mounts
+    except OSError as e:
+        raise OutputError(f"--hls-root '{hls_root}' cannot be written: {e.strerror or e}. Give a folder "
+                          f"you can write.") from None
+
+
+def _mount_runtime(app_: object, cfg: Config, token: Optional[str], hls_root: Optional[Path],
+                   media_root: Optional[Path], base: str) -> None:
+    """The multi-stream runtime and its control API on the serve app (swapstream.runtime); the
+    folders were checked by `_check_serve_folders`."""
+    from .runtime.api import ApiSettings, mount_runtime, new_token
+    from .runtime.manager import StreamRuntime
+
     chosen = token or new_token()
     mount_runtime(app_, StreamRuntime(cfg), ApiSettings(chosen, hls_root=hls_root,  # type: ignore[arg-type]
                                                          media_root=media_root))

@@ -352,3 +352,49 @@ def test_brackets_in_the_output_path_summary(assets: Assets, tmp_path: Path) -> 
     assert res.returncode == 0, _show(res)
     assert (tmp_path / "take[red].mp4").is_file()
     assert "take[red].mp4" in res.stdout, res.stdout
+
+
+# --------------------------------------------------------------------------------------------------
+# serve: an address or folder it cannot use ends at start-up with one error line (a server that
+# started anyway would run until the timeout, and fail the test there)
+
+SERVE_TIMEOUT = 30
+
+
+def serve(*args: object, cwd: Path) -> subprocess.CompletedProcess[str]:
+    pytest.importorskip("aiohttp")
+    try:
+        return subprocess.run([sys.executable, "-m", "swapstream.cli", "serve", *map(str, args)],
+                              cwd=cwd, env=_env(), capture_output=True, text=True, timeout=SERVE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"`swapstream serve {' '.join(map(str, args))}` started instead of refusing")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_hls_root_must_be_a_writable_folder(assets: Assets, tmp_path: Path) -> None:
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("x")
+    port = free_port()
+    res = serve("-s", assets.face, "--port", port, "--hls-root", a_file, cwd=tmp_path)
+    assert res.returncode == 2
+    assert_user_error(res, f"--hls-root '{a_file}' is a file", "Give a folder")
+    under_a_file = a_file / "hls"
+    res = serve("-s", assets.face, "--port", port, "--hls-root", under_a_file, cwd=tmp_path)
+    assert res.returncode == 2
+    assert_user_error(res, f"--hls-root '{under_a_file}' cannot be written", "Give a folder you can write")
+    # A missing folder is made, and serving starts (here: refused for the busy port, made to stop it).
+    missing = tmp_path / "new" / "hls"
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        res = serve("-s", assets.face, "--port", busy.getsockname()[1], "--hls-root", missing, cwd=tmp_path)
+    assert missing.is_dir() and "--hls-root" not in res.stderr, _show(res)
