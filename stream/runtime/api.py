@@ -341,7 +341,8 @@ class ControlApi:
         async def h() -> web.Response:
             p = self._stream(request)
             await self.runtime.remove_stream(p.id)
-            self.settings.view_keys.pop(p.id, None)
+            if p.id not in self.runtime.streams:  # not taken again by a new stream meanwhile
+                self.settings.view_keys.pop(p.id, None)
             return web.json_response(self._info(p))
 
         return await self._guard(request, h)

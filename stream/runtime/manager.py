@@ -30,7 +30,7 @@ from .batcher import BatchRecord, DynamicBatcher
 from .controller import ControllerSettings, DegradationController
 from .engines import EngineFactory, SwapEngine, SwapItem, default_engine_factory
 from .metrics import GpuMonitor, RuntimeMetrics, RuntimeSnapshot
-from .stream import StreamPipeline, StreamSpec
+from .stream import StoppedWhileStarting, StreamPipeline, StreamSpec
 
 log = logging.getLogger(__name__)
 
@@ -293,6 +293,9 @@ class StreamRuntime:
             slot.streams.add(spec.stream_id)
         try:
             await pipeline.start()
+        except StoppedWhileStarting as e:
+            self._forget(pipeline)
+            raise StreamRequestError(f"{e} (DELETE /api/streams/{spec.stream_id})", 409) from None
         except BaseException:
             self._forget(pipeline)
             raise
@@ -300,6 +303,8 @@ class StreamRuntime:
         return pipeline
 
     def _forget(self, p: StreamPipeline) -> None:
+        if self.streams.get(p.id) not in (None, p):
+            return  # its id belongs to a newer stream by now: leave that one's state alone
         self.streams.pop(p.id, None)
         p.slot.streams.discard(p.id)
         p.slot.controller.forget(p.id)

@@ -88,6 +88,10 @@ class StreamSpec:
     """Latency budget (arrival to encoded, p99); None: the runtime's `runtime.budget_ms`."""
 
 
+class StoppedWhileStarting(SwapStreamError):
+    """`stop()` came while `start()` was opening the input: the start was abandoned and undone."""
+
+
 def redact_url(url: str) -> str:
     """An RTMP URL without its stream key (the last path part is a secret); other inputs as given."""
     m = re.match(r"^(rtmps?://[^/]+/[^?]*/)[^/?]+", url)
@@ -178,6 +182,9 @@ class StreamPipeline:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._start_done: asyncio.Event | None = None
+        """Set once `start()` has returned or raised (None: not called)."""
+        self._stopping: asyncio.Future[None] | None = None
         self.done: asyncio.Event = asyncio.Event()
         # Frames encoded before this moment do not count for the controller: the first frames wait
         # for engines to build and identities to be computed, which says nothing about steady load.
@@ -189,7 +196,17 @@ class StreamPipeline:
     # -- life cycle -----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Open the input (an unusable input raises InputError here) and start the stages."""
+        """Open the input (an unusable input raises InputError here) and start the stages.
+
+        A `stop()` that comes meanwhile is seen after each step: what was opened is closed again and
+        StoppedWhileStarting is raised, so no stage starts for a stream that was removed."""
+        self._start_done = asyncio.Event()
+        try:
+            await self._start()
+        finally:
+            self._start_done.set()
+
+    async def _start(self) -> None:
         from ..face.analyser import FaceAnalyser
         from ..live.streams import LiveReader
 
@@ -197,16 +214,25 @@ class StreamPipeline:
         inp = self.spec.input
         is_file = not re.match(r"^[a-z][a-z0-9+.-]*://", inp.url)
         if is_file and not Path(inp.url).is_file():
+            self._shutdown_pools()
             raise InputError(f"input file '{inp.url}' does not exist")
         # A file ends at its end, or with `loop` LiveReader opens it again and carries the
         # timestamps on; only a network input reconnects. Pacing stays here (`_read`).
         self._reader = LiveReader(inp.url, reconnect_seconds=inp.reconnect_seconds,
                                   loop=inp.loop and is_file)
+
+        def stopped_yet() -> None:
+            if self._stop.is_set():
+                raise StoppedWhileStarting(f"stream '{self.id}' was stopped while it was starting")
+
         try:
+            stopped_yet()
             await loop.run_in_executor(self._analyse_pool, self._reader.open)
+            stopped_yet()
             self._analyser = await loop.run_in_executor(self._analyse_pool, FaceAnalyser, self.cfg)
+            stopped_yet()
         except BaseException:
-            self._shutdown_pools()
+            self._close_unstarted()
             raise
         self._thread = threading.Thread(target=self._read, args=(loop, inp.realtime and is_file),
                                         name=f"read-{self.id}", daemon=True)
@@ -216,8 +242,29 @@ class StreamPipeline:
                        loop.create_task(self._swap(), name=f"swap-{self.id}"),
                        loop.create_task(self._encode(), name=f"encode-{self.id}")]
 
+    def _close_unstarted(self) -> None:
+        """Undo a start that did not get to the stages: the opened input, the analyser, the pools."""
+        # LiveReader closes its container when its iteration ends; this one was never iterated.
+        container = getattr(self._reader, "_container", None)
+        if container is not None:
+            try:
+                container.close()
+            except Exception:
+                log.exception("stream %s: closing the input", self.id)
+        if self._analyser is not None:
+            self._analyser.close()
+            self._analyser = None
+        self._shutdown_pools()
+
     async def stop(self, timeout: float = 5.0) -> None:
-        """Stop reading, let the few frames in flight finish (up to `timeout`), close the outputs."""
+        """Stop reading, let the few frames in flight finish (up to `timeout`), close the outputs.
+        Safe to call more than once and concurrently: every caller returns when the stream is down.
+        During `start()`, it waits for the start to notice and undo itself."""
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._stop_now(timeout))
+        await asyncio.shield(self._stopping)
+
+    async def _stop_now(self, timeout: float) -> None:
         if self.state in ("stopped", "ended", "failed") and not self._tasks:
             return
         if self.state in ("starting", "running"):
@@ -226,6 +273,8 @@ class StreamPipeline:
         if self._reader is not None:
             self._reader.stop()
         self.in_q.close()
+        if self._start_done is not None:
+            await self._start_done.wait()
         if self._tasks:
             _, pending = await asyncio.wait(self._tasks, timeout=timeout)
             for t in pending:

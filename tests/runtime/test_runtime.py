@@ -5,6 +5,7 @@ placement across devices."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 from swapstream.config import Config
 from swapstream.demo import astronaut
 from swapstream.runtime.engines import MeshEngine, SwapEngine, SwapItem
-from swapstream.runtime.manager import SlotLoad, StreamRuntime, place
+from swapstream.runtime.manager import SlotLoad, StreamRequestError, StreamRuntime, place
 from swapstream.runtime.stream import InputSpec, OutputSpec, StreamSpec
 
 from .conftest import runtime_config
@@ -185,3 +186,44 @@ def test_streams_spread_over_devices(clip: tuple[Path, Any]) -> None:
 
     devices = asyncio.run(main())
     assert devices[:2] == ["cpu:0", "cpu:1"] and sorted(devices).count("cpu:0") == 2
+
+
+@pytest.mark.parametrize("when", ["opening the input", "building the analyser"])
+def test_removing_a_stream_while_it_starts_undoes_the_start(clip: tuple[Path, Any], when: str) -> None:
+    path, _ = clip
+
+    async def main() -> None:
+        rt = StreamRuntime(runtime_config(), devices=["cpu"])
+        await rt.start()
+        try:
+            adding = asyncio.create_task(rt.add_stream(file_spec("cam", path)))
+            await asyncio.sleep(0)  # the stream is reserved, and its input is being opened
+            p = rt.streams["cam"]
+            hold = threading.Event()
+            if when == "building the analyser":
+                # The start's steps run one after the other in the stream's one analysis thread:
+                # a job queued behind the opening holds the analyser's construction back.
+                p._analyse_pool.submit(hold.wait, 10)
+                # The clip is 10 fps: once the reader says so, the input is open.
+                await until(lambda: p._reader.info_fps == 10.0, 10, "the input open")
+            assert p.state == "starting"
+            removing = asyncio.create_task(rt.remove_stream("cam"))
+            await asyncio.sleep(0.1)
+            hold.set()
+            gone = await removing
+            with pytest.raises(StreamRequestError) as e:
+                await adding
+            assert e.value.status == 409 and "stopped while it was starting" in str(e.value)
+            assert gone is p and p.state == "stopped" and p.done.is_set()
+            assert "cam" not in rt.streams and not rt.slots[0].streams
+            # Nothing of it runs: no reader thread, no stages, no analyser.
+            assert p._thread is None and p._tasks == [] and p._analyser is None
+            await until(lambda: not [t for t in threading.enumerate() if t.name.startswith(("read-cam", "analyse-cam"))],
+                        5, "its threads to end")
+            # The id is free again.
+            again = await rt.add_stream(file_spec("cam", path))
+            await until(lambda: again.frames_out > 2, 10, "frames on the new stream")
+        finally:
+            await rt.close()
+
+    asyncio.run(main())
