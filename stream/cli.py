@@ -234,7 +234,7 @@ def live(
 def serve(
     source: Annotated[Path, typer.Option("--source", "-s", help="Image with the face to put in.")],
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="HTTP port for WHIP (POST /whip).")] = 8080,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="HTTP port for WHIP (POST /whip).")] = 8080,
     config: Annotated[Optional[str], typer.Option("--config", "-c", help="Preset name or YAML file.")] = "live",
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config key: key=value.")] = None,
     no_label: Annotated[bool, typer.Option("--no-label", help="Do not draw the visible 'AI-modified' "
@@ -274,8 +274,30 @@ def serve(
     _mount_runtime(server.app, cfg, api_token, hls_root, media_root, f"http://{host}:{port}")
     try:
         web.run_app(server.app, host=host, port=port, print=None)
+    except OSError as e:
+        raise _listen_error(e, host, port) from None
     finally:
         job.close()
+
+
+def _listen_error(e: OSError, host: str, port: int) -> Exception:
+    """The user error for an address that cannot be listened on; any other OSError as it was."""
+    import errno
+    import socket
+
+    from .errors import ConfigError
+
+    where = f"{host}:{port}"
+    if e.errno == errno.EADDRINUSE:
+        return ConfigError(f"cannot listen on {where}: the port is already in use. Stop what uses it, "
+                           f"or choose another with --port")
+    if e.errno == errno.EACCES:
+        return ConfigError(f"cannot listen on {where}: permission denied (ports below 1024 need "
+                           f"privileges). Choose another with --port, e.g. --port 8080")
+    if e.errno == errno.EADDRNOTAVAIL or isinstance(e, socket.gaierror):
+        return ConfigError(f"cannot listen on {where}: {host!r} is not an address of this machine. "
+                           f"Give one with --host (127.0.0.1, or 0.0.0.0 for all), or another --port")
+    return e
 
 
 def _check_serve_folders(hls_root: Optional[Path], media_root: Optional[Path]) -> None:

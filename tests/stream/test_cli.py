@@ -398,3 +398,21 @@ def test_serve_hls_root_must_be_a_writable_folder(assets: Assets, tmp_path: Path
         busy.listen(1)
         res = serve("-s", assets.face, "--port", busy.getsockname()[1], "--hls-root", missing, cwd=tmp_path)
     assert missing.is_dir() and "--hls-root" not in res.stderr, _show(res)
+
+
+def test_serve_on_a_busy_port_is_one_error_line(assets: Assets, tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        res = serve("-s", assets.face, "--host", "127.0.0.1", "--port", port, cwd=tmp_path)
+    assert res.returncode == 2
+    assert_user_error(res, f"cannot listen on 127.0.0.1:{port}", "already in use", "--port")
+    res = serve("-s", assets.face, "--host", "no-such-host.invalid", "--port", free_port(), cwd=tmp_path)
+    assert res.returncode == 2
+    assert_user_error(res, "cannot listen on no-such-host.invalid:", "--host")
+    res = serve("-s", assets.face, "--port", 70000, cwd=tmp_path)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "Invalid value for '--port'" in res.stderr, _show(res)
