@@ -307,7 +307,7 @@ class ControlApi:
 
     async def readyz(self, request: web.Request) -> web.Response:
         ok, why = self.runtime.ready()
-        return web.json_response({"ready": ok, "reason": why, "streams": len(self.runtime.streams),
+        return web.json_response({"ready": ok, "reason": why, "streams": self.runtime.active(),
                                   "devices": [s.name for s in self.runtime.slots],
                                   "nvml": self.runtime.gpu.available or self.runtime.gpu.reason},
                                  status=200 if ok else 503)

@@ -228,6 +228,9 @@ class StreamRuntime:
         self.slots = [DeviceSlot(n, self.config, engine_factory, self.metrics,
                                  DegradationController(settings)) for n in names]
         self.streams: dict[str, StreamPipeline] = {}
+        """Every stream until it is removed: live ones, and those that ended or failed (with their
+        final state and counts; at most `runtime.max_streams` of these, the oldest go first)."""
+        self._watchers: set[asyncio.Task[None]] = set()
         self._control_task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self.started = False
@@ -243,6 +246,9 @@ class StreamRuntime:
         self.closing = True
         await asyncio.gather(*(p.stop() for p in list(self.streams.values())), return_exceptions=True)
         self.streams.clear()
+        for t in list(self._watchers):
+            t.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
         if self._control_task is not None:
             self._control_task.cancel()
             await asyncio.gather(self._control_task, return_exceptions=True)
@@ -252,6 +258,10 @@ class StreamRuntime:
         self.started = False
 
     # -- streams --------------------------------------------------------------------------------
+
+    def active(self) -> int:
+        """Streams that hold resources: starting, running or being stopped (not ended or failed)."""
+        return sum(1 for p in list(self.streams.values()) if p.state in ("starting", "running", "stopping"))
 
     def _loads(self) -> list[SlotLoad]:
         samples = {g.index: g for g in self.gpu.sample()}
@@ -277,8 +287,8 @@ class StreamRuntime:
             if spec.stream_id in self.streams:
                 raise StreamRequestError(f"a stream with id {spec.stream_id!r} already exists: stop it first "
                                     f"or choose another id", 409)
-            if len(self.streams) >= self.config.runtime.max_streams:
-                raise StreamRequestError(f"the runtime already runs {len(self.streams)} streams "
+            if self.active() >= self.config.runtime.max_streams:
+                raise StreamRequestError(f"the runtime already runs {self.active()} streams "
                                     f"(runtime.max_streams); stop one first", 503)
             cfg = load_config(spec.preset, list(spec.overrides))
             for key in SERVER_SETTINGS:
@@ -300,7 +310,29 @@ class StreamRuntime:
             self._forget(pipeline)
             raise
         log.info("stream %s started on %s", spec.stream_id, slot.name)
+        watcher = asyncio.get_running_loop().create_task(self._release_when_finished(pipeline),
+                                                         name=f"watch-{spec.stream_id}")
+        self._watchers.add(watcher)
+        watcher.add_done_callback(self._watchers.discard)
         return pipeline
+
+    async def _release_when_finished(self, p: StreamPipeline) -> None:
+        """A stream whose input ended or that failed gives back its threads, analyser and place on
+        its device; it stays listed with its final state until removed (or crowded out)."""
+        await p.done.wait()
+        if p.state not in ("ended", "failed"):
+            return  # being removed: remove_stream does the rest
+        await p.stop()
+        p.finished = time.time()
+        if self.streams.get(p.id) is p:
+            p.slot.streams.discard(p.id)
+            p.slot.controller.forget(p.id)
+        log.info("stream %s %s: %d frames in, %d out%s", p.id, p.state, p.frames_in, p.frames_out,
+                 f" ({p.error})" if p.error else "")
+        finished = sorted((q for q in self.streams.values() if q.finished is not None),
+                          key=lambda q: q.finished or 0.0)
+        for old in finished[:max(0, len(finished) - self.config.runtime.max_streams)]:
+            self._forget(old)
 
     def _forget(self, p: StreamPipeline) -> None:
         if self.streams.get(p.id) not in (None, p):

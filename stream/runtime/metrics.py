@@ -114,6 +114,8 @@ class StreamSnapshot:
     budget_s: float
     steps: dict[tuple[str, str], int] = field(default_factory=dict)
     """(direction, step) -> how many times the controller took it."""
+    running: bool = True
+    """False once the stream ended or failed (it is still listed, with its final counts)."""
 
 
 @dataclass(frozen=True)
@@ -164,7 +166,8 @@ class _ScrapeCollector(Collector):
             budget.add_metric([st.stream_id], st.budget_s)
             placed.add_metric([st.stream_id, st.device], 1)
         yield from (frames_in, frames_out, faces, drops, depth, fps, level, steps, budget, placed)
-        yield GaugeMetricFamily("swapstream_streams", "Streams running.", value=len(snap.streams))
+        yield GaugeMetricFamily("swapstream_streams", "Streams running (not ended or failed).",
+                                value=sum(1 for st in snap.streams if st.running))
         pending = GaugeMetricFamily("swapstream_batch_pending", "Swap requests waiting for a batch.",
                                     labels=["device"])
         for dev, n in snap.pending.items():

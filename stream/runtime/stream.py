@@ -142,6 +142,8 @@ class StreamPipeline:
         self.state: State = "starting"
         self.error: str | None = None
         self.created = time.time()
+        self.finished: float | None = None
+        """time.time() when an ended or failed stream had given back its resources."""
         pts: Any = lambda w: w.frame.pts  # noqa: E731
         self.in_q: DropOldestQueue[_Work] = DropOldestQueue(rc.queue_frames, pts_of=pts, name="input")
         self.swap_q: DropOldestQueue[_Work] = DropOldestQueue(rc.queue_frames, name="swap")
@@ -552,7 +554,7 @@ class StreamPipeline:
                        "encode": self.enc_q.qsize()},
             "fps": round(self.fps(), 2), "latency_ms": {"p50": pct(0.5), "p99": pct(0.99)},
             "source": {"set": self.source_image is not None, "version": self.source_version},
-            "created": self.created,
+            "created": self.created, "finished": self.finished,
         }
 
     def snapshot(self) -> StreamSnapshot:
@@ -560,4 +562,5 @@ class StreamPipeline:
                               self.faces_swapped, self.drops(),
                               {"input": self.in_q.qsize(), "swap": self.swap_q.qsize(),
                                "encode": self.enc_q.qsize()},
-                              self.fps(), self.level, self.budget_ms / 1e3, dict(self.step_counts))
+                              self.fps(), self.level, self.budget_ms / 1e3, dict(self.step_counts),
+                              running=self.state in ("starting", "running"))

@@ -227,3 +227,44 @@ def test_removing_a_stream_while_it_starts_undoes_the_start(clip: tuple[Path, An
             await rt.close()
 
     asyncio.run(main())
+
+
+def test_streams_that_end_or_fail_give_back_their_resources_and_their_place(clip: tuple[Path, Any],
+                                                                           tmp_path: Path) -> None:
+    path, frames = clip
+    blocked = tmp_path / "not-a-folder"  # an HLS output folder that is a file: the output fails
+    blocked.write_text("")
+
+    def threads_of(sid: str) -> list[str]:
+        return [t.name for t in threading.enumerate() if t.name.startswith((f"read-{sid}", f"analyse-{sid}",
+                                                                            f"encode-{sid}"))]
+
+    async def main() -> None:
+        rt = StreamRuntime(runtime_config("runtime.max_streams=1"), devices=["cpu"])
+        await rt.start()
+        try:
+            # A file that plays once, as fast as it decodes: it ends.
+            once = await rt.add_stream(StreamSpec("once", InputSpec(str(path)), (OutputSpec("null"),)))
+            await until(lambda: once.finished is not None, 20, "the stream to end and be released")
+            assert once.state == "ended" and once.error is None
+            assert once.frames_in == len(frames) == once.frames_out + sum(once.drops().values())
+            assert once._analyser is None and once._tasks == [] and not rt.slots[0].streams
+            await until(lambda: not threads_of("once"), 5, "its threads to end")
+            # Still listed, with its final state, but it holds no place: max_streams is 1.
+            assert rt.active() == 0 and "once" in rt.streams
+            bad = await rt.add_stream(StreamSpec("bad", InputSpec(str(path), realtime=True, loop=True),
+                                                 (OutputSpec("hls", str(blocked)),)))
+            await until(lambda: bad.finished is not None, 20, "the stream to fail and be released")
+            assert bad.state == "failed" and "encoding failed" in (bad.error or ""), bad.error
+            await until(lambda: not threads_of("bad"), 5, "its threads to end")
+            # Finished streams are kept up to max_streams: the older one made room.
+            assert list(rt.streams) == ["bad"] and rt.active() == 0
+            assert "swapstream_streams 0.0" in rt.metrics.render().decode()
+            live = await rt.add_stream(file_spec("live", path))
+            assert live.state == "running" and rt.active() == 1
+            assert "swapstream_streams 1.0" in rt.metrics.render().decode()
+            assert (await rt.remove_stream("bad")).state == "failed" and list(rt.streams) == ["live"]
+        finally:
+            await rt.close()
+
+    asyncio.run(main())
