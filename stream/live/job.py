@@ -68,6 +68,10 @@ class LiveJob(FileJob):
 
         if rtmp_out is None and hls_dir is None and not vcam:
             raise ConfigError("a live run needs an output: --rtmp-out URL, --hls-dir FOLDER and/or --vcam")
+        if rtmp_out is not None and not rtmp_out.lower().startswith(("rtmp://", "rtmps://")):
+            # Anything else would be pushed as FLV wherever FFmpeg's protocol for it leads.
+            raise ConfigError(f"--rtmp-out '{rtmp_out}' is not an RTMP URL: give "
+                              f"rtmp://HOST[:PORT]/APP/KEY (or rtmps://); for HLS use --hls-dir")
         if loop and not is_file_input(url):
             raise ConfigError(f"--loop repeats a file input, and '{url}' is a network stream, which "
                               f"reconnects when it drops (--reconnect SECONDS); leave out --loop")

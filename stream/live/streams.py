@@ -230,10 +230,18 @@ class LiveReader:
         return False
 
 
+RECOVERED_AFTER_S = 1.0
+"""A reconnected output ends an outage only once it has carried frames this long. One frame written
+proves nothing: a server that accepts the connection and drops it takes a frame or two into the
+socket's buffer before a write fails."""
+
+
 class LiveWriter:
     """Encodes RGB frames with x264 (+ AAC audio) and pushes them to an RTMP URL (FLV) or writes an
     HLS playlist. A push that fails reconnects with back-off; frames during the outage are counted
-    in `dropped`, never queued without bound."""
+    in `dropped`, never queued without bound. An outage runs from the first failure until a
+    connection has carried frames for `RECOVERED_AFTER_S`; one longer than `reconnect_seconds` is an
+    `OutputError`."""
 
     def __init__(self, target: str, *, width: int, height: int, fps: float, time_base: Fraction,
                  audio_from: Any = None, kind: str = "rtmp", crf: int = 23,
@@ -250,6 +258,11 @@ class LiveWriter:
         self.frames = 0
         self.dropped = 0
         self._down_since: float | None = None
+        """Start of the current outage (its first failure), or None while the output works."""
+        self._up_since = time.monotonic()
+        """When the current connection was opened."""
+        self._next_try = 0.0
+        self._delay = 0.25
         self._c: Any = None
         self._open()
 
@@ -294,6 +307,10 @@ class LiveWriter:
             log.warning("live output '%s' failed: %s; reconnecting", self.target, e)
             self._drop_connection()
             self.dropped += 1
+            return
+        if self._down_since is not None and time.monotonic() - self._up_since >= RECOVERED_AFTER_S:
+            log.info("live output '%s' is back", self.target)
+            self._down_since = None
 
     def write_audio(self, packet: AudioPacket) -> None:
         if self._c is None or self._a is None:
@@ -312,25 +329,33 @@ class LiveWriter:
         except (av.error.FFmpegError, OSError):
             pass
         self._c = None
-        self._down_since = time.monotonic()
-        self._next_try = time.monotonic()
-        self._delay = 0.25
+        now = time.monotonic()
+        if self._down_since is None:
+            # A new outage: try again at once, then back off.
+            self._down_since, self._next_try, self._delay = now, now, 0.25
+        else:
+            # A reconnection that failed again is the same outage: its clock and back-off go on.
+            self._backoff(now)
+
+    def _backoff(self, now: float) -> None:
+        self._next_try = now + self._delay
+        self._delay = min(self._delay * 2, 2.0)  # back off, but retry at least every 2 s
 
     def _retry(self) -> bool:
         now = time.monotonic()
         if self._down_since is not None and now - self._down_since > self.reconnect_seconds:
-            raise OutputError(f"live output '{self.target}' has been unreachable for "
-                              f"{self.reconnect_seconds:.0f} s")
+            raise OutputError(f"live output '{self.target}' has failed for {self.reconnect_seconds:g} s "
+                              f"without recovering. Check that the server is up and accepts this "
+                              f"stream key")
         if now < self._next_try:
             return False
         try:
             self._open()
-            self._down_since = None
-            return True
         except OutputError:
-            self._next_try = now + self._delay
-            self._delay = min(self._delay * 2, 2.0)
+            self._backoff(now)
             return False
+        self._up_since = now
+        return True
 
     def close(self) -> None:
         if self._c is None:

@@ -92,3 +92,10 @@ def test_negative_counts_and_times_are_refused(face: Path, tmp_path: Path, optio
     assert "Traceback" not in res.stdout + res.stderr
     assert f"Invalid value for '{option}'" in res.stderr, res.stderr
     assert not (tmp_path / "hls").exists()
+
+
+@pytest.mark.parametrize("url", ["http://x/y", "srt://127.0.0.1:9000", "/tmp/out.flv"])
+def test_rtmp_out_must_be_an_rtmp_url(face: Path, tmp_path: Path, url: str) -> None:
+    res = cli("live", "-s", face, "-i", "rtmp://127.0.0.1:9/live/in", "--rtmp-out", url, cwd=tmp_path)
+    assert res.returncode == 2
+    assert_user_error(res, f"--rtmp-out '{url}' is not an RTMP URL", "rtmp://HOST[:PORT]/APP/KEY", "rtmps://")

@@ -1,0 +1,124 @@
+"""`LiveWriter`'s outage handling against a real local server that accepts TCP connections and drops
+them at once: every reconnection "succeeds" and takes a frame into the socket before the next write
+fails. The give-up timeout must count from the first failure until the output really works again.
+(It used to restart at each reconnection, so such a push never gave up.)"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+av = pytest.importorskip("av")
+
+from swapstream.errors import OutputError  # noqa: E402
+from swapstream.live.streams import RECOVERED_AFTER_S, LiveWriter  # noqa: E402
+from swapstream.types import Frame  # noqa: E402
+
+FPS = 30
+GIVE_UP_S = 1.5
+WITHIN_S = 10.0  # the whole test stays well under 15 s
+
+
+@contextmanager
+def server(drop_first: int | None) -> Iterator[tuple[int, list[int]]]:
+    """A port whose server closes the first `drop_first` connections at once (all of them when None)
+    and reads the others to their end; yields the port and the number of connections accepted."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    srv.settimeout(0.2)
+    stop = threading.Event()
+    accepted = [0]
+
+    def drain(conn: socket.socket) -> None:
+        conn.settimeout(0.2)
+        with conn:
+            while not stop.is_set():
+                try:
+                    if not conn.recv(1 << 16):
+                        return
+                except TimeoutError:
+                    continue
+                except OSError:
+                    return
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            accepted[0] += 1
+            if drop_first is None or accepted[0] <= drop_first:
+                conn.close()
+            else:
+                threading.Thread(target=drain, args=(conn,), daemon=True).start()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        yield srv.getsockname()[1], accepted
+    finally:
+        stop.set()
+        t.join(2)
+        srv.close()
+
+
+@pytest.fixture
+def dropping_server() -> Iterator[int]:
+    """Accepts each connection and closes it."""
+    with server(None) as (port, accepted):
+        yield port
+        assert accepted[0] >= 2, "the writer never reconnected: the test did not test the retry"
+
+
+@pytest.fixture
+def flaky_server() -> Iterator[int]:
+    """Drops the first connection, then keeps the next one and reads what comes."""
+    with server(1) as (port, accepted):
+        yield port
+        assert accepted[0] == 2, accepted
+
+
+def frames_for(w: LiveWriter, seconds: float) -> None:
+    rng = np.random.default_rng(0)
+    t0, i = time.monotonic(), 0
+    while time.monotonic() - t0 < seconds:
+        w.write(Frame(rng.integers(0, 256, (120, 160, 3), np.uint8), pts=i, time_base=Fraction(1, FPS)))
+        i += 1
+        time.sleep(1 / FPS)
+
+
+def writer(port: int) -> LiveWriter:
+    # FLV over plain TCP: the same muxer and retry path as an RTMP push, with a server that needs no
+    # RTMP handshake for the connection to open.
+    return LiveWriter(f"tcp://127.0.0.1:{port}", kind="rtmp", width=160, height=120, fps=FPS,
+                      time_base=Fraction(1, FPS), reconnect_seconds=GIVE_UP_S)
+
+
+def test_a_push_that_keeps_failing_gives_up_after_its_timeout(dropping_server: int) -> None:
+    w = writer(dropping_server)
+    t0 = time.monotonic()
+    with pytest.raises(OutputError) as e:
+        frames_for(w, WITHIN_S)
+    took = time.monotonic() - t0
+    assert GIVE_UP_S <= took < GIVE_UP_S + 3, took
+    assert f"live output 'tcp://127.0.0.1:{dropping_server}' has failed for {GIVE_UP_S:g} s" in str(e.value)
+    assert "Check that the server is up" in str(e.value) and "\n" not in str(e.value)
+    assert w.dropped > 0
+
+
+def test_a_push_that_comes_back_goes_on(flaky_server: int) -> None:
+    """One dropped connection, then a working one: the outage ends, and the push runs on past the
+    give-up time."""
+    w = writer(flaky_server)
+    frames_for(w, GIVE_UP_S + 2 * RECOVERED_AFTER_S)
+    assert w.dropped >= 1 and w.frames > FPS * GIVE_UP_S
+    w.close()
