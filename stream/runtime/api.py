@@ -52,7 +52,9 @@ log = logging.getLogger(__name__)
 STATIC = Path(__file__).resolve().parent / "static"
 
 IMAGE_TYPES = {"image/png": "png", "image/jpeg": "jpeg", "image/webp": "webp"}
-HLS_FILE = re.compile(r"^(index\.m3u8|seg_\d{5}\.ts)$")
+# The writer names segments seg_%05d.ts: five digits at least, more after segment 99999. ASCII
+# digits only, and the whole name (`fullmatch`: `$` alone would let a trailing newline through).
+HLS_FILE = re.compile(r"index\.m3u8|seg_[0-9]{5,}\.ts")
 RTMP_URL = re.compile(r"^rtmps?://[A-Za-z0-9.\-\[\]:]+(:\d+)?/[\x21-\x7e]{1,1000}$")
 FORBIDDEN_OVERRIDES = SERVER_SETTINGS
 
@@ -479,7 +481,7 @@ class ControlApi:
         expected = self.settings.view_keys.get(sid)
         if expected is None or not hmac.compare_digest(key.encode(), expected.encode()):
             return _error(404, "no such HLS stream (unknown stream or view key)")
-        if not HLS_FILE.match(name) or self.settings.hls_root is None:
+        if not HLS_FILE.fullmatch(name) or self.settings.hls_root is None:
             return _error(404, f"no HLS file {name!r}")
         path = self.settings.hls_root / sid / name
         if not path.is_file():

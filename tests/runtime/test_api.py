@@ -275,3 +275,13 @@ def test_a_swapper_whose_model_is_missing_is_a_422_naming_the_file(clip: tuple[P
         assert str(models) in why
         # The stream carries on without a face.
         assert json.loads(request(s, "GET", "/api/streams/cam")[2])["state"] == "running"
+
+
+def test_hls_file_names_are_the_writers_past_segment_99999() -> None:
+    from swapstream.runtime.api import HLS_FILE
+
+    for name in ("index.m3u8", "seg_00000.ts", "seg_99999.ts", "seg_100000.ts", "seg_1234567.ts"):
+        assert HLS_FILE.fullmatch(name), name
+    for name in ("seg_1.ts", "seg_0001.ts", "seg_00001.ts.bak", "seg_00001.m3u8", "../seg_00001.ts",
+                 "seg_-0001.ts", "index.m3u8/x", "seg_00001.ts\n", "seg_\u0660\u0660\u0660\u0660\u0660.ts"):
+        assert not HLS_FILE.fullmatch(name), name
