@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -57,6 +58,10 @@ interval, measured per session.) Both are part of how late each medium reaches u
 DELAY_SMOOTHING = 0.2
 """Weight of the newest measurement in the video delay's moving average: follows a change within
 about five frames, while one slow frame moves the audio by a fifth of its excess."""
+
+LATENCY_SAMPLES = 1800
+"""Swap-stage latencies a session keeps: its last minute at 30 fps, enough for a median and a p99,
+while a session that runs for hours holds no more."""
 
 T = TypeVar("T")
 
@@ -126,8 +131,9 @@ class Session:
     max_backlog: int = 0
     """Most video frames found waiting in aiortc's receive queue at once."""
     faces: int = 0
-    latency_ms: list[float] = field(default_factory=list)
-    """Per swapped frame: taken from the receive queue -> handed to the outgoing tracks."""
+    latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_SAMPLES))
+    """Per swapped frame, the newest `LATENCY_SAMPLES`: taken from the receive queue -> handed to
+    the outgoing tracks."""
     video_delay_s: float = 0.0
     """Moving average of `latency_ms`, in seconds."""
     in_interval_s: float = 0.0

@@ -80,3 +80,44 @@ def test_whip_publish_get_swapped_video_back_and_delete() -> None:
     print(f"WHIP: {len(got)} swapped frames back, swap stage median {np.median(res['latency']):.0f} ms, "
           f"{res['dropped']} dropped as late; changed pixels {max(ratios):.2f} of the way from the "
           f"swapped frame to the sent one at most")
+
+
+def test_a_long_session_keeps_a_bounded_latency_window() -> None:
+    """A session that runs for hours must not keep one latency per frame: the newest
+    LATENCY_SAMPLES stay, and what reads them (medians, the bench tools) still works."""
+    import statistics
+    from fractions import Fraction
+
+    import av
+    from aiortc.mediastreams import MediaStreamError
+
+    from swapstream.live.webrtc import LATENCY_SAMPLES, Session
+
+    n = LATENCY_SAMPLES + 200
+
+    class Camera:
+        """A remote track's `recv`: n small frames at 30 fps, then the end of the track."""
+
+        def __init__(self) -> None:
+            self.sent = 0
+
+        async def recv(self) -> av.VideoFrame:
+            if self.sent == n:
+                raise MediaStreamError
+            f = av.VideoFrame.from_ndarray(np.full((16, 16, 3), self.sent % 256, np.uint8), format="rgb24")
+            f.pts, f.time_base = self.sent, Fraction(1, 30)
+            self.sent += 1
+            return f
+
+    async def scenario() -> Session:
+        server = WhipServer(lambda rgb, index: 1)
+        session = Session(pc=None)
+        await server._consume(session, Camera())
+        server._pool.shutdown()
+        return session
+
+    s = asyncio.run(scenario())
+    assert s.frames_out == n and s.faces == n
+    assert len(s.latency_ms) == LATENCY_SAMPLES
+    assert statistics.median(s.latency_ms) >= 0 and np.percentile(s.latency_ms, 99) >= 0
+    assert s.video_delay_s > 0
