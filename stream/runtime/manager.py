@@ -168,7 +168,9 @@ class DeviceSlot:
 
     def busy(self, window: float = 5.0) -> float:
         now = time.monotonic()
-        return min(1.0, sum(s for t, s in self._busy if now - t <= window) / window)
+        # The worker thread appends while this runs on the loop: list() copies in one C call, under
+        # the GIL; iterating the deque itself could meet an append ("deque mutated during iteration").
+        return min(1.0, sum(s for t, s in list(self._busy) if now - t <= window) / window)
 
     async def close(self) -> None:
         await self.batcher.close()

@@ -524,7 +524,9 @@ class StreamPipeline:
 
     def fps(self, window: float = 2.0) -> float:
         now = time.monotonic()
-        n = sum(1 for t in self.out_times if now - t <= window)
+        # /metrics reads this in an executor thread while the loop appends: list() copies in one C
+        # call, under the GIL, where iterating the deque could meet an append.
+        n = sum(1 for t in list(self.out_times) if now - t <= window)
         return n / window
 
     def drops(self) -> dict[str, int]:

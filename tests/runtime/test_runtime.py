@@ -17,7 +17,7 @@ from swapstream.config import Config
 from swapstream.demo import astronaut
 from swapstream.runtime.engines import MeshEngine, SwapEngine, SwapItem
 from swapstream.runtime.manager import SlotLoad, StreamRequestError, StreamRuntime, place
-from swapstream.runtime.stream import InputSpec, OutputSpec, StreamSpec
+from swapstream.runtime.stream import InputSpec, OutputSpec, StreamPipeline, StreamSpec
 
 from .conftest import runtime_config
 
@@ -268,3 +268,40 @@ def test_streams_that_end_or_fail_give_back_their_resources_and_their_place(clip
             await rt.close()
 
     asyncio.run(main())
+
+
+def test_load_and_fps_can_be_read_while_another_thread_records_them() -> None:
+    """The device's busy share is read on the loop while its worker thread appends to it, and a
+    stream's fps in /metrics' executor thread while the loop appends: no 'deque mutated during
+    iteration'. A tiny switch interval makes the threads interleave inside every read."""
+    import sys
+
+    rt = StreamRuntime(runtime_config(), devices=["cpu"])
+    slot = rt.slots[0]
+    p = StreamPipeline(file_spec("cam", Path("unused.mp4")), runtime_config(), slot, rt.metrics, 250.0)
+    now = time.monotonic()
+    for i in range(1500):
+        slot._busy.append((now, 0.001))
+        p.out_times.append(now)
+    stop = threading.Event()
+
+    def record() -> None:
+        while not stop.is_set():
+            slot._busy.append((time.monotonic(), 0.001))
+            p.out_times.append(time.monotonic())
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    writer = threading.Thread(target=record)
+    writer.start()
+    try:
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            assert 0.0 < slot.busy() <= 1.0
+            assert p.fps() > 0
+            assert len(rt.metrics.render()) > 0
+    finally:
+        stop.set()
+        writer.join()
+        sys.setswitchinterval(old)
+        p._shutdown_pools()
