@@ -385,16 +385,22 @@ class StreamPipeline:
                 item.stream_id = self.id
                 loop.call_soon_threadsafe(self._arrive, _Work(item, time.monotonic()))
         except SwapStreamError as e:
-            loop.call_soon_threadsafe(self._fail, str(e))
-        except RuntimeError:
-            return  # the loop has closed under us: the runtime is gone
+            self._tell(loop, self._fail, str(e))
         except Exception as e:  # a decoder failure we did not expect: this stream ends, not the process
+            if isinstance(e, RuntimeError) and loop.is_closed():
+                return  # call_soon_threadsafe on a closed loop: the runtime is gone, nobody to tell
             log.exception("stream %s: reader failed", self.id)
-            loop.call_soon_threadsafe(self._fail, f"reading the input failed: {e}")
+            self._tell(loop, self._fail, f"reading the input failed: {e}")
+        self._tell(loop, self.in_q.close)
+
+    @staticmethod
+    def _tell(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
+        """Run `fn(*args)` in the loop, from another thread, unless the loop has closed meanwhile."""
         try:
-            loop.call_soon_threadsafe(self.in_q.close)
+            loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:
-            pass
+            if not loop.is_closed():
+                raise
 
     def _arrive(self, w: _Work) -> None:
         self.frames_in += 1

@@ -305,3 +305,53 @@ def test_load_and_fps_can_be_read_while_another_thread_records_them() -> None:
         writer.join()
         sys.setswitchinterval(old)
         p._shutdown_pools()
+
+
+class BrokenReader:
+    """A reader that hands over one frame, then raises what a decoder bug would (injected failure)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def __iter__(self) -> Any:
+        from fractions import Fraction
+
+        from swapstream.types import Frame
+
+        yield Frame(np.zeros((48, 64, 3), np.uint8), pts=0, time_base=Fraction(1, 10))
+        raise self.error
+
+    def stop(self) -> None:
+        pass
+
+
+def test_a_reader_error_fails_the_stream_unless_the_loop_is_gone() -> None:
+    rt = StreamRuntime(runtime_config(), devices=["cpu"])
+
+    def pipeline() -> StreamPipeline:
+        p = StreamPipeline(file_spec("cam", Path("unused.mp4")), runtime_config(), rt.slots[0], rt.metrics, 250.0)
+        p._shutdown_pools()  # only the reader runs here
+        p.state = "running"
+        return p
+
+    async def main() -> StreamPipeline:
+        p = pipeline()
+        p._reader = BrokenReader(RuntimeError("the decoder lost its context"))
+        reader = threading.Thread(target=p._read, args=(asyncio.get_running_loop(), False))
+        reader.start()
+        await until(lambda: p.in_q.closed, 5, "the reader to finish")
+        reader.join(5)
+        return p
+
+    p = asyncio.run(main())
+    # A RuntimeError from the input is a failure of this stream, with the reason, not a silent end.
+    assert p.state == "failed" and p.error == "reading the input failed: the decoder lost its context"
+    assert p.frames_in == 1
+
+    # With the loop closed under it (the runtime is gone), the reader just returns.
+    closed = asyncio.new_event_loop()
+    closed.close()
+    q = pipeline()
+    q._reader = BrokenReader(RuntimeError("unused"))
+    q._read(closed, False)
+    assert q.state == "running" and q.frames_in == 0
