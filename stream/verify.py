@@ -40,14 +40,29 @@ class FrameResult:
     reason: str
 
 
+KEEP_FRAMES = 10_000
+"""Per-frame results a report keeps, the first ones: a file's first five minutes at 30 fps, a few
+MB. A live URL without --max-frames runs without end; past this only the counts grow."""
+
+
 @dataclass
 class VerifyReport:
-    """Per-frame results and the summary of one input."""
+    """Per-frame results and the summary of one input. The summary counts every frame; `frames`
+    holds the first `keep_frames` of them, so that an endless stream does not fill memory."""
 
     source: str
     width: int = 0
     height: int = 0
+    keep_frames: int | None = KEEP_FRAMES
+    """How many per-frame results to keep (None: all)."""
     frames: list[FrameResult] = field(default_factory=list)
+    """The first `keep_frames` frames' results."""
+    frame_count: int = 0
+    """Frames checked, kept or not."""
+    marked: int = 0
+    """Frames in which the mark was found."""
+    payloads: Counter[Payload] = field(default_factory=Counter)
+    """Frames per payload read."""
     combined: Detection | None = None
     """All frames' soft values decoded together."""
     metadata: dict[str, str] = field(default_factory=dict)
@@ -55,13 +70,15 @@ class VerifyReport:
     stopped_early: str = ""
     """Why decoding stopped before the end (a decode error), if it did."""
 
-    @property
-    def marked(self) -> int:
-        return sum(1 for f in self.frames if f.found)
-
-    @property
-    def payloads(self) -> Counter[Payload]:
-        return Counter(f.payload for f in self.frames if f.found and f.payload is not None)
+    def add(self, r: FrameResult) -> None:
+        """Count one frame's result, and keep it while there is room."""
+        self.frame_count += 1
+        if r.found:
+            self.marked += 1
+            if r.payload is not None:
+                self.payloads[r.payload] += 1
+        if self.keep_frames is None or len(self.frames) < self.keep_frames:
+            self.frames.append(r)
 
     @property
     def found(self) -> bool:
@@ -77,8 +94,9 @@ class VerifyReport:
             "frames": [{"index": f.index, "time": f.time, "marked": f.found, "payload": pay(f.payload),
                         "score": round(f.score, 4), **({"reason": f.reason} if f.reason else {})}
                        for f in self.frames],
+            "frames_omitted": self.frame_count - len(self.frames),
             "summary": {
-                "frames": len(self.frames), "marked_frames": self.marked,
+                "frames": self.frame_count, "marked_frames": self.marked,
                 "payloads": [{**(pay(p) or {}), "frames": n} for p, n in self.payloads.most_common()],
                 "combined": None if self.combined is None else {
                     "marked": self.combined.found, "payload": pay(self.combined.payload),
@@ -118,11 +136,13 @@ def _open(source: str) -> Any:
 
 
 def verify(source: str, *, max_frames: int | None = None,
-           on_frame: Callable[[FrameResult], None] | None = None) -> VerifyReport:
-    """Check every frame of `source` (a path or URL), up to `max_frames`."""
+           on_frame: Callable[[FrameResult], None] | None = None,
+           keep_frames: int | None = KEEP_FRAMES) -> VerifyReport:
+    """Check every frame of `source` (a path or URL), up to `max_frames`. The report keeps the first
+    `keep_frames` per-frame results (None: all); `on_frame` sees every one as it comes."""
     import av
 
-    report = VerifyReport(source)
+    report = VerifyReport(source, keep_frames=keep_frames)
     container = _open(source)
     with container:
         report.metadata = {k: str(v) for k, v in container.metadata.items()}
@@ -139,7 +159,7 @@ def verify(source: str, *, max_frames: int | None = None,
                 d = detect(luma)
                 t = float(frame.pts * tb) if frame.pts is not None and tb is not None else None
                 r = FrameResult(n, t, d.found, d.payload, d.score, d.reason)
-                report.frames.append(r)
+                report.add(r)
                 total += d.soft
                 n += 1
                 if on_frame is not None:

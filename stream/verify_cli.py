@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .console import err, out
-from .verify import FrameResult, VerifyReport, verify
+from .verify import KEEP_FRAMES, FrameResult, VerifyReport, verify
 
 
 def _frame_line(r: FrameResult) -> Text:
@@ -25,7 +25,7 @@ def _frame_line(r: FrameResult) -> Text:
 
 
 def _summary(rep: VerifyReport) -> None:
-    n = len(rep.frames)
+    n = rep.frame_count
     t = Table(show_header=False, box=None, pad_edge=False)
     t.add_row("input", Text(rep.source))
     t.add_row("frames", f"{n} ({rep.width}x{rep.height})")
@@ -51,8 +51,9 @@ def _summary(rep: VerifyReport) -> None:
 def verify_command(
     source: Annotated[str, typer.Argument(help="Video file or stream URL (http, rtmp, ...).",
                                           metavar="FILE_OR_URL")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document (every frame and "
-                                                         "the summary) instead of text.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document instead of text: "
+                                                         f"the first {KEEP_FRAMES} frames, the number "
+                                                         "left out, and the summary of all.")] = False,
     summary_only: Annotated[bool, typer.Option("--summary", help="Print only the summary.")] = False,
     max_frames: Annotated[Optional[int], typer.Option(min=1, help="Stop after this many frames "
                                                       "(for endless streams).")] = None,
@@ -63,7 +64,9 @@ def verify_command(
     """
     # soft_wrap: one frame, one line, whatever the terminal's width (scripts grep these lines).
     show = None if as_json or summary_only else (lambda r: out.print(_frame_line(r), soft_wrap=True))
-    rep = verify(source, max_frames=max_frames, on_frame=show)
+    # Text shows each frame as it comes and keeps none; JSON keeps the first KEEP_FRAMES. The summary
+    # counts every frame either way, so memory stays bounded on an endless stream.
+    rep = verify(source, max_frames=max_frames, on_frame=show, keep_frames=KEEP_FRAMES if as_json else 0)
     if as_json:
         typer.echo(json.dumps(rep.to_dict(), indent=2))
     else:

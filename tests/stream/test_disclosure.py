@@ -213,6 +213,26 @@ def test_file_output_by_default_is_marked_not_labelled(clip: Path, tmp_path: Pat
     assert np.abs(b[3][box].astype(int) - a[3][box]).mean() < 6
 
 
+def test_verify_keeps_few_frames_and_counts_them_all(clip: Path, tmp_path: Path) -> None:
+    """A live URL without --max-frames never ends: the report keeps the first frames only, while
+    the summary still counts every frame, exactly as when all are kept."""
+    out = tmp_path / "swapped.mp4"
+    job = run_job(load_config(), clip, out)
+    full = verify(str(out), keep_frames=None)
+    seen: list[int] = []
+    few = verify(str(out), keep_frames=3, on_frame=lambda r: seen.append(r.index))
+    assert len(full.frames) == 10 and full.frame_count == 10 and full.marked == 10
+    assert [f.index for f in few.frames] == [0, 1, 2] and seen == list(range(10))
+    assert few.frame_count == 10 and few.marked == 10 and few.payloads == {job.disclosure.payload: 10}
+    assert few.payloads == full.payloads and few.found
+    doc, whole = few.to_dict(), full.to_dict()
+    assert doc["summary"] == whole["summary"] and doc["summary"]["frames"] == 10
+    assert len(doc["frames"]) == 3 and doc["frames"] == whole["frames"][:3]
+    assert doc["frames_omitted"] == 7 and whole["frames_omitted"] == 0
+    none = verify(str(out), keep_frames=0)   # what text mode asks for: lines printed, none kept
+    assert none.frames == [] and none.to_dict()["summary"] == whole["summary"]
+
+
 def test_live_outputs_write_the_synthetic_tags(tmp_path: Path) -> None:
     from swapstream.live.streams import LiveWriter
 
@@ -271,6 +291,7 @@ def test_verify_command(clip: Path, tmp_path: Path) -> None:
     assert doc["summary"]["marked_frames"] == 10 and doc["summary"]["mark_found"] is True
     assert doc["summary"]["payloads"] == [{"product_id": 0x5353, "stream_id": 0x12345678, "frames": 10}]
     assert len(doc["frames"]) == 10 and all(f["marked"] for f in doc["frames"])
+    assert doc["frames_omitted"] == 0
 
     # The unmodified input: no mark, exit 1.
     res = cli("verify", clip, "--summary", cwd=tmp_path)
