@@ -4,7 +4,8 @@ Every source frame carries its number in a corner (big black/white blocks that s
 coding), so that each frame that comes out of SwapStream can be matched to the frame it came from,
 for pixels and for latency, whatever was dropped on the way. The audio is a tone that is on during
 even seconds and off during odd ones of the same clock as the video, so that the audio's delay can
-be set against the video's. Used by the live tests and by `tools/bench_live.py`.
+be set against the video's. Used by the live tests and by `tools/bench_live.py`. The stamps
+themselves are in `swapstream.live.stamps`, which needs nothing but NumPy.
 """
 
 from __future__ import annotations
@@ -20,25 +21,13 @@ from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
 from ..demo import grace_hopper, render_target_frame
+# The stamps live in `.stamps` (NumPy only); importable from here as before.
+from .stamps import BITS, read_stamp, stamp  # noqa: F401
 
-BITS = 8
 VIDEO_CLOCK = Fraction(1, 90000)
 AUDIO_RATE = 48000
 AUDIO_FRAME = 960
 """Samples per audio frame: 20 ms, what aiortc's Opus encoder sends per packet."""
-
-
-def stamp(img: np.ndarray, n: int, cell: int = 16) -> None:
-    """Write n mod 256 into the top-left corner: bit b is block b, white for 1, black for 0."""
-    for b in range(BITS):
-        img[0:cell, b * cell:(b + 1) * cell] = 255 if (n >> b) & 1 else 0
-
-
-def read_stamp(img: np.ndarray, cell: int = 16) -> int:
-    """The number `stamp` wrote, reading each block's middle (codecs blur the block edges)."""
-    m = cell // 5
-    return sum(1 << b for b in range(BITS)
-               if img[m:cell - m, b * cell + m:(b + 1) * cell - m].mean() > 128)
 
 
 class ProbeClock:

@@ -1,4 +1,9 @@
-"""Fixtures for the runtime tests: a stamped clip, the runtime and its API served on loopback."""
+"""Fixtures for the runtime tests: a stamped clip, the runtime and its API served on loopback.
+
+Importable without PyAV, aiohttp, aiortc or prometheus_client (absent on the GPU machine, whose run is
+`-m gpu` only): the queue, batcher and controller tests need none of them. Each test module that does
+skips itself without them; the fixtures import them when used.
+"""
 
 from __future__ import annotations
 
@@ -8,25 +13,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
 
-av = pytest.importorskip("av")
-# The runtime's own dependencies: absent on the GPU machine, whose run is `-m gpu` only.
-pytest.importorskip("prometheus_client")
-pytest.importorskip("aiohttp")
-pytest.importorskip("aiortc")
+from swapstream.config import Config, load_config
+from swapstream.demo import grace_hopper, render_target_frame
 
-from aiohttp import web  # noqa: E402
+from ..stream.stamps import stamp
 
-from swapstream.config import Config, load_config  # noqa: E402
-from swapstream.demo import grace_hopper, render_target_frame  # noqa: E402
-from swapstream.runtime.api import ApiSettings, mount_runtime  # noqa: E402
-from swapstream.runtime.manager import StreamRuntime  # noqa: E402
-
-from ..stream.stamps import stamp  # noqa: E402
+if TYPE_CHECKING:
+    from swapstream.runtime.api import ApiSettings
+    from swapstream.runtime.manager import StreamRuntime
 
 FPS = 10
 SIZE = (320, 240)
@@ -36,6 +35,7 @@ TOKEN = "test-token-0123456789abcdef"
 
 def make_clip(path: Path, seconds: float, size: tuple[int, int] = SIZE, fps: int = FPS) -> list[np.ndarray]:
     """An H.264 clip of the moving Grace Hopper portrait, each frame's number stamped in a corner."""
+    av = pytest.importorskip("av")
     frames = []
     portrait = grace_hopper()
     with av.open(str(path), "w") as c:
@@ -78,6 +78,10 @@ class Served:
 
 
 def serve_runtime(runtime: StreamRuntime, settings: ApiSettings) -> Iterator[Served]:
+    from aiohttp import web
+
+    from swapstream.runtime.api import mount_runtime
+
     loop = asyncio.new_event_loop()
     app = web.Application()
     mount_runtime(app, runtime, settings)
@@ -112,6 +116,9 @@ def runtime_config(*overrides: str) -> Config:
 
 @pytest.fixture
 def served(clip: tuple[Path, list[np.ndarray]], tmp_path: Path) -> Iterator[Served]:
+    from swapstream.runtime.api import ApiSettings
+    from swapstream.runtime.manager import StreamRuntime
+
     runtime = StreamRuntime(runtime_config(), devices=["cpu"])
     settings = ApiSettings(TOKEN, hls_root=tmp_path / "hls", media_root=clip[0].parent)
     yield from serve_runtime(runtime, settings)

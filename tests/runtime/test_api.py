@@ -17,11 +17,15 @@ import cv2
 import numpy as np
 import pytest
 
-from swapstream.demo import astronaut, grace_hopper
-from swapstream.runtime.api import ApiSettings
-from swapstream.runtime.manager import StreamRuntime
+pytest.importorskip("av")
+pytest.importorskip("aiohttp")
+pytest.importorskip("prometheus_client")
 
-from .conftest import TOKEN, Served, runtime_config, serve_runtime
+from swapstream.demo import astronaut, grace_hopper  # noqa: E402
+from swapstream.runtime.api import ApiSettings  # noqa: E402
+from swapstream.runtime.manager import StreamRuntime  # noqa: E402
+
+from .conftest import TOKEN, Served, runtime_config, serve_runtime  # noqa: E402
 
 
 def request(s: Served, method: str, path: str, body: Any = None, *, token: str | None = TOKEN,

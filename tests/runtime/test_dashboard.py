@@ -13,6 +13,9 @@ import numpy as np
 import pytest
 
 sync_api = pytest.importorskip("playwright.sync_api")
+pytest.importorskip("av")
+pytest.importorskip("aiohttp")
+pytest.importorskip("prometheus_client")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None:
     pytest.skip("needs Debian's chromium (.ci/run installs it)", allow_module_level=True)

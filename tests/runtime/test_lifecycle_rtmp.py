@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 
 av = pytest.importorskip("av")
+pytest.importorskip("aiohttp")
+pytest.importorskip("prometheus_client")
 if shutil.which("ffmpeg") is None or not Path("/usr/lib/nginx/modules/ngx_rtmp_module.so").exists():
     pytest.skip("needs ffmpeg and nginx with libnginx-mod-rtmp (.ci/run installs them)",
                 allow_module_level=True)

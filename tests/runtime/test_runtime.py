@@ -13,13 +13,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from swapstream.config import Config
-from swapstream.demo import astronaut
-from swapstream.runtime.engines import MeshEngine, SwapEngine, SwapItem
-from swapstream.runtime.manager import SlotLoad, StreamRequestError, StreamRuntime, place
-from swapstream.runtime.stream import InputSpec, OutputSpec, StreamPipeline, StreamSpec
+pytest.importorskip("av")
+pytest.importorskip("prometheus_client")
 
-from .conftest import runtime_config
+from swapstream.config import Config  # noqa: E402
+from swapstream.demo import astronaut  # noqa: E402
+from swapstream.runtime.engines import MeshEngine, SwapEngine, SwapItem  # noqa: E402
+from swapstream.runtime.manager import SlotLoad, StreamRequestError, StreamRuntime, place  # noqa: E402
+from swapstream.runtime.stream import InputSpec, OutputSpec, StreamPipeline, StreamSpec  # noqa: E402
+
+from .conftest import runtime_config  # noqa: E402
 
 
 class SlowEngine:

@@ -1,8 +1,9 @@
-"""Frame-number stamps for the live tests: they now live in the package (`swapstream.live.probe`),
-where `tools/bench_live.py` uses them too. Kept here for the tests that import them from here."""
+"""Frame-number stamps for the live tests: they live in the package (`swapstream.live.stamps`, NumPy
+only), where `swapstream.live.probe` and `tools/bench_live.py` use them too. Kept here for the tests
+that import them from here."""
 
 from __future__ import annotations
 
-from swapstream.live.probe import BITS, read_stamp, stamp
+from swapstream.live.stamps import BITS, read_stamp, stamp
 
 __all__ = ["BITS", "read_stamp", "stamp"]
