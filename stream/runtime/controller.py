@@ -7,7 +7,8 @@ The ladder, cheapest loss of quality first:
 1. `detect_less`: run the face detector less often (landmarks keep tracking in between);
 2. `mesh`: move the stream from its neural swapper to the built-in `mesh` swapper (skipped when the
    stream already uses `mesh`);
-3. `low_res`: swap the faces at a lower resolution and scale the change back up.
+3. `low_res`: swap the faces at a lower resolution and scale the change back up (host frames only:
+   not on the ladder of a stream on a GPU, whose frames are swapped on the device).
 
 Hysteresis: a step down needs the p99 over the frames since the last change to exceed the budget
 (at least `min_samples` of them, so that one slow frame after a change cannot trigger it) and
@@ -25,9 +26,10 @@ MESH = "mesh"
 LOW_RES = "low_res"
 
 
-def ladder(swapper: str) -> tuple[str, ...]:
-    """The steps available to a stream whose configured swapper is `swapper`, in order."""
-    return (DETECT_LESS,) + (() if swapper == "mesh" else (MESH,)) + (LOW_RES,)
+def ladder(swapper: str, low_res: bool = True) -> tuple[str, ...]:
+    """The steps available to a stream whose configured swapper is `swapper`, in order. `low_res`
+    False leaves that step out (a GPU device, where it would change nothing)."""
+    return (DETECT_LESS,) + (() if swapper == "mesh" else (MESH,)) + ((LOW_RES,) if low_res else ())
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,8 @@ class SwapItem:
     identity: Any
     """What the engine's `identity` returned for this stream's source face."""
     scale: float = 1.0
-    """Below 1: swap at this fraction of the resolution (the controller's `low_res` step)."""
+    """Below 1: swap at this fraction of the resolution (the controller's `low_res` step, host
+    frames only: streams on a GPU do not have that step)."""
     started: float = 0.0
     """time.monotonic() when its batch started (set by the device thread)."""
     ended: float = 0.0

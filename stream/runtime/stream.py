@@ -134,7 +134,9 @@ class StreamPipeline:
         self.metrics = metrics
         self.budget_ms = budget_ms
         rc = cfg.runtime
-        self.steps = ladder(spec.swapper)
+        # `low_res` rescales host frames around the swap; on a GPU the frames are swapped on the
+        # device at full size, so the step would change nothing there and is left out.
+        self.steps = ladder(spec.swapper, low_res=slot.gpu_index is None)
         self.level = 0
         self.engine_name = spec.swapper
         self.scale = 1.0

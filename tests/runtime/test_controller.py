@@ -93,3 +93,9 @@ def test_bad_settings_are_refused() -> None:
         ControllerSettings(up_ratio=1.2)
     with pytest.raises(ValueError, match="need 0 < gpu_low < gpu_high <= 1"):
         ControllerSettings(gpu_low=0.95, gpu_high=0.9)
+
+
+def test_ladder_without_low_res() -> None:
+    # Streams on a GPU: frames are swapped on the device at full size, so low_res is not offered.
+    assert ladder("inswapper_128", low_res=False) == ("detect_less", "mesh")
+    assert ladder("mesh", low_res=False) == ("detect_less",)

@@ -358,3 +358,15 @@ def test_a_reader_error_fails_the_stream_unless_the_loop_is_gone() -> None:
     q._reader = BrokenReader(RuntimeError("unused"))
     q._read(closed, False)
     assert q.state == "running" and q.frames_in == 0
+
+
+def test_streams_on_a_gpu_have_no_low_res_step() -> None:
+    rt = StreamRuntime(runtime_config(), devices=["cuda:0", "cpu"])  # nothing touches the GPU here
+    ps = [StreamPipeline(file_spec(f"s{i}", Path("unused.mp4"), swapper="inswapper_128"), runtime_config(),
+                         slot, rt.metrics, 250.0) for i, slot in enumerate(rt.slots)]
+    try:
+        assert ps[0].steps == ("detect_less", "mesh") and ps[0].info()["ladder"] == ["detect_less", "mesh"]
+        assert ps[1].steps == ("detect_less", "mesh", "low_res")
+    finally:
+        for p in ps:
+            p._shutdown_pools()
