@@ -45,6 +45,11 @@ class SwapItem:
     """time.monotonic() when its batch ended."""
 
 
+class SwapFailed(Exception):
+    """The batch this frame was in failed: the frame goes on as it came (unswapped), and the stream
+    carries on. The message is the engine's error."""
+
+
 class SwapEngine(Protocol):
     """What the runtime needs from a swapper (mesh, neural, or a test's instrumented engine)."""
 

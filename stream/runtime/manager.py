@@ -15,6 +15,7 @@ own tasks and threads and its own requests in the batcher; the others carry on.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import re
 import time
@@ -28,7 +29,7 @@ from ..config import Config, load_config
 from ..errors import ConfigError, SwapStreamError
 from .batcher import BatchRecord, DynamicBatcher
 from .controller import ControllerSettings, DegradationController
-from .engines import EngineFactory, SwapEngine, SwapItem, default_engine_factory
+from .engines import EngineFactory, SwapEngine, SwapFailed, SwapItem, default_engine_factory
 from .metrics import GpuMonitor, RuntimeMetrics, RuntimeSnapshot
 from .stream import StoppedWhileStarting, StreamPipeline, StreamSpec
 
@@ -107,6 +108,9 @@ class DeviceSlot:
         self._engines: dict[str, SwapEngine] = {}
         self.streams: set[str] = set()
         self._busy: deque[tuple[float, float]] = deque(maxlen=2000)
+        self.failed_frames = 0
+        """Frames passed on unswapped because their batch failed."""
+        self._failure_logged: dict[Hashable, float] = {}
         self.batcher = DynamicBatcher(self._run, max_batch=config.neural.max_batch,
                                       max_wait=config.runtime.max_wait_ms / 1e3, executor=self._pool,
                                       observer=self._observed, name=f"batcher-{name}")
@@ -130,30 +134,51 @@ class DeviceSlot:
         return e
 
     def _run(self, key: Hashable, items: list[SwapItem]) -> list[Any]:
-        """One batch, in the worker thread."""
+        """One batch, in the worker thread. If it fails (the engine cannot be built, or raises), its
+        frames go on as they came, each answered with SwapFailed: the streams carry on."""
         t0 = time.monotonic()
         for it in items:
             it.started = t0
-        with self._device():
-            engine = self._engine(str(key))
-            if self.gpu_index is not None:
-                import cupy
+        host = [it.frame for it in items]
+        backup: list[Any] = []
+        try:
+            with self._device():
+                engine = self._engine(str(key))
+                if self.gpu_index is not None:
+                    import cupy
 
-                # Frames come from the host decoder: up for the swap, back down for the encoder.
-                host = [it.frame for it in items]
-                for it in items:
-                    it.frame = cupy.asarray(it.frame)
-                counts = engine.swap(items)
-                for it, h in zip(items, host):
-                    it.frame.get(out=h)
-                    it.frame = h
-            else:
-                counts = engine.swap(items)
+                    # Frames come from the host decoder: up for the swap, back down for the encoder.
+                    # A failure before the download leaves the host frames as they were.
+                    for it in items:
+                        it.frame = cupy.asarray(it.frame)
+                    counts = list(engine.swap(items))
+                    for it, h in zip(items, host):
+                        it.frame.get(out=h)
+                        it.frame = h
+                else:
+                    # Engines swap in place: a copy (a fraction of a millisecond per frame, next to
+                    # milliseconds per face) lets a batch that fails part-way give its frames back whole.
+                    backup = [f.copy() for f in host]
+                    counts = list(engine.swap(items))
+        except Exception as e:
+            for it, h, b in itertools.zip_longest(items, host, backup):
+                it.frame = h
+                if b is not None:
+                    h[...] = b
+            counts = [SwapFailed(f"swap on {self.name} with {key} failed: {e}") for _ in items]
+            self.failed_frames += len(items)
+            self.metrics.observe_swap_failed(self.name, len(items))
+            # A broken engine fails every batch: one traceback per engine every 10 s is enough.
+            now = time.monotonic()
+            if now - self._failure_logged.get(key, -1e9) >= 10.0:
+                self._failure_logged[key] = now
+                log.exception("%s: a batch on %s failed; its %d frame(s) go on unswapped (%d so far)",
+                              self.name, key, len(items), self.failed_frames)
         t1 = time.monotonic()
         for it in items:
             it.ended = t1
         self._busy.append((t1, t1 - t0))
-        return list(counts)
+        return counts
 
     def _observed(self, r: BatchRecord) -> None:
         self.metrics.observe_batch(self.name, r.faces, r.seconds, r.waited, r.late)

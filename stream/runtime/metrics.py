@@ -203,6 +203,9 @@ class RuntimeMetrics:
                                     ["device"], buckets=LATENCY_BUCKETS, registry=self.registry)
         self.late = Counter("swapstream_batch_late", "Frames whose swap finished after their deadline.",
                             ["device"], registry=self.registry)
+        self.swap_failed = Counter("swapstream_swap_failed_frames",
+                                   "Frames passed on unswapped because their swap batch failed.",
+                                   ["device"], registry=self.registry)
         self.registry.register(_ScrapeCollector(snapshot))
 
     def observe_stage(self, stream_id: str, stage: str, seconds: float) -> None:
@@ -214,6 +217,9 @@ class RuntimeMetrics:
         self.batch_wait.labels(device).observe(waited)
         if late:
             self.late.labels(device).inc(late)
+
+    def observe_swap_failed(self, device: str, frames: int) -> None:
+        self.swap_failed.labels(device).inc(frames)
 
     def remove_stream(self, stream_id: str) -> None:
         """Drop a removed stream's histogram series (its counters go with its snapshot)."""

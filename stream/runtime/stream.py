@@ -34,7 +34,7 @@ from ..errors import InputError, SwapStreamError
 from ..io.video import AudioPacket
 from ..types import Face, Frame
 from .controller import DETECT_LESS, LOW_RES, MESH, StreamObservation, ladder
-from .engines import SwapItem
+from .engines import SwapFailed, SwapItem
 from .metrics import StreamSnapshot
 from .queues import DropOldestQueue, QueueClosed
 
@@ -155,6 +155,8 @@ class StreamPipeline:
         self.frames_out = 0
         self.faces_swapped = 0
         self.frames_swapped = 0
+        self.frames_swap_failed = 0
+        """Frames passed on unswapped because their batch failed (the stream carried on)."""
         self.pts_regressions = 0
         """Output frames whose pts was not after the previous one: must stay 0."""
         self.last_pts: int | None = None
@@ -453,8 +455,13 @@ class StreamPipeline:
             return
         item = SwapItem(w.frame.data, w.faces, identity, self.scale)
         submitted = time.monotonic()
-        w.swapped = await self.slot.batcher.submit(self.id, engine, len(w.faces),
-                                                   w.arrived + self.budget_ms / 1e3, item)
+        try:
+            w.swapped = await self.slot.batcher.submit(self.id, engine, len(w.faces),
+                                                       w.arrived + self.budget_ms / 1e3, item)
+        except SwapFailed:
+            # The frame is as it came; it is labelled and marked on its way out like any other.
+            self.frames_swap_failed += 1
+            w.swapped = 0
         if item.ended:
             self.metrics.observe_stage(self.id, "swap_wait", max(0.0, item.started - submitted))
             self.metrics.observe_stage(self.id, "swap", item.ended - item.started)
@@ -559,6 +566,7 @@ class StreamPipeline:
             "ladder": list(self.steps), "history": list(self.history),
             "frames_in": self.frames_in, "frames_out": self.frames_out,
             "frames_swapped": self.frames_swapped, "faces_swapped": self.faces_swapped,
+            "frames_swap_failed": self.frames_swap_failed,
             "dropped": self.drops(), "pts_regressions": self.pts_regressions,
             "queues": {"input": self.in_q.qsize(), "swap": self.swap_q.qsize(),
                        "encode": self.enc_q.qsize()},

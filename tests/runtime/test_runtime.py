@@ -18,7 +18,7 @@ pytest.importorskip("prometheus_client")
 
 from swapstream.config import Config  # noqa: E402
 from swapstream.demo import astronaut  # noqa: E402
-from swapstream.runtime.engines import MeshEngine, SwapEngine, SwapItem  # noqa: E402
+from swapstream.runtime.engines import MeshEngine, SwapEngine, SwapFailed, SwapItem  # noqa: E402
 from swapstream.runtime.manager import SlotLoad, StreamRequestError, StreamRuntime, place  # noqa: E402
 from swapstream.runtime.stream import InputSpec, OutputSpec, StreamPipeline, StreamSpec  # noqa: E402
 
@@ -370,3 +370,108 @@ def test_streams_on_a_gpu_have_no_low_res_step() -> None:
     finally:
         for p in ps:
             p._shutdown_pools()
+
+
+class FlakyEngine:
+    """The mesh engine, failing on demand after it has changed the frames: a model that raises
+    part-way (a CUDA error, a bad input) as far as the runtime can tell."""
+
+    name = "flaky"
+
+    def __init__(self, config: Config) -> None:
+        self.inner = MeshEngine(config)
+        self.max_batch = self.inner.max_batch
+        self.fail = False
+
+    def identity(self, image: np.ndarray) -> Any:
+        return self.inner.identity(image)
+
+    def swap(self, items: list[SwapItem]) -> list[int]:
+        counts = self.inner.swap(items)
+        if self.fail:
+            raise RuntimeError("the model failed after it pasted")
+        return counts
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_a_failed_batch_gives_its_frames_back_whole(clip: tuple[Path, Any]) -> None:
+    _, frames = clip
+    engines: dict[str, FlakyEngine] = {}
+
+    def factory(name: str, config: Config, device: str) -> SwapEngine:
+        engines[name] = FlakyEngine(config)
+        return engines[name]
+
+    rt = StreamRuntime(runtime_config(), devices=["cpu"], engine_factory=factory, swappers=["flaky"])
+    slot = rt.slots[0]
+    try:
+        flaky = slot._engine("flaky")
+        ident = flaky.identity(astronaut())
+        originals = [frames[5], frames[20]]
+        items = [SwapItem(f.copy(), flaky.inner._analyser.analyse_image(f), ident) for f in originals]
+        assert slot._run("flaky", items) == [1, 1]  # it works: the faces are swapped
+        assert all(np.abs(it.frame.astype(int) - f).max() > 40 for it, f in zip(items, originals))
+        flaky.fail = True
+        items = [SwapItem(f.copy(), it.faces, ident) for f, it in zip(originals, items)]
+        results = slot._run("flaky", items)
+        assert [type(r) for r in results] == [SwapFailed, SwapFailed]
+        assert "the model failed after it pasted" in str(results[0])
+        # What the engine had pasted before it failed is undone: the frames are as they came.
+        for it, f in zip(items, originals):
+            assert np.array_equal(it.frame, f)
+        assert slot.failed_frames == 2
+        assert 'swapstream_swap_failed_frames_total{device="cpu"} 2.0' in rt.metrics.render().decode()
+    finally:
+        for e in engines.values():
+            e.close()
+        slot._pool.shutdown()
+
+
+def test_streams_carry_on_unswapped_through_failing_batches(clip: tuple[Path, Any]) -> None:
+    from ..stream.stamps import read_stamp
+    from .conftest import CELL
+
+    path, frames = clip
+    engines: dict[str, FlakyEngine] = {}
+    face = (slice(40, 200), slice(100, 230))  # around the portrait's head
+
+    def factory(name: str, config: Config, device: str) -> SwapEngine:
+        engines[name] = FlakyEngine(config) if name == "flaky" else MeshEngine(config)  # type: ignore[assignment]
+        return engines[name]
+
+    def face_diff(p: StreamPipeline) -> float:
+        img = p.latest
+        assert img is not None
+        return float(np.abs(img[face].astype(int) - frames[read_stamp(img, CELL) % len(frames)][face]).mean())
+
+    async def main() -> None:
+        rt = StreamRuntime(runtime_config("runtime.max_wait_ms=40"), devices=["cpu"], engine_factory=factory,
+                           swappers=["mesh", "flaky"])
+        await rt.start()
+        try:
+            ps = [await rt.add_stream(file_spec(f"s{i}", path, swapper="flaky", budget_ms=5000)) for i in range(2)]
+            for p in ps:
+                await p.set_source(astronaut())
+            await until(lambda: all(p.faces_swapped >= 3 for p in ps), 20, "both streams swapping")
+            assert all(face_diff(p) > 15 for p in ps)
+            engines["flaky"].fail = True
+            await until(lambda: all(p.frames_swap_failed >= 5 for p in ps), 20, "failed batches on both")
+            out = [p.frames_out for p in ps]
+            await asyncio.sleep(0.5)
+            for p, n in zip(ps, out):
+                # Still running, still putting frames out, and those frames are the input's.
+                assert p.state == "running" and p.error is None and p.frames_out > n
+                assert face_diff(p) < 6, face_diff(p)
+            swapped = [p.faces_swapped for p in ps]
+            engines["flaky"].fail = False
+            await until(lambda: all(p.faces_swapped > s + 2 for p, s in zip(ps, swapped)), 20, "swapping again")
+            info = ps[0].info()
+            assert info["frames_swap_failed"] >= 5 and info["pts_regressions"] == 0
+            failed = sum(p.frames_swap_failed for p in ps)
+            assert f'swapstream_swap_failed_frames_total{{device="cpu"}} {failed:.1f}' in rt.metrics.render().decode()
+        finally:
+            await rt.close()
+
+    asyncio.run(main())
