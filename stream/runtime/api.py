@@ -362,12 +362,14 @@ class ControlApi:
             except ValidationError as e:
                 raise ApiError(400, _pydantic_message(e)) from None
             spec = self._spec(body)
-            self.settings.view_keys[spec.stream_id] = secrets.token_urlsafe(16)
-            try:
-                p = await self.runtime.add_stream(spec)
-            except BaseException:
-                self.settings.view_keys.pop(spec.stream_id, None)
-                raise
+            p = await self.runtime.add_stream(spec)
+            # The view key is set only once the stream is this request's: a create that loses the
+            # id to another (409) or whose stream is removed while starting never touches the key
+            # of the stream that has the id. Keys of streams the runtime has forgotten go too.
+            keys = self.settings.view_keys
+            keys[p.id] = secrets.token_urlsafe(16)
+            for sid in [k for k in keys if k not in self.runtime.streams]:
+                del keys[sid]
             return web.json_response(self._info(p), status=201,
                                      headers={"Location": f"/api/streams/{p.id}"})
 
@@ -478,7 +480,7 @@ class ControlApi:
 
     async def hls(self, request: web.Request) -> web.StreamResponse:
         sid, key, name = (request.match_info[k] for k in ("sid", "key", "name"))
-        expected = self.settings.view_keys.get(sid)
+        expected = self.settings.view_keys.get(sid) if sid in self.runtime.streams else None
         if expected is None or not hmac.compare_digest(key.encode(), expected.encode()):
             return _error(404, "no such HLS stream (unknown stream or view key)")
         if not HLS_FILE.fullmatch(name) or self.settings.hls_root is None:

@@ -3,6 +3,7 @@ a reason that names the field and the fix."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import struct
@@ -289,3 +290,43 @@ def test_hls_file_names_are_the_writers_past_segment_99999() -> None:
     for name in ("seg_1.ts", "seg_0001.ts", "seg_00001.ts.bak", "seg_00001.m3u8", "../seg_00001.ts",
                  "seg_-0001.ts", "index.m3u8/x", "seg_00001.ts\n", "seg_\u0660\u0660\u0660\u0660\u0660.ts"):
         assert not HLS_FILE.fullmatch(name), name
+
+
+class SlowToReserve(StreamRuntime):
+    """A runtime that takes a moment before it reserves a stream's id (as one that asked a quota
+    service first would): concurrent creates with one id all get past the API's own check."""
+
+    async def add_stream(self, spec: Any) -> Any:
+        await asyncio.sleep(0.3)
+        return await super().add_stream(spec)
+
+
+@pytest.fixture(params=["runtime", "slow to reserve"])
+def racing(request: pytest.FixtureRequest, clip: tuple[Path, list[np.ndarray]], tmp_path: Path) -> Any:
+    kind = SlowToReserve if request.param == "slow to reserve" else StreamRuntime
+    runtime = kind(runtime_config(), devices=["cpu"])
+    yield from serve_runtime(runtime, ApiSettings(TOKEN, hls_root=tmp_path / "hls", media_root=clip[0].parent))
+
+
+def test_concurrent_creates_with_one_id_leave_the_winner_its_view_key(racing: Served) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    served = racing
+    body = {"id": "race", "input": {"file": "clip.mp4", "loop": True}, "outputs": [{"type": "hls"}]}
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: request(served, "POST", "/api/streams", body), range(4)))
+    statuses = sorted(a[0] for a in answers)
+    assert statuses == [201, 409, 409, 409], [(a[0], a[2][:200]) for a in answers]
+    created = json.loads(next(a[2] for a in answers if a[0] == 201))
+    # The losers' refusals left the winner's key alone: its HLS is served under the key it was given.
+    assert "hls" in created, created
+    status, _, body_ = request(served, "GET", "/api/streams/race")
+    assert json.loads(body_)["hls"] == created["hls"] == f"/hls/race/{served.settings.view_keys['race']}/index.m3u8"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and request(served, "GET", created["hls"], token=None)[0] != 200:
+        time.sleep(0.3)
+    assert request(served, "GET", created["hls"], token=None)[0] == 200
+    # Deleted: the key is gone with it, and the files are no longer served.
+    assert request(served, "DELETE", "/api/streams/race")[0] == 200
+    assert "race" not in served.settings.view_keys
+    assert request(served, "GET", created["hls"], token=None)[0] == 404
