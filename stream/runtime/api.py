@@ -381,7 +381,8 @@ class ControlApi:
             raise ApiError(400, f"field 'id': {sid!r} is not valid: use 1-63 lower-case letters, "
                                 f"digits, '-' or '_', starting with a letter or digit")
         if sid in self.runtime.streams:
-            raise ApiError(409, f"a stream with id {sid!r} already exists: stop it first or choose another id")
+            raise ApiError(409, f"a stream with id {sid!r} already exists (it may have ended): delete it "
+                                f"first (DELETE /api/streams/{sid}) or choose another id")
         inp = InputBody(url=body.input) if isinstance(body.input, str) else body.input
         if (inp.url is None) == (inp.file is None):
             raise ApiError(400, "field 'input': give either 'url' (rtmp://...) or 'file' (a name "

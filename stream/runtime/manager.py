@@ -312,8 +312,8 @@ class StreamRuntime:
             if not self.started or self.closing:
                 raise StreamRequestError("the runtime is not running", 503)
             if spec.stream_id in self.streams:
-                raise StreamRequestError(f"a stream with id {spec.stream_id!r} already exists: stop it first "
-                                    f"or choose another id", 409)
+                raise StreamRequestError(f"a stream with id {spec.stream_id!r} already exists (it may have "
+                                         f"ended): remove it first or choose another id", 409)
             if self.active() >= self.config.runtime.max_streams:
                 raise StreamRequestError(f"the runtime already runs {self.active()} streams "
                                     f"(runtime.max_streams); stop one first", 503)

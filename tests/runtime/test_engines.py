@@ -56,7 +56,8 @@ def frames_with_faces(engine: NeuralEngine) -> list[tuple[np.ndarray, list]]:
     return out
 
 
-def swapped(engine: NeuralEngine, items: list[tuple[np.ndarray, list, object, float]]) -> tuple[list[int], list[np.ndarray]]:
+def swapped(engine: NeuralEngine, items: list[tuple[np.ndarray, list, object, float]]
+            ) -> tuple[list[int], list[np.ndarray]]:
     batch = [SwapItem(img.copy(), faces, ident, scale) for img, faces, ident, scale in items]
     counts = engine.swap(batch)
     return counts, [it.frame for it in batch]

@@ -221,8 +221,8 @@ def test_removing_a_stream_while_it_starts_undoes_the_start(clip: tuple[Path, An
             assert "cam" not in rt.streams and not rt.slots[0].streams
             # Nothing of it runs: no reader thread, no stages, no analyser.
             assert p._thread is None and p._tasks == [] and p._analyser is None
-            await until(lambda: not [t for t in threading.enumerate() if t.name.startswith(("read-cam", "analyse-cam"))],
-                        5, "its threads to end")
+            await until(lambda: not [t for t in threading.enumerate()
+                                     if t.name.startswith(("read-cam", "analyse-cam"))], 5, "its threads to end")
             # The id is free again.
             again = await rt.add_stream(file_spec("cam", path))
             await until(lambda: again.frames_out > 2, 10, "frames on the new stream")
@@ -332,7 +332,8 @@ def test_a_reader_error_fails_the_stream_unless_the_loop_is_gone() -> None:
     rt = StreamRuntime(runtime_config(), devices=["cpu"])
 
     def pipeline() -> StreamPipeline:
-        p = StreamPipeline(file_spec("cam", Path("unused.mp4")), runtime_config(), rt.slots[0], rt.metrics, 250.0)
+        p = StreamPipeline(file_spec("cam", Path("unused.mp4")), runtime_config(), rt.slots[0], rt.metrics,
+                           250.0)
         p._shutdown_pools()  # only the reader runs here
         p.state = "running"
         return p
