@@ -25,6 +25,10 @@ from .vcam import VirtualCamera, check_vcam
 log = logging.getLogger(__name__)
 
 
+STATS_WINDOW = 9000
+"""Per-frame figures kept by a live run: the newest 9,000 (five minutes at 30 fps)."""
+
+
 @dataclass
 class LiveStats:
     """What a live run did."""
@@ -36,10 +40,12 @@ class LiveStats:
     faces_swapped: int = 0
     audio_packets: int = 0
     reconnects: int = 0
-    latency_ms: list[float] = field(default_factory=list)
-    """Per frame: time from the frame's arrival (decoded) to its hand-over to the outputs."""
-    out_times: list[float] = field(default_factory=list)
-    """Monotonic clock at each output frame, to see gaps (a dropped input) and when output resumed."""
+    latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))
+    """Per frame, the newest STATS_WINDOW: time from the frame's arrival (decoded) to its hand-over
+    to the outputs. Bounded, so that a live run of days keeps constant memory."""
+    out_times: deque[float] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))
+    """Monotonic clock at the newest STATS_WINDOW output frames, to see gaps (a dropped input) and
+    when output resumed."""
 
 
 class LiveOutput(Protocol):
