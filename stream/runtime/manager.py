@@ -332,7 +332,7 @@ class StreamRuntime:
             await pipeline.start()
         except StoppedWhileStarting as e:
             self._forget(pipeline)
-            raise StreamRequestError(f"{e} (DELETE /api/streams/{spec.stream_id})", 409) from None
+            raise StreamRequestError(f"{e} (removed before its input was open)", 409) from None
         except BaseException:
             self._forget(pipeline)
             raise
