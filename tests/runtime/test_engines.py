@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-import shutil
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,26 +12,16 @@ pytest.importorskip("onnxruntime")
 
 from swapstream.config import load_config  # noqa: E402
 from swapstream.demo import astronaut, grace_hopper, render_target_frame  # noqa: E402
-from swapstream.engines.builtin import BUILTIN_MODELS, builtin_model_path  # noqa: E402
-from swapstream.engines.zoo import crc32_file  # noqa: E402
 from swapstream.runtime.engines import NeuralEngine, SwapItem  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import make_test_models as tm  # noqa: E402
-
-
-def place(models: Path, name: str, model: object) -> None:
-    """A model file and its FaceFusion-style .hash beside it, as a user would put them by hand."""
-    path = models / f"{name}.onnx"
-    path.write_bytes(model.SerializeToString())  # type: ignore[attr-defined]
-    (models / f"{name}.hash").write_text(crc32_file(path))
+from ..zoo_models import make_test_models as tm  # noqa: E402
+from ..zoo_models import copy_builtin, place  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     models = tmp_path_factory.mktemp("models")
-    for name in BUILTIN_MODELS:
-        shutil.copy(builtin_model_path(name), models / name)
+    copy_builtin(models)
     place(models, "arcface_w600k_r50", tm.arcface_stub(seed=0))
     place(models, "inswapper_128", tm.inswapper(width=8, blocks=1, seed=2))
     cfg = load_config("multi_stream", ["neural.download=false", "neural.runner=onnxruntime",

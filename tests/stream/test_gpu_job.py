@@ -93,26 +93,18 @@ def test_gpu_job_matches_cpu_job_with_identity_swapper(cp: ModuleType, tmp_path:
     the host in both jobs (the torch runner has no native module for this architecture and the
     device has no onnxruntime-gpu), so this checks the GPU job's pre- and post-processing and its
     data movement around a model, not GPU inference (test_torch_runner_gpu.py covers that)."""
-    import shutil
-    import sys
-
     from swapstream.config import load_config
-    from swapstream.engines.builtin import BUILTIN_MODELS, builtin_model_path
-    from swapstream.engines.zoo import crc32_file
     from swapstream.gpu.job import GpuFileJob
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-    import make_test_models as tm
+    from ..zoo_models import copy_builtin, place
+    from ..zoo_models import make_test_models as tm
 
     models = tmp_path / "models"
     models.mkdir()
-    for name in BUILTIN_MODELS:
-        shutil.copy(builtin_model_path(name), models / name)
-    for name, model in (("arcface_w600k_r50", tm.arcface_stub(seed=0)),
-                        ("hyperswap_1a_256", tm.identity_swapper(size=256, mean=(0.5,) * 3, std=(0.5,) * 3,
-                                                                 output_space="normalised"))):
-        (models / f"{name}.onnx").write_bytes(model.SerializeToString())
-        (models / f"{name}.hash").write_text(crc32_file(models / f"{name}.onnx"))
+    copy_builtin(models)
+    place(models, "arcface_w600k_r50", tm.arcface_stub(seed=0))
+    place(models, "hyperswap_1a_256", tm.identity_swapper(size=256, mean=(0.5,) * 3, std=(0.5,) * 3,
+                                                          output_space="normalised"))
     clip = tmp_path / "clip.mp4"
     write_demo_clip(clip, grace_hopper(), seconds=2.0, fps=10, size=(1280, 720))
     cfg = [f"models_dir={models}", "swapper=hyperswap_1a_256", "neural.download=false"] + SAME_MARK

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,20 +13,11 @@ av = pytest.importorskip("av")
 
 from swapstream.config import load_config  # noqa: E402
 from swapstream.demo import astronaut, grace_hopper, read_frames, write_demo_clip  # noqa: E402
-from swapstream.engines.builtin import BUILTIN_MODELS, builtin_model_path  # noqa: E402
-from swapstream.engines.zoo import crc32_file  # noqa: E402
 from swapstream.errors import USER_ERRORS  # noqa: E402
 from swapstream.pipeline import FileJob  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import make_test_models as tm  # noqa: E402
-
-
-def place(models: Path, name: str, model: object) -> None:
-    """Put a model file and its FaceFusion-style .hash beside it, as a user would by hand."""
-    path = models / f"{name}.onnx"
-    path.write_bytes(model.SerializeToString())  # type: ignore[attr-defined]
-    (models / f"{name}.hash").write_text(crc32_file(path))
+from ..zoo_models import make_test_models as tm  # noqa: E402
+from ..zoo_models import copy_builtin, place  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +25,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     tmp = tmp_path_factory.mktemp("neural")
     models = tmp / "models"
     models.mkdir()
-    for name in BUILTIN_MODELS:
-        shutil.copy(builtin_model_path(name), models / name)
+    copy_builtin(models)
     place(models, "arcface_w600k_r50", tm.arcface_stub(seed=0))
     place(models, "inswapper_128", tm.inswapper(width=8, blocks=1, seed=2))
     place(models, "hyperswap_1a_256", tm.identity_swapper(size=256, mean=(0.5,) * 3, std=(0.5,) * 3,
