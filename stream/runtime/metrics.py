@@ -107,7 +107,8 @@ class StreamSnapshot:
     frames_out: int
     faces_swapped: int
     drops: dict[str, int]
-    """Queue name -> frames dropped there (live policy), plus "out_of_order"."""
+    """Queue name -> frames dropped there (live policy), plus "out_of_order" and "at_stop"
+    (frames that arrived while the stream stopped)."""
     queue_depths: dict[str, int]
     fps: float
     level: int

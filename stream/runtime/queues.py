@@ -41,6 +41,8 @@ class DropOldestQueue(Generic[T]):
         """Items offered to the queue."""
         self.dropped = 0
         """Items dropped because the queue was full (the oldest waiting ones)."""
+        self.refused = 0
+        """Items refused because the queue had been closed."""
         self.out_of_order = 0
         """Items refused because their pts was not after the last accepted one."""
 
@@ -54,6 +56,9 @@ class DropOldestQueue(Generic[T]):
     def put(self, item: T) -> T | None:
         """Add `item`; returns the item dropped to make room (or the refused item), else None."""
         if self._closed:
+            # A frame that arrives while the stream stops: refused, and counted so that every frame
+            # read is either encoded or counted as dropped.
+            self.refused += 1
             return item
         self.put_count += 1
         if self._pts_of is not None:

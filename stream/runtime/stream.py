@@ -546,7 +546,8 @@ class StreamPipeline:
 
     def drops(self) -> dict[str, int]:
         return {"input": self.in_q.dropped, "swap": self.swap_q.dropped,
-                "encode": self.enc_q.dropped, "out_of_order": self.in_q.out_of_order}
+                "encode": self.enc_q.dropped, "out_of_order": self.in_q.out_of_order,
+                "at_stop": self.in_q.refused + self.swap_q.refused + self.enc_q.refused}
 
     def info(self) -> dict[str, Any]:
         lat = sorted(self.latency_recent)

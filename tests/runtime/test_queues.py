@@ -64,6 +64,7 @@ def test_close_lets_the_consumer_finish_what_is_waiting() -> None:
         q.put(2)
         q.close()
         assert q.put(3) == 3  # refused after close
+        assert q.refused == 1 and q.dropped == 0  # and counted, apart from the live policy's drops
         got = [await q.get(), await q.get()]
         with pytest.raises(QueueClosed):
             await q.get()
