@@ -25,6 +25,7 @@ from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -93,9 +94,26 @@ class StoppedWhileStarting(SwapStreamError):
 
 
 def redact_url(url: str) -> str:
-    """An RTMP URL without its stream key (the last path part is a secret); other inputs as given."""
-    m = re.match(r"^(rtmps?://[^/]+/[^?]*/)[^/?]+", url)
-    return m.group(1) + "***" if m else url
+    """A URL fit to show through the API: no password or user name, no query (keys and passphrases
+    travel there: `?key=...`, SRT's `passphrase=`), and for RTMP no stream key (the last part of a
+    path of two or more parts). Anything that is not a URL is given back as it is."""
+    if "://" not in url:
+        return url
+    try:
+        p = urlsplit(url)
+        host = p.hostname or ""
+        port = p.port
+    except ValueError:  # a malformed URL: show only its scheme
+        return url.split("://", 1)[0] + "://***"
+    netloc = ("***@" if p.username or p.password else "") + host + (f":{port}" if port else "")
+    path = p.path
+    if p.scheme in ("rtmp", "rtmps"):
+        parts = path.split("/")
+        named = [i for i, x in enumerate(parts) if x]
+        if len(named) >= 2:
+            parts[named[-1]] = "***"
+        path = "/".join(parts)
+    return urlunsplit((p.scheme, netloc, path, "***" if p.query else "", ""))
 
 
 class NullSink:
