@@ -243,6 +243,12 @@ def serve(
                          help="Bearer token of the stream control API (default: a random one, printed).")] = None,
     hls_root: Annotated[Optional[Path], typer.Option("--hls-root", help="Folder for the HLS outputs of API streams.")] = None,
     media_root: Annotated[Optional[Path], typer.Option("--media-root", help="Folder whose files API streams may use as inputs.")] = None,
+    whip_token: Annotated[Optional[str], typer.Option(
+        "--whip-token", envvar="SWAPSTREAM_WHIP_TOKEN",
+        help="Require 'Authorization: Bearer TOKEN' on /whip and /whep (OBS: the WHIP Bearer Token "
+             "field). The preview pages send none: leave it unset to use them.")] = None,
+    max_sessions: Annotated[int, typer.Option(
+        "--max-sessions", min=1, help="Most WHIP publishers (and, separately, WHEP viewers) at once.")] = 16,
 ) -> None:
     """Serve WebRTC: a WHIP endpoint (OBS 30+, browsers) whose publisher gets the swapped video back;
     and the multi-stream runtime: control API (/api/streams), /metrics, /dashboard (docs/runtime.md)."""
@@ -265,7 +271,7 @@ def serve(
     def swap(rgb: object, index: int) -> int:
         return job.swap_frame(Frame(rgb, pts=index, time_base=Fraction(1, 30), index=index))
 
-    server = WhipServer(swap)  # type: ignore[arg-type]
+    server = WhipServer(swap, token=whip_token, max_sessions=max_sessions)  # type: ignore[arg-type]
     base = f"http://{host}:{port}"
     for line in (f"WHIP endpoint: {base}/whip  (OBS: Settings > Stream > Service WHIP)",
                  f"WHEP endpoint: {base}/whep  browser preview: {base}/",

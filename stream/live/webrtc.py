@@ -23,6 +23,7 @@ adds, less the 80 ms its audio jitter buffer adds.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import uuid
 from collections import deque
@@ -207,9 +208,17 @@ def audio_copy(frame: Any) -> Any:
 class WhipServer:
     """An aiohttp application with the WHIP endpoint. `swap` does the face work for each frame."""
 
-    def __init__(self, swap: SwapFn) -> None:
+    def __init__(self, swap: SwapFn, *, token: str | None = None, max_sessions: int = 16) -> None:
+        """`token`: when given, POST and DELETE on /whip and /whep need `Authorization: Bearer
+        TOKEN` (OBS's WHIP "Bearer Token" field); the preview pages do not send one, so they are
+        for a server without a token. `max_sessions`: publishers, and separately viewers, beyond
+        this are answered 503, since each costs an encoder thread and a decoder."""
         from aiohttp import web
 
+        if max_sessions < 1:
+            raise ValueError(f"max_sessions must be at least 1, got {max_sessions}")
+        self.token = token
+        self.max_sessions = max_sessions
         self.swap = swap
         self.sessions: dict[str, Session] = {}
         self.viewers: dict[str, Session] = {}
@@ -249,6 +258,12 @@ class WhipServer:
         from aiohttp import web
         from aiortc import RTCPeerConnection, RTCSessionDescription
 
+        refused = self._unauthorised(request)
+        if refused is not None:
+            return refused
+        if len(sessions) >= self.max_sessions:
+            return web.Response(status=503, text=f"too many {kind} sessions ({self.max_sessions}): end one, "
+                                                 f"or start `swapstream serve` with a larger --max-sessions\n")
         if request.content_type != "application/sdp":
             return web.Response(status=415, text=f"{kind} offers must be Content-Type: application/sdp\n")
         sdp = await request.text()
@@ -372,12 +387,27 @@ class WhipServer:
     async def _delete(self, request: Any) -> Any:
         from aiohttp import web
 
+        refused = self._unauthorised(request)
+        if refused is not None:
+            return refused
         sid = request.match_info["sid"]
         sessions = self.viewers if request.path.startswith("/whep/") else self.sessions
         if sid not in sessions:
             return web.Response(status=404, text="no such session\n")
         await self._drop(sessions, sid)
         return web.Response(status=200)
+
+    def _unauthorised(self, request: Any) -> Any:
+        """None when the request may go on; else the 401 to answer (constant-time comparison)."""
+        if self.token is None:
+            return None
+        from aiohttp import web
+
+        given = request.headers.get("Authorization", "")
+        if hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+            return None
+        return web.Response(status=401, text="missing or wrong bearer token (Authorization: Bearer ...)\n",
+                            headers={"WWW-Authenticate": 'Bearer realm="whip"'})
 
     async def _drop(self, sessions: dict[str, Session], sid: str) -> None:
         s = sessions.pop(sid, None)

@@ -121,3 +121,40 @@ def test_a_long_session_keeps_a_bounded_latency_window() -> None:
     assert len(s.latency_ms) == LATENCY_SAMPLES
     assert statistics.median(s.latency_ms) >= 0 and np.percentile(s.latency_ms, 99) >= 0
     assert s.video_delay_s > 0
+
+
+def test_whip_token_and_session_cap() -> None:
+    """With a token, WHIP/WHEP requests without `Authorization: Bearer TOKEN` get 401 and make no
+    session; with it they work; a publisher beyond max_sessions gets 503 until one leaves."""
+    async def scenario() -> None:
+        server = WhipServer(lambda rgb, index: 1, token="s3cret", max_sessions=1)
+        runner, base = await start(server.app)
+        clock = ProbeClock(asyncio.get_running_loop().time())
+        pcs = [publisher([StampedVideoTrack(clock, size=SIZE)], Received()) for _ in range(2)]
+        async with ClientSession() as http:
+            for pc in pcs:
+                await pc.setLocalDescription(await pc.createOffer())
+            offer = pcs[0].localDescription.sdp
+            sdp = {"Content-Type": "application/sdp"}
+            for headers in (sdp, {**sdp, "Authorization": "Bearer wrong"}, {**sdp, "Authorization": "s3cret"}):
+                for path in ("/whip", "/whep"):
+                    r = await http.post(base + path, data=offer, headers=headers)
+                    assert r.status == 401, (path, headers, r.status)
+                    assert r.headers["WWW-Authenticate"].startswith("Bearer")
+            assert not server.sessions and not server.viewers
+            ok = {**sdp, "Authorization": "Bearer s3cret"}
+            first = await http.post(base + "/whip", data=offer, headers=ok)
+            assert first.status == 201, await first.text()
+            location = first.headers["Location"]
+            second = await http.post(base + "/whip", data=pcs[1].localDescription.sdp, headers=ok)
+            assert second.status == 503 and "--max-sessions" in await second.text()
+            assert (await http.delete(base + location)).status == 401  # no token: not ended
+            assert len(server.sessions) == 1
+            assert (await http.delete(base + location, headers=ok)).status == 200
+            third = await http.post(base + "/whip", data=pcs[1].localDescription.sdp, headers=ok)
+            assert third.status == 201, await third.text()
+        for pc in pcs:
+            await pc.close()
+        await runner.cleanup()
+
+    asyncio.run(scenario())
