@@ -10,7 +10,7 @@ from swapstream.engines.builtin import BUILTIN_MODELS, builtin_model_path
 from swapstream.engines.zoo import crc32_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-import make_test_models  # noqa: E402,F401  (the tests import it from here)
+import make_test_models  # noqa: E402,F401  (the one import of tools/make_test_models.py for all tests)
 
 
 def place(models: Path, name: str, model: object) -> None:

@@ -6,10 +6,7 @@ exactly the real ones: names, shapes, dtypes, symbolic batch dimensions, initial
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
@@ -17,22 +14,11 @@ import pytest
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
-def load_make_test_models() -> ModuleType:
-    """tools/ is scripts, not a package: import the file by path (once per process)."""
-    name = "make_test_models"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / "make_test_models.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up while the file executes
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
-mtm = load_make_test_models()
+from ..zoo_models import make_test_models as mtm  # noqa: E402
 
 WIDTH, BLOCKS = 8, 2
 """Small enough that a batch-4 run takes about 20 ms on one core."""

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from make_test_models import inswapper  # noqa: E402
+from ..zoo_models import make_test_models  # noqa: E402
 
 from swapstream.engines.ort_runner import OnnxRuntimeRunner  # noqa: E402
 from swapstream.engines.torch_runner import TorchRunner  # noqa: E402
@@ -33,7 +30,7 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> float:
 def test_torch_runner_matches_onnxruntime(cp: ModuleType, precision: str, tol: float,
                                           compile: bool) -> None:
     pytest.importorskip("torch")
-    model = inswapper(width=32, blocks=2, seed=3)
+    model = make_test_models.inswapper(width=32, blocks=2, seed=3)
     rng = np.random.default_rng()
     stream = cp.cuda.Stream(non_blocking=True)
     with OnnxRuntimeRunner(model.SerializeToString(), providers="cpu") as ort, \
@@ -60,7 +57,7 @@ def test_fp16_overflow_guard(cp: ModuleType, mode: str) -> None:
     """Inputs ~1e4 overflow fp16 inside the network. `sync` reruns the batch in fp32 (counted) and
     gives a finite answer; `deferred` zeroes the non-finite values without a host wait and counts the
     batch once its flag has come back."""
-    model = inswapper(width=8, blocks=1, seed=3)
+    model = make_test_models.inswapper(width=8, blocks=1, seed=3)
     rng = np.random.default_rng()
     src = rng.normal(0, 1, (1, 512)).astype(np.float32)
     src /= np.linalg.norm(src)

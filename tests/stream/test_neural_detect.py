@@ -7,9 +7,6 @@ the decoders must give those faces back in frame pixels, through the letterbox s
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import numpy as np
@@ -18,26 +15,17 @@ import pytest
 from swapstream.neural.detect import (decode_retinaface, decode_scrfd, decode_yoloface, letterbox_scale,
                                       nms, prepare_detector_input, scrfd_anchors, to_frame)
 
-ROOT = Path(__file__).resolve().parents[2]
 SIZE = 640
 
 
-def load_make_test_models() -> ModuleType:
-    """tools/ is scripts, not a package: import the file by path (once per process)."""
-    pytest.importorskip("onnx")
-    name = "make_test_models"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / "make_test_models.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up while the file executes
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 @pytest.fixture(scope="module")
 def mtm() -> ModuleType:
-    return load_make_test_models()
+    pytest.importorskip("onnx")
+    from ..zoo_models import make_test_models
+
+    return make_test_models
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import cv2
 import numpy as np
@@ -18,8 +16,7 @@ from swapstream.neural.swapper import (Embedder, NeuralSwapper, SwapContract, al
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import make_test_models as tm  # noqa: E402
+from ..zoo_models import make_test_models as tm  # noqa: E402
 
 # arcface_128 and arcface_112_v2 from MODELS.md.
 ARCFACE_128 = np.array([[.36167656, .40387734], [.63696719, .40235469], [.50019687, .56044219],
