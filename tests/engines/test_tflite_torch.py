@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fractions import Fraction
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -22,13 +23,12 @@ from swapstream.gpu.analyser import GpuFaceAnalyser  # noqa: E402
 MODELS = ["face_detection_short_range.tflite", "face_landmark.tflite"]
 
 
-def _cuda() -> bool:
-    try:
-        import cupy
-
-        return torch.cuda.is_available() and cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
+@pytest.fixture
+def cuda(cp: ModuleType) -> ModuleType:
+    """The conftest's CuPy-with-a-device check, plus torch's own view of CUDA."""
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    return cp
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -105,16 +105,14 @@ def test_analyser_with_torch_on_cpu_matches_litert() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _cuda(), reason="needs CUDA with torch and CuPy")
-def test_gpu_analyser_on_cupy_frames_matches_cpu() -> None:
+def test_gpu_analyser_on_cupy_frames_matches_cpu(cuda: ModuleType) -> None:
     _compare_analysers("cuda", upload=True)
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _cuda(), reason="needs CUDA with torch and CuPy")
 @pytest.mark.parametrize("name", MODELS)
-def test_gpu_executor_matches_litert(name: str) -> None:
-    import cupy
+def test_gpu_executor_matches_litert(cuda: ModuleType, name: str) -> None:
+    cupy = cuda
 
     path = builtin_model_path(name, load_config().models_dir)
     ref = LiteRTRunner(path)
