@@ -11,10 +11,7 @@ from __future__ import annotations
 import sys
 
 import argparse
-import datetime as dt
 import json
-import os
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -28,7 +25,7 @@ from swapstream.io.video import AudioPacket, VideoReader, VideoWriter, probe
 from swapstream.pipeline import SYNTHETIC_TAGS
 from swapstream.swap.mesh import MeshSwapper, source_face
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import git_sha  # noqa: E402
+from benchlib import cpu_name, run_fields  # noqa: E402
 
 
 
@@ -76,9 +73,7 @@ def main() -> None:
         total = time.perf_counter() - t_start
     frames = len(times["swap"])
     assert frames == n, f"decoded {frames} of {n} frames"
-    common = {"device": f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)",
-              "commit": git_sha(), "date": dt.date.today().isoformat(),
-              "command": "python tools/bench_cpu.py",
+    common = {**run_fields(cpu_name(), "python tools/bench_cpu.py"),
               "config": {"size": "1280x720", "frames": frames, "faces": 1, "swapper": "mesh",
                          "preset": cfg.encode.preset}}
     records = []

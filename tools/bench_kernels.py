@@ -14,7 +14,6 @@ from __future__ import annotations
 import sys
 
 import argparse
-import datetime as dt
 import json
 import time
 from collections.abc import Callable
@@ -25,7 +24,7 @@ from typing import Any
 import cv2
 import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import git_sha  # noqa: E402
+from benchlib import run_fields  # noqa: E402
 
 W, H = 1920, 1080
 
@@ -127,8 +126,7 @@ def main() -> None:
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     dev_name = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
-    common = {"device": dev_name, "commit": git_sha(), "date": dt.date.today().isoformat(),
-              "command": "tools/device_check.sh bench"}
+    common = run_fields(dev_name, "tools/device_check.sh bench")
     records: list[dict[str, Any]] = []
     rows: list[tuple[str, float | None, float | None, float | None, float | None, float | None, str]] = []
 

@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -52,7 +50,7 @@ from swapstream.live.streams import rtmp_input_options, x264_live_options
 from swapstream.pipeline import FileJob
 from swapstream.types import Frame
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import git_sha  # noqa: E402
+from benchlib import cpu_name, run_fields  # noqa: E402
 
 NGINX_RTMP_MODULE = Path("/usr/lib/nginx/modules/ngx_rtmp_module.so")
 
@@ -313,8 +311,7 @@ def main() -> None:
                          "seconds": args.seconds, "warmup": args.warmup,
                          # Other work on the machine moves these figures: say how busy it was.
                          "load_average_1min_before": round(os.getloadavg()[0], 2)},
-              "device": f"CPU ({platform.machine()}, {os.cpu_count()} cores)", "commit": git_sha(),
-              "date": dt.date.today().isoformat(), "command": command}
+              **run_fields(cpu_name(), command)}
     paths = [args.only] if args.only else ["rtmp", "webrtc"]
     records: list[dict[str, Any]] = []
     for path in paths:

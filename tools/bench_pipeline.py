@@ -29,7 +29,6 @@ Writes pipeline.json, pipeline.md and pipeline.png into --out.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import shutil
 import subprocess
@@ -45,7 +44,7 @@ import numpy as np
 
 TOOLS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TOOLS))
-from benchlib import git_sha  # noqa: E402
+from benchlib import run_fields  # noqa: E402
 VARIANTS = ("peer", "ours_mesh", "ours_neural")
 TARGETS = {"p99_ms": 8.0, "fps": 250.0, "gpu_gb": 3.0}
 WARMUP = 30
@@ -461,9 +460,8 @@ def gpu_name() -> str:
 
 
 def write(results: dict[str, Any], args: argparse.Namespace) -> None:
-    common = {"device": gpu_name(), "commit": git_sha(),
-              "date": dt.date.today().isoformat(),
-              "command": f"python tools/bench_pipeline.py --clip CLIP --frames {args.frames} --decode {args.decode}"}
+    common = run_fields(gpu_name(), f"python tools/bench_pipeline.py --clip CLIP --frames {args.frames} "
+                                    f"--decode {args.decode}")
     records = []
     for v, r in results.items():
         if "error" in r:

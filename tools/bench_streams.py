@@ -26,7 +26,6 @@ Writes streams{tag}.json, streams{tag}.md and streams{tag}.png.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import queue
@@ -43,7 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_pipeline import device_used_bytes, gpu_name, neural_config, pcts  # noqa: E402
-from benchlib import git_sha  # noqa: E402
+from benchlib import run_fields  # noqa: E402
 
 BUDGET_MS = 33.0
 MAX_DROP = 0.01
@@ -416,10 +415,8 @@ def main() -> None:
 
 
 def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    common = {"device": gpu_name(), "commit": git_sha(),
-              "date": dt.date.today().isoformat(),
-              "command": f"python tools/bench_streams.py --ns {args.ns} --seconds {args.seconds} "
-                         f"--workers {args.workers} --sink {args.sink} --max-wait-ms {args.max_wait_ms}"}
+    common = run_fields(gpu_name(), f"python tools/bench_streams.py --ns {args.ns} --seconds {args.seconds} "
+                                    f"--workers {args.workers} --sink {args.sink} --max-wait-ms {args.max_wait_ms}")
     args.out.mkdir(parents=True, exist_ok=True)
     records = []
     for r in rows:

@@ -14,7 +14,6 @@ Writes swap_stage.json and swap_stage.md into --out.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import git_sha  # noqa: E402
+from benchlib import run_fields  # noqa: E402
 from make_test_models import inswapper  # noqa: E402
 
 from swapstream.engines.torch_models import build_inswapper, onnx_initializers  # noqa: E402
@@ -57,8 +56,7 @@ def main() -> None:
     params = sum(int(np.prod(v.shape)) for k, v in inits.items() if k != "emap")
     print(f"inswapper architecture: {params / 1e6:.1f} M parameters")
     dev = torch.cuda.get_device_name()
-    common = {"device": dev, "commit": git_sha(),
-              "date": dt.date.today().isoformat(), "command": "tools/device_check.sh bench"}
+    common = run_fields(dev, "tools/device_check.sh bench")
     rng = np.random.default_rng(0)
     stream = cp.cuda.Stream(non_blocking=True)
     feeds = {}

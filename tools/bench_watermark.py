@@ -19,7 +19,6 @@ docs/benchmarks/.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 from collections.abc import Callable
@@ -30,7 +29,8 @@ import cv2
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_kernels import copy_bandwidth_gbs, cpu_time_us, git_sha, gpu_time_us, graph_time_us  # noqa: E402
+from bench_kernels import copy_bandwidth_gbs, cpu_time_us, gpu_time_us, graph_time_us  # noqa: E402
+from benchlib import run_fields  # noqa: E402
 
 TARGET_US = 200.0
 SIZES = {"1080p": (1080, 1920), "720p": (720, 1280)}
@@ -52,8 +52,7 @@ def main() -> None:
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     dev_name = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
-    common = {"device": dev_name, "commit": git_sha(), "date": dt.date.today().isoformat(),
-              "command": "PYTHONPATH=/tmp/shim:/tmp/site python3 tools/bench_watermark.py"}
+    common = run_fields(dev_name, "PYTHONPATH=/tmp/shim:/tmp/site python3 tools/bench_watermark.py")
     records: list[dict[str, Any]] = []
     rows: list[tuple[str, float | None, float | None, float | None, float | None, str]] = []
     bw = copy_bandwidth_gbs(cp)

@@ -16,3 +16,17 @@ def git_sha() -> str:
                               check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def cpu_name() -> str:
+    """This machine's CPU, as benchmark records name a CPU device."""
+    import platform
+
+    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+
+
+def run_fields(device: str, command: str) -> dict[str, str]:
+    """The fields every benchmark record carries: where, which commit, when, and the command."""
+    import datetime as dt
+
+    return {"device": device, "commit": git_sha(), "date": dt.date.today().isoformat(), "command": command}

@@ -17,7 +17,6 @@ on shorter clips.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 import tempfile
@@ -31,7 +30,7 @@ import av
 import cv2
 import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import git_sha  # noqa: E402
+from benchlib import cpu_name, run_fields  # noqa: E402
 
 SIZE = (1280, 720)
 FPS = 30
@@ -153,8 +152,7 @@ def main() -> None:
     args = ap.parse_args()
     payload = Payload(PRODUCT_SWAPSTREAM, 0x5EC0A11D)
     marker = Watermarker(payload)
-    common = {"device": "CPU (2 cores)", "commit": git_sha(), "date": dt.date.today().isoformat(),
-              "command": f"python tools/watermark_robustness.py --frames {args.frames}"}
+    common = run_fields(cpu_name(), f"python tools/watermark_robustness.py --frames {args.frames}")
     records: list[dict[str, Any]] = []
     rows: list[tuple[str, str, float, float, int, int, float]] = []
     # (clip, mode) -> {which: (Mbit/s, PSNR of the decoded 720p frames against the unmarked source)}
