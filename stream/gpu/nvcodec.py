@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "ByteFeeder",
+    "NvdecAccessUnits",
     "EncodedPacket",
     "Nv12Layout",
     "NvdecFrame",
@@ -60,6 +61,7 @@ __all__ = [
     "nvenc_available",
     "nvenc_options",
     "split_access_units",
+    "untagged_matrix",
 ]
 
 CPU_DECODE_FIX = "Decode it with PyAV instead (the GPU file job does by default)"
@@ -408,6 +410,51 @@ def _frame_pts(frame: Any) -> int | None:
     return None if pts == _NOPTS else pts
 
 
+def untagged_matrix(height: int) -> Matrix:
+    """The YUV matrix players assume for video that declares none: BT.709 for HD, BT.601 below 720
+    lines."""
+    return "bt709" if height >= 720 else "bt601"
+
+
+def _wrap_frame(frame: Any, *, decoder: Any, name: str, index: int, stream: Any, gpu_id: int,
+                time_base: Fraction | None, matrix: Matrix, full_range: bool) -> NvdecFrame:
+    """An `NvdecFrame` of zero-copy views of a decoded frame's NV12 planes (see `NvdecSource`)."""
+    import cupy
+
+    if index == 0:
+        fmt = _enum_name(getattr(frame, "format", "NV12"))
+        if fmt != "NV12":
+            raise InputError(f"NVDEC decodes '{name}' to {fmt}, not NV12; the GPU path takes "
+                             f"8-bit 4:2:0 only. {CPU_DECODE_FIX}")
+    # [PG] "Encode API" and [SRC] PyNvDecoder.cpp: cuda() returns one view per plane, each with
+    # a __cuda_array_interface__.
+    interfaces = [view.__cuda_array_interface__ for view in frame.cuda()]
+    width = height = None
+    try:
+        width, height = int(decoder.GetWidth()), int(decoder.GetHeight())
+    except Exception:  # noqa: BLE001 - then the luma plane's own size is the picture's
+        pass
+    try:
+        layout = nv12_planes_from_interface(interfaces, width, height)
+    except ValueError as e:
+        raise InputError(f"NVDEC's output for '{name}' is not a usable NV12 picture ({e}). "
+                         f"{CPU_DECODE_FIX}") from e
+    event = int(getattr(frame, "decoder_stream_event", 0) or 0)
+    if event:
+        # [SRC] DecodedFrame.decoder_stream_event marks the end of the decoder's output copy. The
+        # decoder was given our stream, so this is already ordered; the wait covers a build that
+        # copies on a stream of its own.
+        try:
+            cupy.cuda.runtime.streamWaitEvent(int(stream.ptr), event, 0)
+        except Exception as e:  # noqa: BLE001 - a redundant safeguard must not stop decoding
+            log.debug("'%s': waiting on the decoder's event failed: %s", name, e)
+    y = _device_plane(cupy, layout.luma, frame, gpu_id)
+    uv = _device_plane(cupy, layout.chroma, frame, gpu_id)
+    return NvdecFrame(y=y, uv=uv, pts=_frame_pts(frame), index=index, time_base=time_base,
+                      matrix=matrix, full_range=full_range, _stream=stream, _device_id=gpu_id,
+                      _owner=frame)
+
+
 class NvdecSource:
     """Decodes the first video stream of a file, or of bytes fed through a callback, on NVDEC.
 
@@ -542,7 +589,7 @@ class NvdecSource:
         elif space == "BT_601":
             matrix = "bt601"
         else:
-            matrix = "bt709" if int(self._caps.get("height", 720) or 720) >= 720 else "bt601"
+            matrix = untagged_matrix(int(self._caps.get("height", 720) or 720))
         return matrix, rng == "JPEG"
 
     def _open_decoder(self, codec: Any, stream: Any) -> None:
@@ -628,40 +675,9 @@ class NvdecSource:
             yield self._wrap(frame)
 
     def _wrap(self, frame: Any) -> NvdecFrame:
-        import cupy
-
-        if self.frames == 0:
-            fmt = _enum_name(getattr(frame, "format", "NV12"))
-            if fmt != "NV12":
-                raise InputError(f"NVDEC decodes '{self.name}' to {fmt}, not NV12; the GPU path takes "
-                                 f"8-bit 4:2:0 only. {CPU_DECODE_FIX}")
-        # [PG] "Encode API" and [SRC] PyNvDecoder.cpp: cuda() returns one view per plane, each with
-        # a __cuda_array_interface__.
-        interfaces = [view.__cuda_array_interface__ for view in frame.cuda()]
-        width = height = None
-        try:
-            width, height = int(self._decoder.GetWidth()), int(self._decoder.GetHeight())
-        except Exception:  # noqa: BLE001 - then the luma plane's own size is the picture's
-            pass
-        try:
-            layout = nv12_planes_from_interface(interfaces, width, height)
-        except ValueError as e:
-            raise InputError(f"NVDEC's output for '{self.name}' is not a usable NV12 picture ({e}). "
-                             f"{CPU_DECODE_FIX}") from e
-        event = int(getattr(frame, "decoder_stream_event", 0) or 0)
-        if event:
-            # [SRC] DecodedFrame.decoder_stream_event marks the end of the decoder's output copy.
-            # The decoder was given our stream, so this is already ordered; the wait covers a build
-            # that copies on a stream of its own.
-            try:
-                cupy.cuda.runtime.streamWaitEvent(int(self.stream.ptr), event, 0)
-            except Exception as e:  # noqa: BLE001 - a redundant safeguard must not stop decoding
-                log.debug("'%s': waiting on the decoder's event failed: %s", self.name, e)
-        y = _device_plane(cupy, layout.luma, frame, self.gpu_id)
-        uv = _device_plane(cupy, layout.chroma, frame, self.gpu_id)
-        out = NvdecFrame(y=y, uv=uv, pts=_frame_pts(frame), index=self.frames, time_base=self.time_base,
-                         matrix=self.matrix, full_range=self.full_range, _stream=self.stream,
-                         _device_id=self.gpu_id, _owner=frame)
+        out = _wrap_frame(frame, decoder=self._decoder, name=self.name, index=self.frames,
+                          stream=self.stream, gpu_id=self.gpu_id, time_base=self.time_base,
+                          matrix=self.matrix, full_range=self.full_range)
         self.frames += 1
         return out
 
@@ -679,6 +695,101 @@ class NvdecSource:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+class NvdecAccessUnits:
+    """Decodes H.264 or HEVC access units that our own code has demuxed (RTMP through PyAV, WebRTC
+    through aiortc's depacketiser) on NVDEC, without PyNvVideoCodec's demuxer: each `decode(data,
+    pts)` hands one Annex-B access unit (start codes, SPS/PPS in-band before keyframes) to the
+    decoder and returns the frames it completed, in low-latency mode one per access unit.
+
+    The frames are `NvdecFrame`s, valid until the next `decode`. Their colour matrix is what players
+    assume for untagged video (`untagged_matrix`), limited range, unless `matrix`/`full_range` say
+    otherwise. Errors raise `InputError` naming `name` and the fix.
+    """
+
+    def __init__(self, *, codec: str = "h264", gpu_id: int = 0, stream: Any = None,
+                 time_base: Fraction | None = None, name: str = "<access units>",
+                 matrix: Matrix | None = None, full_range: bool = False) -> None:
+        import cupy
+
+        if codec not in ("h264", "hevc"):
+            raise ValueError(f"codec must be 'h264' or 'hevc', not {codec!r}")
+        self.codec = codec
+        self.gpu_id = int(gpu_id)
+        self.time_base = time_base
+        self.name = name
+        self.matrix = matrix
+        self.full_range = full_range
+        self.frames = 0
+        self.access_units = 0
+        try:
+            nvc = _import_nvc()
+        except Exception as e:
+            raise InputError(f"cannot decode '{name}' on the GPU: {_import_failure(e)}. "
+                             f"{CPU_DECODE_FIX}") from e
+        self._nvc = nvc
+        with cupy.cuda.Device(self.gpu_id):
+            self.stream = stream if stream is not None else cupy.cuda.Stream(non_blocking=True)
+        nv_codec = nvc.cudaVideoCodec.H264 if codec == "h264" else nvc.cudaVideoCodec.HEVC
+        try:
+            # [PG] "Creating a Decoder", as in NvdecSource._open_decoder, with LOW latency: a live
+            # source has no B-frames, and each access unit is one whole picture.
+            self._decoder = nvc.CreateDecoder(gpuid=self.gpu_id, codec=nv_codec, cudacontext=0,
+                                              cudastream=int(self.stream.ptr), usedevicememory=True,
+                                              latency=nvc.DisplayDecodeLatencyType.LOW)
+        except Exception as e:
+            raise InputError(f"NVDEC cannot open a {codec} decoder for '{name}' ({_reason(e)}). "
+                             f"{CPU_DECODE_FIX}") from e
+
+    def _packet(self, data: Any, pts: int | None) -> Any:
+        # [SRC] PacketData (PyNvDemuxer.cpp): `bsl_data` is the address of the bitstream and `bsl`
+        # its length; the parser reads it during Decode, which copies it to the hardware before it
+        # returns, so `data` only has to live until then. [PG] "Latency Modes": ENDOFPICTURE
+        # makes the parser decode the picture at once instead of waiting for the next one's start.
+        packet = self._nvc.PacketData()
+        packet.bsl_data = int(data.ctypes.data) if len(data) else 0
+        packet.bsl = int(len(data))
+        packet.pts = _NOPTS if pts is None else int(pts)
+        packet.decode_flag = self._nvc.VideoPacketFlag.ENDOFPICTURE
+        return packet
+
+    def decode(self, data: bytes | bytearray | memoryview, pts: int | None = None) -> list[NvdecFrame]:
+        """Decode one access unit; the frames it completed (usually one; none before a keyframe)."""
+        import numpy as np
+
+        buf = np.frombuffer(data, dtype=np.uint8)
+        if buf.size == 0:
+            return []
+        self.access_units += 1
+        return self._run(self._packet(buf, pts), keep=buf)
+
+    def flush(self) -> list[NvdecFrame]:
+        """End of stream: the frames the decoder still holds."""
+        import numpy as np
+
+        return self._run(self._packet(np.empty(0, np.uint8), None), keep=None)
+
+    def _run(self, packet: Any, keep: Any) -> list[NvdecFrame]:
+        try:
+            decoded = self._decoder.Decode(packet)  # [PG] "Basic Decoding Workflow"
+        except Exception as e:
+            raise InputError(f"NVDEC failed on '{self.name}' after {self.frames} frames: {_reason(e)}. "
+                             f"{CPU_DECODE_FIX}") from e
+        del keep  # the bitstream is the decoder's now
+        out = []
+        for frame in decoded:
+            if self.matrix is None:
+                height = int(self._decoder.GetHeight()) if hasattr(self._decoder, "GetHeight") else 720
+                self.matrix = untagged_matrix(height)
+            out.append(_wrap_frame(frame, decoder=self._decoder, name=self.name, index=self.frames,
+                                   stream=self.stream, gpu_id=self.gpu_id, time_base=self.time_base,
+                                   matrix=self.matrix, full_range=self.full_range))
+            self.frames += 1
+        return out
+
+    def close(self) -> None:
+        self._decoder = None
 
 
 # --------------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,18 @@ def hls_options(folder: Path, *, segment_seconds: float = 1.0, list_size: int = 
             "hls_segment_filename": str(folder / "seg_%05d.ts")}
 
 
+@dataclass(frozen=True)
+class VideoPacket:
+    """One compressed video access unit, Annex-B (start codes; SPS/PPS in-band before keyframes),
+    on the reader's continuous timeline."""
+
+    data: bytes
+    pts: int
+    time_base: Fraction
+    index: int
+    keyframe: bool
+
+
 class LiveReader:
     """Frames and audio packets from a live URL, reconnecting when the input drops, or from a file,
     which ends at its end (or starts again with `loop`).
@@ -68,8 +81,11 @@ class LiveReader:
     """
 
     def __init__(self, url: str, *, reconnect_seconds: float = 60.0, open_timeout: float = 5.0,
-                 read_timeout: float = 2.0, loop: bool = False, realtime: bool = False) -> None:
+                 read_timeout: float = 2.0, loop: bool = False, realtime: bool = False,
+                 packets: bool = False) -> None:
         self.url = url
+        self.packets = packets
+        """Yield the video as `VideoPacket`s (Annex-B access units for NVDEC) instead of decoding it."""
         self.is_file = is_file_input(url)
         self.loop = loop and self.is_file
         self.realtime = realtime and self.is_file
@@ -125,7 +141,7 @@ class LiveReader:
         self._stopped = True
         self._wake.set()
 
-    def __iter__(self) -> Iterator[Frame | AudioPacket]:
+    def __iter__(self) -> Iterator[Frame | VideoPacket | AudioPacket]:
         if self._container is None:
             self.open()
         while not self._stopped:
@@ -148,7 +164,7 @@ class LiveReader:
             elif not self._reconnect():
                 return
 
-    def _read(self, c: Any) -> Iterator[Frame | AudioPacket]:
+    def _read(self, c: Any) -> Iterator[Frame | VideoPacket | AudioPacket]:
         v = c.streams.video[0]
         streams = [v] + ([c.streams.audio[0]] if c.streams.audio else [])
         # A looped file's shift is known before its first packet, so its audio moves with it; a new
@@ -157,6 +173,12 @@ class LiveReader:
         audio_shift = 0
         if shift is not None and c.streams.audio and self._time_base is not None:
             audio_shift = round(shift * self._time_base / c.streams.audio[0].time_base)
+        bsf = None
+        if self.packets:
+            from av.bitstream import BitStreamFilterContext
+
+            name = "hevc_mp4toannexb" if v.codec_context.name == "hevc" else "h264_mp4toannexb"
+            bsf = BitStreamFilterContext(name, v)  # per connection: a new publisher, new extradata
         for packet in c.demux(streams):
             if self._stopped:
                 return
@@ -168,17 +190,19 @@ class LiveReader:
                             packet.dts += audio_shift
                     yield AudioPacket(packet)
                 continue
+            if self.packets:
+                units = self._annexb(bsf, packet)
+                for data, raw_pts, key in units:
+                    shift, pts = self._shifted(raw_pts, shift)
+                    if self.realtime:
+                        self._pace(pts)
+                        if self._stopped:
+                            return
+                    yield VideoPacket(data, pts, self._time_base or v.time_base, self._index, key)
+                    self._index += 1
+                continue
             for vf in packet.decode():
-                pts = vf.pts if vf.pts is not None else (self._last_pts or 0) + 1
-                if self._first_pts is None:
-                    self._first_pts = pts
-                if shift is None:
-                    # A new connection: continue one frame after the last frame we gave out.
-                    shift = 0 if self._last_pts is None else self._last_pts + self._step - pts
-                pts += shift
-                if self._last_pts is not None and pts <= self._last_pts:
-                    pts = self._last_pts + 1
-                self._last_pts = pts
+                shift, pts = self._shifted(vf.pts, shift)
                 rgb = np.ascontiguousarray(vf.to_ndarray(format="rgb24"))
                 if self.realtime:
                     self._pace(pts)
@@ -186,6 +210,33 @@ class LiveReader:
                         return
                 yield Frame(rgb, pts=pts, time_base=self._time_base or v.time_base, index=self._index)
                 self._index += 1
+
+    def _shifted(self, raw: int | None, shift: int | None) -> tuple[int, int]:
+        """(shift, pts): the connection's shift (found at its first frame) and this frame's pts on
+        the reader's continuous timeline, strictly increasing."""
+        pts = raw if raw is not None else (self._last_pts or 0) + 1
+        if self._first_pts is None:
+            self._first_pts = pts
+        if shift is None:
+            # A new connection: continue one frame after the last frame we gave out.
+            shift = 0 if self._last_pts is None else self._last_pts + self._step - pts
+        pts += shift
+        if self._last_pts is not None and pts <= self._last_pts:
+            pts = self._last_pts + 1
+        self._last_pts = pts
+        return shift, pts
+
+    @staticmethod
+    def _annexb(bsf: Any, packet: Any) -> list[tuple[bytes, int | None, bool]]:
+        """The packet as Annex-B access units (data, pts, keyframe): FLV and MP4 carry H.264 with
+        length prefixes and the SPS/PPS in the stream's extradata; NVDEC's parser wants start codes
+        and the parameter sets in-band, which FFmpeg's h264_mp4toannexb / hevc_mp4toannexb filter
+        produces (and passes Annex-B input such as MPEG-TS through)."""
+        out = []
+        for p in bsf.filter(packet):
+            if p.size:
+                out.append((bytes(p), p.pts, bool(p.is_keyframe)))
+        return out
 
     def _pace(self, pts: int) -> None:
         """Hold a file's frame until its time, as a live source would send it. A reader that fell
