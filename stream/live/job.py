@@ -13,13 +13,16 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Protocol
+
+import numpy as np
 
 from ..io.video import AudioPacket
 from ..pipeline import FileJob
 from ..types import Frame
-from .streams import LiveReader, LiveWriter, is_file_input
+from .streams import LiveReader, LiveWriter, VideoPacket, is_file_input
 from .vcam import VirtualCamera, check_vcam
 
 log = logging.getLogger(__name__)
@@ -53,6 +56,8 @@ class LiveOutput(Protocol):
 
     def write(self, frame: Frame) -> None: ...
 
+    def write_nv12(self, nv12: np.ndarray, pts: int | None, time_base: Fraction | None) -> None: ...
+
     def write_audio(self, packet: AudioPacket) -> None: ...
 
     def close(self) -> None: ...
@@ -70,6 +75,58 @@ class LiveJob(FileJob):
         """Run until the input ends (a file's end; a network input that stays away longer than
         `reconnect_seconds`), `max_frames` are out, or `stop` is set. A file input plays at its own
         pace, once, or again and again with `loop`."""
+        self._check_live_args(url, rtmp_out, hls_dir, vcam, vcam_device, loop)
+        stop = stop or threading.Event()
+        reader = self._live_reader(url, reconnect_seconds=reconnect_seconds, loop=loop)
+        reader.open()
+        stats = LiveStats()
+        # Decoded frames wait at most `buffer_frames` deep, the oldest dropped; compressed packets
+        # (the GPU path) are never dropped, since later frames refer to them: `_live_frames` skips
+        # the swap of a decoded frame instead when too many are waiting behind it.
+        pump = _Pump(reader, stop, stats, keep=None if reader.packets else buffer_frames)
+        writers: list[LiveOutput] = []
+        pump.start()
+        try:
+            while not stop.is_set():
+                item, pending_audio, finished = pump.take()
+                if item is None and not pending_audio and finished:
+                    break
+                if item is not None:
+                    video, arrived = item
+                    for out in self._live_frames(video, pump.backlog(), buffer_frames, stats):
+                        if not writers:
+                            writers = self._open_writers(out.width, out.height, out.time_base, reader,
+                                                         rtmp_out, hls_dir,
+                                                         vcam_device if vcam else None, vcam)
+                        stats.faces_swapped += out.faces
+                        for w in writers:
+                            if out.nv12:
+                                w.write_nv12(out.data, out.pts, out.time_base)
+                            else:
+                                w.write(Frame(out.data, out.pts, out.time_base, 0))
+                        stats.frames_out += 1
+                        now = time.monotonic()
+                        stats.latency_ms.append((now - arrived) * 1e3)
+                        stats.out_times.append(now)
+                    if max_frames is not None and stats.frames_out >= max_frames:
+                        break
+                for p in pending_audio:
+                    stats.audio_packets += 1
+                    for w in writers:
+                        w.write_audio(p)
+        finally:
+            reader.stop()
+            stop.set()
+            pump.join(timeout=10)
+            for w in writers:
+                w.close()
+            stats.reconnects = reader.reconnects
+            self._close_live()
+        return stats
+
+    @staticmethod
+    def _check_live_args(url: str, rtmp_out: str | None, hls_dir: Path | None, vcam: bool,
+                         vcam_device: str | None, loop: bool) -> None:
         from ..errors import ConfigError
 
         if rtmp_out is None and hls_dir is None and not vcam:
@@ -83,86 +140,112 @@ class LiveJob(FileJob):
                               f"reconnects when it drops (--reconnect SECONDS); leave out --loop")
         if vcam:
             check_vcam(vcam_device)  # a missing device is known now, before waiting on the input
-        stop = stop or threading.Event()
-        reader = LiveReader(url, reconnect_seconds=reconnect_seconds, loop=loop, realtime=True)
-        reader.open()
-        stats = LiveStats()
-        frames: deque[tuple[Frame, float]] = deque()
-        audio: deque[AudioPacket] = deque()
-        cond = threading.Condition()
-        finished = threading.Event()
 
-        def read() -> None:
-            try:
-                for item in reader:
-                    if stop.is_set():
-                        break
-                    with cond:
-                        if isinstance(item, AudioPacket):
-                            audio.append(item)
-                        else:
-                            stats.frames_in += 1
-                            if len(frames) >= buffer_frames:
-                                frames.popleft()  # the oldest waiting frame goes: keep up with live
-                                stats.dropped += 1
-                            frames.append((item, time.monotonic()))
-                        cond.notify()
-            finally:
-                finished.set()
-                with cond:
-                    cond.notify()
+    def _live_reader(self, url: str, *, reconnect_seconds: float, loop: bool) -> LiveReader:
+        """The input: decoded RGB frames here; the GPU job takes compressed packets for NVDEC."""
+        return LiveReader(url, reconnect_seconds=reconnect_seconds, loop=loop, realtime=True)
 
-        writers: list[LiveOutput] = []
-        thread = threading.Thread(target=read, name="live-reader", daemon=True)
-        thread.start()
-        try:
-            while not stop.is_set():
-                with cond:
-                    while not frames and not audio and not finished.is_set() and not stop.is_set():
-                        cond.wait(0.1)
-                    pending_audio = list(audio)
-                    audio.clear()
-                    item = frames.popleft() if frames else None
-                if item is None and not pending_audio and finished.is_set():
-                    break
-                if item is not None:
-                    frame, arrived = item
-                    if not writers:
-                        writers = self._open_writers(frame, reader, rtmp_out, hls_dir,
-                                                     vcam_device if vcam else None, vcam)
-                    stats.faces_swapped += self.swap_frame(frame)
-                    for w in writers:
-                        w.write(frame)
-                    stats.frames_out += 1
-                    now = time.monotonic()
-                    stats.latency_ms.append((now - arrived) * 1e3)
-                    stats.out_times.append(now)
-                    if max_frames is not None and stats.frames_out >= max_frames:
-                        break
-                for p in pending_audio:
-                    stats.audio_packets += 1
-                    for w in writers:
-                        w.write_audio(p)
-        finally:
-            reader.stop()
-            stop.set()
-            thread.join(timeout=10)
-            for w in writers:
-                w.close()
-            stats.reconnects = reader.reconnects
-        return stats
+    def _live_frames(self, item: Frame | VideoPacket, backlog: int, buffer_frames: int,
+                     stats: LiveStats) -> list[LiveFrame]:
+        """The swapped output for one input item (the pump already dropped what was too old)."""
+        assert isinstance(item, Frame)
+        faces = self.swap_frame(item)
+        return [LiveFrame(item.data, item.pts, item.time_base, faces)]
 
-    def _open_writers(self, first: Frame, reader: LiveReader, rtmp_out: str | None,
-                      hls_dir: Path | None, vcam_device: str | None = None,
+    def _close_live(self) -> None:
+        """Release what `_live_frames` kept for the run (the GPU job's decoder and buffers)."""
+
+    def _open_writers(self, width: int, height: int, time_base: Fraction | None, reader: LiveReader,
+                      rtmp_out: str | None, hls_dir: Path | None, vcam_device: str | None = None,
                       vcam: bool = False) -> list[LiveOutput]:
-        h, w = first.data.shape[:2]
-        common: dict[str, Any] = dict(width=w, height=h, fps=reader.info_fps, time_base=first.time_base,
-                                      audio_from=reader.audio_stream, crf=self.config.encode.crf)
+        common: dict[str, Any] = dict(width=width, height=height, fps=reader.info_fps,
+                                      time_base=time_base, audio_from=reader.audio_stream,
+                                      crf=self.config.encode.crf)
         out: list[LiveOutput] = []
         if rtmp_out:
             out.append(LiveWriter(rtmp_out, kind="rtmp", **common))
         if hls_dir is not None:
             out.append(LiveWriter(str(hls_dir / "index.m3u8"), kind="hls", **common))
         if vcam:
-            out.append(VirtualCamera(width=w, height=h, fps=reader.info_fps, device=vcam_device))
+            out.append(VirtualCamera(width=width, height=height, fps=reader.info_fps, device=vcam_device))
         return out
+
+
+@dataclass
+class LiveFrame:
+    """A swapped frame on its way to the outputs: RGB (height, width, 3), or NV12 (height * 3/2,
+    width) as the GPU path downloads it."""
+
+    data: np.ndarray
+    pts: int | None
+    time_base: Fraction | None
+    faces: int
+    nv12: bool = False
+
+    @property
+    def width(self) -> int:
+        return int(self.data.shape[1])
+
+    @property
+    def height(self) -> int:
+        return int(self.data.shape[0] * 2 // 3) if self.nv12 else int(self.data.shape[0])
+
+
+class _Pump:
+    """The reader thread: demuxes (and on the CPU path decodes) the input while the job swaps.
+
+    Video items wait in a deque; with `keep`, at most that many, the oldest dropped and counted (a
+    live stream must not lag). Audio packets are never dropped.
+    """
+
+    def __init__(self, reader: LiveReader, stop: threading.Event, stats: LiveStats,
+                 keep: int | None) -> None:
+        self.reader, self.stop, self.stats, self.keep = reader, stop, stats, keep
+        self.video: deque[tuple[Frame | VideoPacket, float]] = deque()
+        self.audio: deque[AudioPacket] = deque()
+        self.cond = threading.Condition()
+        self.finished = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="live-reader", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def join(self, timeout: float) -> None:
+        self.thread.join(timeout=timeout)
+
+    def _run(self) -> None:
+        try:
+            for item in self.reader:
+                if self.stop.is_set():
+                    break
+                with self.cond:
+                    if isinstance(item, AudioPacket):
+                        self.audio.append(item)
+                    else:
+                        self.stats.frames_in += 1
+                        if self.keep is not None and len(self.video) >= self.keep:
+                            self.video.popleft()  # the oldest waiting frame goes: keep up with live
+                            self.stats.dropped += 1
+                        self.video.append((item, time.monotonic()))
+                    self.cond.notify()
+        finally:
+            self.finished.set()
+            with self.cond:
+                self.cond.notify()
+
+    def take(self) -> tuple[tuple[Frame | VideoPacket, float] | None, list[AudioPacket], bool]:
+        """The next video item (or None), all waiting audio, and whether the reader has ended; waits
+        up to 0.1 s for something to arrive."""
+        with self.cond:
+            while (not self.video and not self.audio and not self.finished.is_set()
+                   and not self.stop.is_set()):
+                self.cond.wait(0.1)
+            audio = list(self.audio)
+            self.audio.clear()
+            item = self.video.popleft() if self.video else None
+            return item, audio, self.finished.is_set() and not self.video
+
+    def backlog(self) -> int:
+        """Video items waiting behind the one being processed."""
+        with self.cond:
+            return len(self.video)

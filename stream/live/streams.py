@@ -343,13 +343,27 @@ class LiveWriter:
         self._c = c
 
     def write(self, frame: Frame) -> None:
+        """Encode and send an RGB frame."""
         if self._c is None and not self._retry():
             self.dropped += 1
             return
         img = frame.data[: self.height, : self.width]
         vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(img), format="rgb24")
-        vf.pts = frame.pts
-        vf.time_base = frame.time_base
+        self._send(vf, frame.pts, frame.time_base)
+
+    def write_nv12(self, nv12: np.ndarray, pts: int | None, time_base: Fraction | None) -> None:
+        """Encode and send a frame given as NV12 (a (height * 3/2, width) uint8 array: the luma rows,
+        then the interleaved chroma rows), as the GPU path downloads it: x264 then only
+        de-interleaves the chroma instead of converting from RGB."""
+        if self._c is None and not self._retry():
+            self.dropped += 1
+            return
+        vf = av.VideoFrame.from_ndarray(nv12, format="nv12")
+        self._send(vf, pts, time_base)
+
+    def _send(self, vf: Any, pts: int | None, time_base: Fraction | None) -> None:
+        vf.pts = pts
+        vf.time_base = time_base
         try:
             for p in self._v.encode(vf):
                 self._c.mux(p)

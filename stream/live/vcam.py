@@ -8,6 +8,7 @@ pyvirtualcam is an optional extra (`pip install 'swapstream[vcam]'`).
 from __future__ import annotations
 
 import sys
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,13 @@ class VirtualCamera:
     def write(self, frame: Frame) -> None:
         self._cam.send(np.ascontiguousarray(frame.data[: self.height, : self.width]))
         self.frames += 1
+
+    def write_nv12(self, nv12: np.ndarray, pts: int | None, time_base: Fraction | None) -> None:
+        """A frame the GPU path downloaded as NV12 (see `LiveWriter.write_nv12`): the camera takes RGB."""
+        import av
+
+        rgb = av.VideoFrame.from_ndarray(nv12, format="nv12").to_ndarray(format="rgb24")
+        self.write(Frame(rgb, pts, time_base, 0))
 
     def write_audio(self, packet: AudioPacket) -> None:
         """A camera has no audio."""
