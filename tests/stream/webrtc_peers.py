@@ -33,10 +33,14 @@ async def start(app: web.Application) -> tuple[web.AppRunner, str]:
     return runner, f"http://127.0.0.1:{port}"
 
 
-async def connect(http: ClientSession, url: str, pc: RTCPeerConnection) -> str:
-    """WHIP/WHEP without trickle ICE: POST the complete offer, apply the answer; returns Location."""
+async def connect(http: ClientSession, url: str, pc: RTCPeerConnection, *, token: str | None = None) -> str:
+    """WHIP/WHEP without trickle ICE: POST the complete offer, apply the answer; returns Location.
+    `token`: sent as `Authorization: Bearer TOKEN`, for a server started with one."""
     await pc.setLocalDescription(await pc.createOffer())
-    r = await http.post(url, data=pc.localDescription.sdp, headers={"Content-Type": "application/sdp"})
+    headers = {"Content-Type": "application/sdp"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    r = await http.post(url, data=pc.localDescription.sdp, headers=headers)
     assert r.status == 201, (r.status, await r.text())
     await pc.setRemoteDescription(RTCSessionDescription(sdp=await r.text(), type="answer"))
     return r.headers["Location"]
