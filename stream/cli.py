@@ -109,6 +109,18 @@ def _job_class(cfg: Config) -> type:
     return FileJob
 
 
+def _live_job_class(cfg: Config) -> type:
+    """`live` on the GPU (NVDEC, the GPU swap loop) where `_job_class` picks the GPU, else on the CPU."""
+    from .gpu.job import GpuFileJob
+    from .live.job import LiveJob
+
+    if _job_class(cfg) is GpuFileJob:
+        from .gpu.live import GpuLiveJob
+
+        return GpuLiveJob
+    return LiveJob
+
+
 def _log_disclosure(job: "object") -> None:
     """The run's log: which consent record allows the source face, what the mark says, the label."""
     rows = [("consent", job.consent.summary() if job.consent else "none")]  # type: ignore[attr-defined]
@@ -206,12 +218,10 @@ def live(
 ) -> None:
     """Swap faces in a live stream: pull RTMP; push RTMP, write HLS and/or feed a virtual camera,
     without building up latency."""
-    from .live.job import LiveJob
-
     cfg = _config(config, set_, None)
     if no_label:
         cfg.disclosure.label_live = False
-    job = LiveJob(cfg)
+    job = _live_job_class(cfg)(cfg)
     try:
         job.set_source(source)
         _log_disclosure(job)
@@ -246,7 +256,7 @@ def serve(
     whip_token: Annotated[Optional[str], typer.Option(
         "--whip-token", envvar="SWAPSTREAM_WHIP_TOKEN",
         help="Require 'Authorization: Bearer TOKEN' on /whip and /whep (OBS: the WHIP Bearer Token "
-             "field). The preview pages send none: leave it unset to use them.")] = None,
+             "field). The preview pages send the one in their URL: /view?token=TOKEN.")] = None,
     max_sessions: Annotated[int, typer.Option(
         "--max-sessions", min=1, help="Most WHIP publishers (and, separately, WHEP viewers) at once.")] = 16,
 ) -> None:
@@ -264,14 +274,22 @@ def serve(
     cfg = _config(config, set_, None)
     if no_label:
         cfg.disclosure.label_live = False
-    job = FileJob(cfg, live=True)  # its output is a live WebRTC stream: labelled by default
+    job_class = _job_class(cfg)
+    job = job_class(cfg, live=True)  # its output is a live WebRTC stream: labelled by default
     job.set_source(source)
     _log_disclosure(job)
+    if job_class is FileJob:
+        def swap(rgb: object, index: int) -> int:
+            return job.swap_frame(Frame(rgb, pts=index, time_base=Fraction(1, 30), index=index))
 
-    def swap(rgb: object, index: int) -> int:
-        return job.swap_frame(Frame(rgb, pts=index, time_base=Fraction(1, 30), index=index))
+        server = WhipServer(swap, token=whip_token, max_sessions=max_sessions)  # type: ignore[arg-type]
+    else:
+        from .gpu.rtc import gpu_whip_hooks
 
-    server = WhipServer(swap, token=whip_token, max_sessions=max_sessions)  # type: ignore[arg-type]
+        frame_swap, on_publisher, where = gpu_whip_hooks(job)
+        err.print(Text(where), soft_wrap=True)
+        server = WhipServer(frame_swap=frame_swap, on_publisher=on_publisher, token=whip_token,
+                            max_sessions=max_sessions)
     base = f"http://{host}:{port}"
     for line in (f"WHIP endpoint: {base}/whip  (OBS: Settings > Stream > Service WHIP)",
                  f"WHEP endpoint: {base}/whep  browser preview: {base}/",

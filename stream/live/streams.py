@@ -97,6 +97,8 @@ class LiveReader:
         self.loops = 0
         """Times a looped file started again."""
         self.audio_stream: Any = None
+        self.codec = "h264"
+        """The video codec FFmpeg names ('h264' or 'hevc'), known once the input is open."""
         self.info_fps: float = 30.0
         self._offset = 0
         self._last_pts: int | None = None
@@ -133,6 +135,7 @@ class LiveReader:
             raise InputError(f"live input '{self.url}' is {name} video; publish H.264 (in OBS: "
                              f"Output > Encoder x264 or NVENC H.264)")
         self._time_base = v.time_base
+        self.codec = v.codec_context.name
         self.info_fps = float(v.average_rate or v.guessed_rate or 30)
         self._step = max(1, round(1 / (self.info_fps * v.time_base)))  # one frame, in pts
         self.audio_stream = self._container.streams.audio[0] if self._container.streams.audio else None

@@ -43,6 +43,11 @@ STATIC = Path(__file__).resolve().parent / "static"
 
 SwapFn = Callable[[np.ndarray, int], int]
 """Swaps faces in an RGB frame in place; gets the frame's index; returns faces swapped."""
+FrameSwapFn = Callable[[Any, int], tuple[np.ndarray, int]]
+"""Swaps faces in a received frame (aiortc's, or whatever a diverted decoder delivers) given its
+index; returns the swapped RGB picture on the host and the faces swapped (the GPU path)."""
+PeerHook = Callable[[Any], None]
+"""Called with a publisher's RTCPeerConnection before its offer is applied."""
 
 AUDIO_HOLD_MAX_S = 0.8
 """The most audio is held back to wait for the video; a swap slower than this is not live anyway."""
@@ -208,18 +213,25 @@ def audio_copy(frame: Any) -> Any:
 class WhipServer:
     """An aiohttp application with the WHIP endpoint. `swap` does the face work for each frame."""
 
-    def __init__(self, swap: SwapFn, *, token: str | None = None, max_sessions: int = 16) -> None:
+    def __init__(self, swap: SwapFn | None = None, *, token: str | None = None, max_sessions: int = 16,
+                 frame_swap: FrameSwapFn | None = None, on_publisher: PeerHook | None = None) -> None:
         """`token`: when given, POST and DELETE on /whip and /whep need `Authorization: Bearer
-        TOKEN` (OBS's WHIP "Bearer Token" field); the preview pages do not send one, so they are
-        for a server without a token. `max_sessions`: publishers, and separately viewers, beyond
-        this are answered 503, since each costs an encoder thread and a decoder."""
+        TOKEN` (OBS's WHIP "Bearer Token" field); the preview pages send the one in their URL's
+        `?token=`. `max_sessions`: publishers, and separately viewers, beyond
+        this are answered 503, since each costs an encoder thread and a decoder. `frame_swap`
+        replaces `swap` where frames need more than an RGB array (the GPU path); `on_publisher`
+        prepares each publisher's connection (the GPU path prefers H.264 and routes it to NVDEC)."""
         from aiohttp import web
 
+        if (swap is None) == (frame_swap is None):
+            raise ValueError("give exactly one of swap and frame_swap")
         if max_sessions < 1:
             raise ValueError(f"max_sessions must be at least 1, got {max_sessions}")
         self.token = token
         self.max_sessions = max_sessions
         self.swap = swap
+        self.frame_swap = frame_swap
+        self.on_publisher = on_publisher
         self.sessions: dict[str, Session] = {}
         self.viewers: dict[str, Session] = {}
         """WHEP viewers: each gets the newest swapped frame of any publisher."""
@@ -313,6 +325,9 @@ class WhipServer:
         audio as it was, in step with the video."""
 
         def prepare(pc: Any, session: Session) -> None:
+            if self.on_publisher is not None:
+                self.on_publisher(pc)
+
             @pc.on("track")
             def on_track(track: Any) -> None:
                 if track.kind == "video":
@@ -344,8 +359,8 @@ class WhipServer:
                     s.in_interval_s = smooth(s.in_interval_s, gap, first=s.in_interval_s == 0)
             last_pts = frame.pts
             t0 = loop.time()
-            rgb = np.ascontiguousarray(frame.to_ndarray(format="rgb24"))
-            s.faces += await loop.run_in_executor(self._pool, self.swap, rgb, index)
+            rgb, faces = await loop.run_in_executor(self._pool, self._swap_frame, frame, index)
+            s.faces += faces
             index += 1
             peers = [s] + list(self.viewers.values())
             for peer, out in zip(peers, video_copies(rgb, frame.pts, frame.time_base, len(peers))):
@@ -356,6 +371,14 @@ class WhipServer:
             delay = loop.time() - t0
             s.latency_ms.append(delay * 1e3)
             s.video_delay_s = smooth(s.video_delay_s, delay, first=s.frames_out == 1)
+
+    def _swap_frame(self, frame: Any, index: int) -> tuple[np.ndarray, int]:
+        """In the swap thread: the swapped RGB picture and the faces swapped."""
+        if self.frame_swap is not None:
+            return self.frame_swap(frame, index)
+        assert self.swap is not None
+        rgb = np.ascontiguousarray(frame.to_ndarray(format="rgb24"))
+        return rgb, self.swap(rgb, index)
 
     async def _consume_audio(self, s: Session, track: Any) -> None:
         """Take every received audio frame at once (aiortc's queue is unbounded too), noting when

@@ -1,0 +1,135 @@
+"""The live job on the GPU: RTMP (or a file played live) in, NVDEC, the GPU swap loop, x264 out.
+
+The reader thread only demuxes: each video packet goes through FFmpeg's mp4toannexb filter and,
+as an Annex-B access unit, to NVDEC (`NvdecAccessUnits`), so the picture is decoded straight into
+GPU memory. From there `GpuSwapLoop` analyses, swaps and converts to NV12 on its own streams, and
+only the NV12 picture comes back to the host, where x264 takes it without a colour conversion
+(NVENC where the GPU has one is the next step; the H200 this was measured on has none).
+
+Compressed packets cannot be dropped (later frames refer to them): every packet is decoded, and a
+decoded frame with `buffer_frames` or more packets waiting behind it skips the swap and is counted
+as dropped, which keeps the output live when the swap falls behind. Without PyNvVideoCodec the job
+decodes on the CPU (PyAV) and uploads each frame instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..errors import InputError
+from ..live.job import LiveFrame, LiveJob, LiveStats
+from ..live.streams import LiveReader, VideoPacket
+from ..types import Frame
+from .job import GpuFileJob
+from .loop import GpuSwapLoop, nvtx
+from .ring import Ring
+
+log = logging.getLogger(__name__)
+
+OUTPUT_MATRIX = "bt601"
+"""The matrix of the NV12 we hand x264: the one the CPU path's RGB -> YUV conversion (swscale's
+default) uses, so that both paths give players the same untagged video."""
+
+PINNED_SLOTS = 4
+"""Host NV12 buffers for the frames of one `_live_frames` call (one in low-latency decoding); the
+writers copy each into their encoder before the next call."""
+
+
+class GpuLiveJob(LiveJob, GpuFileJob):
+    """`LiveJob` with NVDEC decoding and the swap on the GPU (module doc). Construct like `FileJob`."""
+
+    def _live_reader(self, url: str, *, reconnect_seconds: float, loop: bool) -> LiveReader:
+        from .nvcodec import nvdec_available
+
+        ok, why = nvdec_available()
+        if not ok:
+            log.warning("live input '%s' is decoded on the CPU and uploaded: %s", url, why)
+        self._url = url
+        self._decoder: Any = None
+        self._loop: GpuSwapLoop | None = None
+        self._index = 0
+        self._reader = LiveReader(url, reconnect_seconds=reconnect_seconds, loop=loop, realtime=True,
+                                  packets=ok)
+        return self._reader
+
+    def _live_frames(self, item: Frame | VideoPacket, backlog: int, buffer_frames: int,
+                     stats: LiveStats) -> list[LiveFrame]:
+        if isinstance(item, Frame):  # no NVDEC: the pump dropped what was too old already
+            loop = self._swap_loop(item.data.shape[1], item.data.shape[0])
+            slot = loop.rgb_slot(item.pts)
+            with nvtx("upload"):
+                slot.buffer.set(item.data, stream=self._upload)
+                ready = self._upload.record()
+            return [self._swap(loop, slot, ready, item.pts, item.time_base)]
+        out = []
+        with nvtx("nvdec"):
+            frames = self._nvdec(item).decode(item.data, item.pts)
+        for f in frames:
+            if backlog >= buffer_frames:
+                # Decoded (later frames refer to it) but not swapped: the swap is behind.
+                stats.dropped += 1
+                continue
+            loop = self._swap_loop(f.width, f.height)
+            slot = loop.rgb_slot(f.pts)
+            ready = f.copy_to(slot.buffer)  # NV12 -> RGB on the decoder's stream, before reuse
+            out.append(self._swap(loop, slot, ready, item.pts if f.pts is None else f.pts,
+                                  item.time_base))
+        return out
+
+    def _nvdec(self, item: VideoPacket) -> Any:
+        if self._decoder is None:
+            import cupy
+
+            from .nvcodec import NvdecAccessUnits
+
+            self._upload = cupy.cuda.Stream(non_blocking=True)
+            codec = "hevc" if self._reader.codec == "hevc" else "h264"  # open() refused the rest
+            self._decoder = NvdecAccessUnits(codec=codec, time_base=item.time_base, name=self._url,
+                                             stream=self._upload)
+        return self._decoder
+
+    def _swap_loop(self, width: int, height: int) -> GpuSwapLoop:
+        import cupy
+        import cupyx
+        import numpy as np
+
+        if width % 2 or height % 2:
+            raise InputError(f"live input '{self._url}' is {width}x{height}; the GPU path needs an "
+                             f"even width and height (4:2:0). Scale it in the encoder, or run with "
+                             f"--set device=cpu")
+        loop = self._loop
+        if loop is None or (loop.width, loop.height) != (width, height):
+            # A new publisher may send another size: everything is sized again.
+            if not hasattr(self, "_upload"):
+                self._upload = cupy.cuda.Stream(non_blocking=True)
+            self._download = cupy.cuda.Stream(non_blocking=True)
+            loop = self._loop = GpuSwapLoop(self.analyser, self.swap_faces, width, height,
+                                            matrix=OUTPUT_MATRIX)
+            self._pinned: Ring[Any] = Ring(PINNED_SLOTS, lambda _i: cupyx.empty_pinned(
+                (height * 3 // 2, width), np.uint8))
+        return loop
+
+    def _swap(self, loop: GpuSwapLoop, slot: Any, ready: Any, pts: int | None,
+              time_base: Any) -> LiveFrame:
+        flight = loop.submit(slot, ready, index=self._index, pts=pts, time_base=time_base)
+        self._index += 1
+        y, uv = flight.nv12.buffer
+        host = self._pinned.acquire(pts)
+        with nvtx("download"):
+            d = self._download
+            d.wait_event(flight.done)
+            y.get(stream=d, out=host.buffer[: loop.height], blocking=False)
+            uv.get(stream=d, out=host.buffer[loop.height:], blocking=False)
+            copied = d.record()
+            loop.finished(flight, copied)
+            copied.synchronize()  # the hand-over to the encoder: the one host wait per frame
+        return LiveFrame(host.buffer, pts, time_base, flight.swapped, nv12=True)
+
+    def _close_live(self) -> None:
+        if getattr(self, "_loop", None) is not None:
+            self._loop.rgb_ring.drain()  # type: ignore[union-attr]
+        if getattr(self, "_decoder", None) is not None:
+            self._decoder.close()
+        self._decoder = None
+        self._loop = None

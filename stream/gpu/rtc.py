@@ -1,0 +1,250 @@
+"""WebRTC input on the GPU: H.264 access units from aiortc go to NVDEC, and the swap runs on the GPU.
+
+aiortc depacketises each RTP video frame into an Annex-B access unit (`JitterFrame.data`, 90 kHz
+timestamp) and hands it, through a queue, to a decoder thread that decodes with FFmpeg on the CPU.
+`divert_video` replaces that queue on one receiver (before the connection starts, which is when the
+thread is created) with `DivertingQueue`: in aiortc's own decoder thread, H.264 access units go to
+our decode function instead, and its frames go straight to the track's queue, where `track.recv()`
+returns them. Other codecs (VP8 from a browser that refused H.264) and the end marker pass through
+to aiortc's decoder as before.
+
+This reads aiortc's private attribute `RTCRtpReceiver.__decoder_queue` (name-mangled): aiortc has no
+decoder hook. `divert_video` checks that the attribute exists and says so where it does not, and
+the session then decodes on the CPU as before. Tested against aiortc 1.16.
+
+`h264_first` orders the codecs of a transceiver so that the answer offers H.264 before VP8; the
+WHIP server applies it on the GPU path, so that a browser sends what NVDEC decodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from .loop import GpuSwapLoop, nvtx
+
+log = logging.getLogger(__name__)
+
+RTP_VIDEO_TIME_BASE = Fraction(1, 90000)
+"""RTP's video clock: the unit of aiortc's frame timestamps."""
+
+DecodeFn = Callable[[bytes, int], list[Any]]
+"""Decodes one Annex-B access unit with its 90 kHz timestamp; returns the frames it completed."""
+
+_QUEUE_ATTR = "_RTCRtpReceiver__decoder_queue"
+
+
+def h264_first(codecs: list[Any]) -> list[Any]:
+    """`codecs` (aiortc's RTCRtpCodecCapability list) with the H.264 ones first, the rest after in
+    their order (so VP8 stays a fallback, and each codec keeps its retransmission codec)."""
+    h264 = [c for c in codecs if c.mimeType.lower() == "video/h264"]
+    return h264 + [c for c in codecs if c.mimeType.lower() != "video/h264"]
+
+
+def prefer_h264(pc: Any) -> Any:
+    """Add the video transceiver to a peer connection before the offer is applied, with H.264
+    preferred: aiortc filters the offered codecs through a transceiver's preferences while it
+    applies the offer, so they must be set before. Returns the transceiver."""
+    from aiortc import RTCRtpSender
+
+    transceiver = pc.addTransceiver("video", direction="sendrecv")
+    transceiver.setCodecPreferences(h264_first(RTCRtpSender.getCapabilities("video").codecs))
+    return transceiver
+
+
+class DivertingQueue(queue.Queue):  # type: ignore[type-arg]
+    """aiortc's decoder input queue, with H.264 access units decoded by `decode` (module doc).
+
+    `get` runs in aiortc's decoder thread: it decodes H.264 tasks itself, puts the frames on the
+    track's queue through `deliver`, and returns only what aiortc's decoder should handle.
+    """
+
+    def __init__(self, decode: DecodeFn, deliver: Callable[[Any], None]) -> None:
+        super().__init__()
+        self._decode = decode
+        self._deliver = deliver
+        self.access_units = 0
+        self.frames = 0
+        self.errors = 0
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        while True:
+            task = super().get(block, timeout)
+            if task is None or getattr(task[0], "name", "") != "H264":
+                return task
+            _codec, encoded = task
+            self.access_units += 1
+            try:
+                frames = self._decode(encoded.data, encoded.timestamp)
+            except Exception as e:  # noqa: BLE001 - one bad access unit must not end the session
+                # The next keyframe recovers; the browser sends one every few seconds, or on PLI.
+                self.errors += 1
+                log.warning("decoding a WebRTC H.264 access unit failed (%d so far): %s", self.errors, e)
+                continue
+            for frame in frames:
+                self.frames += 1
+                self._deliver(frame)
+
+
+def divert_video(receiver: Any, decode: DecodeFn, loop: asyncio.AbstractEventLoop) -> DivertingQueue | None:
+    """Route `receiver`'s H.264 access units to `decode` (module doc). Call before the connection
+    starts (right after creating the transceiver). Returns the queue, or None where this aiortc has
+    no such queue (the session then decodes on the CPU)."""
+    if not isinstance(getattr(receiver, _QUEUE_ATTR, None), queue.Queue):
+        log.warning("this aiortc (%s) has no decoder queue to divert: WebRTC video is decoded on "
+                    "the CPU", _aiortc_version())
+        return None
+    track_queue = receiver.track._queue  # RemoteStreamTrack's own asyncio.Queue (what recv() reads)
+
+    def deliver(frame: Any) -> None:
+        asyncio.run_coroutine_threadsafe(track_queue.put(frame), loop)
+
+    diverted = DivertingQueue(decode, deliver)
+    setattr(receiver, _QUEUE_ATTR, diverted)
+    return diverted
+
+
+def _aiortc_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("aiortc")
+    except Exception:  # noqa: BLE001 - only for the message
+        return "unknown version"
+
+
+@dataclass(eq=False)
+class DeviceVideoFrame:
+    """A decoded WebRTC picture in GPU memory: RGB, complete once `ready` has fired on the device.
+
+    Its memory came from CuPy's pool on `stream` (the decoder's). `release(event)` makes that stream
+    wait for the consumer's last read before the array is let go, so that the pool's next allocation
+    on that stream cannot overwrite it while the read is in flight.
+    """
+
+    rgb: Any
+    pts: int | None
+    time_base: Fraction
+    ready: Any
+    stream: Any = field(repr=False)
+
+    def release(self, after: Any) -> None:
+        self.stream.wait_event(after)
+        self.rgb = None
+
+    def to_ndarray(self, format: str = "rgb24") -> np.ndarray:  # noqa: A002 - av.VideoFrame's name
+        """A host copy, for consumers of aiortc frames (`format` must be rgb24)."""
+        if format != "rgb24":
+            raise ValueError(f"a DeviceVideoFrame is RGB; asked for {format}")
+        self.ready.synchronize()
+        return self.rgb.get()
+
+
+def nvdec_decode(gpu_id: int = 0) -> DecodeFn:
+    """A `DecodeFn` on NVDEC: each access unit decoded and converted to RGB into a new CuPy array
+    on the decoder's stream, returned as `DeviceVideoFrame`s. The decoder opens at the first access
+    unit, in the thread that decodes (aiortc's)."""
+    state: dict[str, Any] = {}
+
+    def decode(data: bytes, timestamp: int) -> list[Any]:
+        import cupy
+
+        from .nvcodec import NvdecAccessUnits
+
+        dec = state.get("dec")
+        if dec is None:
+            dec = state["dec"] = NvdecAccessUnits(codec="h264", gpu_id=gpu_id,
+                                                  time_base=RTP_VIDEO_TIME_BASE, name="WebRTC video")
+        out = []
+        with nvtx("nvdec"):
+            for f in dec.decode(data, timestamp):
+                with cupy.cuda.Device(gpu_id), dec.stream:
+                    rgb = cupy.empty((f.height, f.width, 3), cupy.uint8)
+                ready = f.copy_to(rgb)
+                pts = f.pts if f.pts is not None else timestamp
+                out.append(DeviceVideoFrame(rgb, pts, RTP_VIDEO_TIME_BASE, ready, dec.stream))
+        return out
+
+    return decode
+
+
+class GpuFrameSwap:
+    """The WHIP server's swap on the GPU: takes a `DeviceVideoFrame` (NVDEC) or an aiortc
+    `av.VideoFrame` (uploaded), runs `GpuSwapLoop` and returns the swapped RGB picture on the host
+    for aiortc's encoders, with the number of faces swapped. One caller at a time (the server's
+    single swap thread)."""
+
+    def __init__(self, job: Any) -> None:
+        self.job = job
+        self._loop: GpuSwapLoop | None = None
+        self.frames = 0
+
+    def _sized(self, width: int, height: int) -> GpuSwapLoop:
+        import cupy
+        import cupyx
+
+        loop = self._loop
+        if loop is None or (loop.width, loop.height) != (width, height):
+            # Browsers change the resolution with the bandwidth: everything is sized again.
+            loop = self._loop = GpuSwapLoop(self.job.analyser, self.job.swap_faces, width, height)
+            self._upload = cupy.cuda.Stream(non_blocking=True)
+            self._download = cupy.cuda.Stream(non_blocking=True)
+            self._pinned = cupyx.empty_pinned((height, width, 3), np.uint8)
+        return loop
+
+    def __call__(self, frame: Any, index: int) -> tuple[np.ndarray, int]:
+        import cupy
+
+        if isinstance(frame, DeviceVideoFrame):
+            h, w = frame.rgb.shape[:2]
+            loop = self._sized(w, h)
+            slot = loop.rgb_slot(frame.pts)
+            with nvtx("upload"), self._upload:
+                self._upload.wait_event(frame.ready)
+                cupy.copyto(slot.buffer, frame.rgb)
+                ready = self._upload.record()
+            frame.release(ready)
+        else:
+            rgb = np.ascontiguousarray(frame.to_ndarray(format="rgb24"))
+            h, w = rgb.shape[:2]
+            loop = self._sized(w, h)
+            slot = loop.rgb_slot(frame.pts)
+            with nvtx("upload"):
+                slot.buffer.set(rgb, stream=self._upload)
+                ready = self._upload.record()
+        flight = loop.submit(slot, ready, index=index, pts=frame.pts, time_base=frame.time_base)
+        with nvtx("download"):
+            d = self._download
+            d.wait_event(flight.done)
+            flight.rgb.buffer.get(stream=d, out=self._pinned, blocking=False)
+            copied = d.record()
+            loop.finished(flight, copied)
+            copied.synchronize()
+        self.frames += 1
+        # A copy: the caller converts it for the encoders while the next frame is swapped.
+        return self._pinned.copy(), flight.swapped
+
+
+def gpu_whip_hooks(job: Any, gpu_id: int = 0) -> tuple[GpuFrameSwap, Callable[[Any], None], str]:
+    """What `WhipServer` takes for the GPU path: the frame swap, the publisher hook (H.264 first;
+    NVDEC where PyNvVideoCodec can decode, each publisher with its own decoder), and a line saying
+    which decoder WebRTC video gets."""
+    from .nvcodec import nvdec_available
+
+    nvdec, why = nvdec_available(gpu_id)
+
+    def on_publisher(pc: Any) -> None:
+        transceiver = prefer_h264(pc)
+        if nvdec:
+            divert_video(transceiver.receiver, nvdec_decode(gpu_id), asyncio.get_event_loop())
+
+    where = (f"WebRTC video: H.264 preferred, decoded on NVDEC ({why})" if nvdec else
+             f"WebRTC video: decoded on the CPU and uploaded ({why})")
+    return GpuFrameSwap(job), on_publisher, where
