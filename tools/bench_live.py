@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -42,7 +41,8 @@ import numpy as np
 from swapstream.config import Config, load_config
 from swapstream.demo import astronaut
 from swapstream.live.job import LiveJob
-from swapstream.live.nginx import NginxRtmp
+from swapstream.errors import SwapStreamError
+from swapstream.live.nginx import NginxRtmp, find_nginx_rtmp
 from swapstream.live.probe import (AUDIO_RATE, ProbeClock, Received, StampedClip, StampedVideoTrack,
                                    ToneTrack, audio_lag, read_stamp, receive, tone, tone_edges,
                                    unwrap, video_lag)
@@ -52,8 +52,14 @@ from swapstream.types import Frame
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import cpu_name, run_fields  # noqa: E402
 
-NGINX_RTMP_MODULE = Path("/usr/lib/nginx/modules/ngx_rtmp_module.so")
 
+
+def gpu_and_cpu() -> str:
+    """The GPU's name and the CPU's (both do work on the GPU path: x264 runs on the CPU)."""
+    import cupy
+
+    name = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    return f"{name} with {cpu_name()}"
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -93,8 +99,16 @@ def publish_rtmp(url: str, clip: StampedClip, sent: dict[int, float], stop: thre
         c.mux(v.encode(None))
 
 
+def live_job(cfg: Config, gpu: bool) -> LiveJob:
+    if gpu:
+        from swapstream.gpu.live import GpuLiveJob
+
+        return GpuLiveJob(cfg)
+    return LiveJob(cfg)
+
+
 def bench_rtmp(cfg: Config, size: tuple[int, int], fps: float, seconds: float,
-               warmup: float) -> dict[str, Any]:
+               warmup: float, gpu: bool = False) -> dict[str, Any]:
     clip = StampedClip(size=size, fps=fps)
     sent: dict[int, float] = {}
     got: list[tuple[int, float]] = []
@@ -103,7 +117,7 @@ def bench_rtmp(cfg: Config, size: tuple[int, int], fps: float, seconds: float,
         pub = threading.Thread(target=publish_rtmp, args=(nginx.url("in"), clip, sent, stop),
                                name="publisher")
         pub.start()
-        job = LiveJob(cfg)
+        job = live_job(cfg, gpu)
         job.set_source_image(astronaut(), "astronaut")
         result: dict[str, Any] = {}
         # The job's first connection must find a stream (later ones reconnect): wait until the
@@ -146,6 +160,7 @@ def bench_rtmp(cfg: Config, size: tuple[int, int], fps: float, seconds: float,
             lat.append((t - sent[cand[-1]]) * 1e3)
     return {"latency_ms": lat, "frames_sent": len(sent), "frames_back": len(got),
             "dropped": stats.dropped if stats else None,
+            "nvdec_frames": getattr(job, "nvdec_frames", 0),
             "swap_ms": statistics.median(stats.latency_ms) if stats and stats.latency_ms else None}
 
 
@@ -154,19 +169,36 @@ def bench_rtmp(cfg: Config, size: tuple[int, int], fps: float, seconds: float,
 
 
 async def bench_webrtc(cfg: Config, size: tuple[int, int], fps: float, seconds: float,
-                       warmup: float) -> dict[str, Any]:
+                       warmup: float, gpu: bool = False) -> dict[str, Any]:
     from aiohttp import ClientSession, web
     from aiortc import RTCPeerConnection, RTCSessionDescription
 
     from swapstream.live.webrtc import AIORTC_AUDIO_PREFETCH_S, WhipServer
 
-    job = FileJob(cfg)
-    job.set_source_image(astronaut(), "astronaut")
+    diverted: list[Any] = []
+    if gpu:
+        # As `swapstream serve` runs on a GPU: H.264 preferred, NVDEC, the GPU swap loop.
+        from swapstream.gpu.job import GpuFileJob
+        from swapstream.gpu.rtc import gpu_whip_hooks
 
-    def swap(rgb: np.ndarray, index: int) -> int:
-        return job.swap_frame(Frame(rgb, pts=index, time_base=Fraction(1, round(fps)), index=index))
+        job: FileJob = GpuFileJob(cfg, live=True)
+        job.set_source_image(astronaut(), "astronaut")
+        frame_swap, on_publisher, where = gpu_whip_hooks(job)
+        print(f"  {where}", flush=True)
 
-    server = WhipServer(swap)
+        def hook(pc: Any) -> None:
+            on_publisher(pc)
+            diverted.extend(t.receiver for t in pc.getTransceivers())
+
+        server = WhipServer(frame_swap=frame_swap, on_publisher=hook)
+    else:
+        job = FileJob(cfg, live=True)
+        job.set_source_image(astronaut(), "astronaut")
+
+        def swap(rgb: np.ndarray, index: int) -> int:
+            return job.swap_frame(Frame(rgb, pts=index, time_base=Fraction(1, round(fps)), index=index))
+
+        server = WhipServer(swap)
     runner = web.AppRunner(server.app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -196,9 +228,17 @@ async def bench_webrtc(cfg: Config, size: tuple[int, int], fps: float, seconds: 
         await asyncio.sleep(warmup + seconds)  # the measurement window, from the first frame back
         session = next(iter(server.sessions.values()))
         await http.delete(base + r.headers["Location"])
+    answer = pc.remoteDescription.sdp
     await pc.close()
     await runner.cleanup()
     job.close()
+    from swapstream.gpu.rtc import DivertingQueue
+
+    nvdec = sum(q.frames for r in diverted
+                if isinstance(q := getattr(r, "_RTCRtpReceiver__decoder_queue", None), DivertingQueue))
+    codec = next((line.split()[1].split("/")[0] for line in answer.splitlines()
+                  if line.startswith("a=rtpmap:")
+                  and line.split()[0].split(":")[1] == _first_pt(answer, "video")), "?")
     start = first + warmup
     frames = [(n, handed, reached) for n, handed, reached in unwrap(back.video, video.sent)
               if reached >= start]
@@ -211,7 +251,14 @@ async def bench_webrtc(cfg: Config, size: tuple[int, int], fps: float, seconds: 
     return {"latency_ms": lat, "handover_ms": handed, "frames_sent": len(video.sent),
             "frames_back": len(back.video), "dropped": session.dropped,
             "swap_ms": statistics.median(session.latency_ms) if session.latency_ms else None,
+            "nvdec_frames": nvdec, "video_codec": codec,
             "av_offset_ms": (statistics.median(a) - statistics.median(v)) * 1e3 if a and v else None}
+
+
+def _first_pt(sdp: str, kind: str) -> str:
+    """The first payload type of the SDP's m-line of `kind`: the codec the sender uses."""
+    m = next((line for line in sdp.splitlines() if line.startswith(f"m={kind}")), "")
+    return m.split()[3] if len(m.split()) > 3 else ""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -237,6 +284,10 @@ def records_for(path: str, res: dict[str, Any], common: dict[str, Any], size: st
     add(f"{path}_swap_stage_{size}", res["swap_ms"], "ms", "p50")
     add(f"{path}_frames_measured_{size}", len(lat), "frames", "count")
     add(f"{path}_frames_dropped_{size}", res["dropped"], "frames", "count")
+    add(f"{path}_frames_decoded_on_nvdec_{size}", res.get("nvdec_frames", 0), "frames", "count")
+    for r in out:
+        if path == "webrtc":
+            r["config"] = {**r["config"], "video_codec": res.get("video_codec")}
     return out
 
 
@@ -258,14 +309,18 @@ def table(records: list[dict[str, Any]]) -> list[str]:
     by = {(r["metric"], r["stat"]): r for r in records}
     first = records[0]
     load = first["config"].get("load_average_1min_before")
+    where = first["config"].get("path", "cpu")
+    swap = ("the GPU path: NVDEC decode, the GPU swap loop (analysis, mesh swap of one face, label "
+            "and mark, RGB -> NV12 on the GPU), x264 encode on the CPU (this GPU has no NVENC)"
+            if where == "gpu" else "the CPU mesh swap (`live` preset) of one face")
     lines = [f"`{first['command']}` on {first['device']} (load average {load} before the run), "
              f"commit {first['commit']}, {first['date']}. "
-             "Real peers on loopback; the swap is the CPU mesh swap (`live` preset) of one face. A "
+             f"Real peers on loopback; {swap}. A "
              "frame's latency runs from the publisher handing it to its encoder to the frame with the "
              "same stamped number reaching the player: both encodes, both hops, the server's "
              "decode, the swap and the player's decode; not capture or display.", "",
-             "| path | size | p50 ms | p99 ms | max ms | frames | dropped | swap stage p50 ms |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| path | size | p50 ms | p99 ms | max ms | frames | dropped | swap stage p50 ms | NVDEC frames |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         if r["stat"] != "p50" or "_latency_" not in r["metric"] or "handover" in r["metric"]:
             continue
@@ -281,7 +336,8 @@ def table(records: list[dict[str, Any]]) -> list[str]:
         lines.append(f"| {label} | {size} | {get(metric, 'p50')} | {get(metric, 'p99')} | "
                      f"{get(metric, 'max')} | {get(f'{kind}_frames_measured_{size}', 'count')} | "
                      f"{get(f'{kind}_frames_dropped_{size}', 'count')} | "
-                     f"{get(f'{kind}_swap_stage_{size}', 'p50')} |")
+                     f"{get(f'{kind}_swap_stage_{size}', 'p50')} | "
+                     f"{get(f'{kind}_frames_decoded_on_nvdec_{size}', 'count')} |")
     lines.append("")
     for r in records:
         if "handover" in r["metric"]:
@@ -303,37 +359,45 @@ def main() -> None:
     ap.add_argument("--config", default="live", help="preset, as `swapstream live/serve` use")
     ap.add_argument("--only", choices=("rtmp", "webrtc"))
     ap.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
+    ap.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                    help="gpu: the GPU live job and the GPU WHIP server (NVDEC where PyNvVideoCodec "
+                         "is installed); writes live_latency_gpu.{json,md}")
     args = ap.parse_args()
+    gpu = args.device == "gpu"
     w, h = (int(x) for x in args.size.split("x"))
     cfg = load_config(args.config)
     command = "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
     common = {"config": {"size": args.size, "fps": args.fps, "preset": args.config, "swapper": cfg.swapper,
                          "seconds": args.seconds, "warmup": args.warmup,
                          # Other work on the machine moves these figures: say how busy it was.
-                         "load_average_1min_before": round(os.getloadavg()[0], 2)},
-              **run_fields(cpu_name(), command)}
+                         "load_average_1min_before": round(os.getloadavg()[0], 2), "path": args.device},
+              **run_fields(gpu_and_cpu() if gpu else cpu_name(), command)}
     paths = [args.only] if args.only else ["rtmp", "webrtc"]
     records: list[dict[str, Any]] = []
     for path in paths:
-        if path == "rtmp" and (shutil.which("nginx") is None or not NGINX_RTMP_MODULE.exists()):
-            sys.exit("error: the RTMP path needs nginx with libnginx-mod-rtmp (or use --only webrtc)")
+        if path == "rtmp":
+            try:
+                find_nginx_rtmp()
+            except SwapStreamError as e:
+                sys.exit(f"error: the RTMP path needs nginx-rtmp: {e} (or use --only webrtc)")
         print(f"{path}: {args.warmup:g} s warm-up + {args.seconds:g} s ...", flush=True)
         if path == "rtmp":
-            res = bench_rtmp(cfg, (w, h), args.fps, args.seconds, args.warmup)
+            res = bench_rtmp(cfg, (w, h), args.fps, args.seconds, args.warmup, gpu)
         else:
-            res = asyncio.run(bench_webrtc(cfg, (w, h), args.fps, args.seconds, args.warmup))
+            res = asyncio.run(bench_webrtc(cfg, (w, h), args.fps, args.seconds, args.warmup, gpu))
         new = records_for(path, res, common, args.size)
         for r in new:
             print(f"  {r['metric']} {r['stat']}: {r['value']:g} {r['unit']}")
         records += new
-    out_json = args.out / "live_latency.json"
+    stem = "live_latency_gpu" if gpu else "live_latency"
+    out_json = args.out / f"{stem}.json"
     if args.only and out_json.exists():
         kept = [r for r in json.loads(out_json.read_text()) if not r["metric"].startswith(args.only)]
         records = kept + records
     args.out.mkdir(parents=True, exist_ok=True)
     out_json.write_text(json.dumps(records, indent=1) + "\n")
-    write_markdown(args.out / "live_latency.md", records)
-    print(f"wrote {out_json} and live_latency.md")
+    write_markdown(args.out / f"{stem}.md", records)
+    print(f"wrote {out_json} and {stem}.md")
 
 
 if __name__ == "__main__":

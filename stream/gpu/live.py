@@ -39,6 +39,9 @@ writers copy each into their encoder before the next call."""
 class GpuLiveJob(LiveJob, GpuFileJob):
     """`LiveJob` with NVDEC decoding and the swap on the GPU (module doc). Construct like `FileJob`."""
 
+    nvdec_frames = 0
+    """Frames the last run decoded on NVDEC (0 when it decoded on the CPU)."""
+
     def _live_reader(self, url: str, *, reconnect_seconds: float, loop: bool) -> LiveReader:
         from .nvcodec import nvdec_available
 
@@ -130,6 +133,7 @@ class GpuLiveJob(LiveJob, GpuFileJob):
         if getattr(self, "_loop", None) is not None:
             self._loop.rgb_ring.drain()  # type: ignore[union-attr]
         if getattr(self, "_decoder", None) is not None:
+            self.nvdec_frames = self._decoder.frames  # what the run's log and tests report
             self._decoder.close()
         self._decoder = None
         self._loop = None

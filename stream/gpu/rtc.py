@@ -101,10 +101,11 @@ def divert_video(receiver: Any, decode: DecodeFn, loop: asyncio.AbstractEventLoo
         log.warning("this aiortc (%s) has no decoder queue to divert: WebRTC video is decoded on "
                     "the CPU", _aiortc_version())
         return None
-    track_queue = receiver.track._queue  # RemoteStreamTrack's own asyncio.Queue (what recv() reads)
 
     def deliver(frame: Any) -> None:
-        asyncio.run_coroutine_threadsafe(track_queue.put(frame), loop)
+        # The remote track exists once the offer is applied (after this call); its own asyncio
+        # queue is what recv() reads, and what aiortc's decoder thread puts frames on.
+        asyncio.run_coroutine_threadsafe(receiver.track._queue.put(frame), loop)
 
     diverted = DivertingQueue(decode, deliver)
     setattr(receiver, _QUEUE_ATTR, diverted)

@@ -8,6 +8,7 @@ the server before any media flows.
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -66,18 +67,29 @@ def wait_for_port(port: int, timeout: float = 10.0) -> None:
     raise SwapStreamError(f"nothing listens on 127.0.0.1:{port} after {timeout:.0f} s")
 
 
+def find_nginx_rtmp(env: dict[str, str] | None = None) -> tuple[str, str]:
+    """The nginx binary and its RTMP module: $SWAPSTREAM_NGINX and $SWAPSTREAM_NGINX_RTMP_MODULE
+    where set (an nginx of its own, e.g. on a machine without the Debian packages), else the
+    Debian packages' paths. Raises `SwapStreamError` naming what to install."""
+    env = dict(os.environ) if env is None else env
+    binary = env.get("SWAPSTREAM_NGINX") or shutil.which("nginx") or (
+        "/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    if binary is None or not Path(binary).exists():
+        raise SwapStreamError("nginx is not installed: install the Debian packages nginx and "
+                              "libnginx-mod-rtmp (or point SwapStream at another RTMP server)")
+    given = env.get("SWAPSTREAM_NGINX_RTMP_MODULE")
+    module = given or next((p for p in RTMP_MODULE_PATHS if Path(p).exists()), None)
+    if module is None or not Path(module).exists():
+        raise SwapStreamError("nginx's RTMP module is missing: install libnginx-mod-rtmp")
+    return binary, module
+
+
 class NginxRtmp:
     """An nginx-rtmp server process on loopback, for local setups and tests. Context manager."""
 
     def __init__(self, prefix: Path, *, rtmp_port: int | None = None, app: str = "live",
                  auth_url: str | None = None) -> None:
-        binary = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
-        if binary is None:
-            raise SwapStreamError("nginx is not installed: install the Debian packages nginx and "
-                                  "libnginx-mod-rtmp (or point SwapStream at another RTMP server)")
-        module = next((p for p in RTMP_MODULE_PATHS if Path(p).exists()), None)
-        if module is None:
-            raise SwapStreamError("nginx's RTMP module is missing: install libnginx-mod-rtmp")
+        binary, module = find_nginx_rtmp()
         self.binary = binary
         self.prefix = prefix
         self.port = rtmp_port or free_port()

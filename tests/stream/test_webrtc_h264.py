@@ -1,0 +1,145 @@
+"""WebRTC video on the GPU path's terms: the WHIP answer puts H.264 first, and the publisher's H.264
+access units leave aiortc's decoder thread for our decode function (`gpu/rtc.py`), which on the GPU
+is NVDEC. Real aiortc peers over loopback.
+
+On the CPU the decode function is FFmpeg's H.264 decoder (PyAV), so the test checks the routing
+itself: every video frame the server swapped came through the diverted queue, none through aiortc's
+own decoder, and what comes back to the publisher is the swapped face. The GPU test runs the same
+scenario with NVDEC and the GPU swap loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("aiortc")
+pytest.importorskip("aiohttp")
+
+import av  # noqa: E402
+from aiohttp import ClientSession  # noqa: E402
+
+from swapstream.gpu.rtc import (DivertingQueue, divert_video, h264_first, prefer_h264,  # noqa: E402
+                                RTP_VIDEO_TIME_BASE)
+from swapstream.live.probe import ProbeClock, Received, StampedVideoTrack  # noqa: E402
+from swapstream.live.webrtc import WhipServer  # noqa: E402
+
+from .webrtc_peers import connect, fresh_job, looks_swapped, mesh_swap, publisher, start, until  # noqa: E402
+
+SIZE = (320, 240)
+
+
+def cpu_decode() -> Callable[[bytes, int], list[Any]]:
+    """FFmpeg's H.264 decoder as the diverted decode function, as aiortc would decode (but here)."""
+    codec = av.CodecContext.create("h264", "r")
+
+    def decode(data: bytes, timestamp: int) -> list[Any]:
+        packet = av.Packet(data)
+        packet.pts, packet.time_base = timestamp, RTP_VIDEO_TIME_BASE
+        return list(codec.decode(packet))
+
+    return decode
+
+
+def run_scenario(make_decode: Callable[[], Callable[[bytes, int], list[Any]]],
+                 server_kwargs: dict[str, Any]) -> dict[str, Any]:
+    async def scenario() -> dict[str, Any]:
+        diverted: list[DivertingQueue] = []
+
+        def on_publisher(pc: Any) -> None:
+            t = prefer_h264(pc)
+            q = divert_video(t.receiver, make_decode(), asyncio.get_running_loop())
+            assert q is not None, "aiortc's decoder queue was not found"
+            diverted.append(q)
+
+        server = WhipServer(on_publisher=on_publisher, **server_kwargs)
+        runner, base = await start(server.app)
+        source = StampedVideoTrack(ProbeClock(asyncio.get_running_loop().time()), size=SIZE)
+        got = Received()
+        pc = publisher([source], got)
+        async with ClientSession() as http:
+            await connect(http, base + "/whip", pc)
+            await until(lambda: len(got.video) >= 15, 30, "15 swapped frames back at the publisher")
+            session = next(iter(server.sessions.values()))
+        answer = pc.remoteDescription.sdp
+        await pc.close()
+        await runner.cleanup()
+        return {"got": got.video, "sources": source.sources, "answer": answer, "queue": diverted[0],
+                "frames_in": session.frames_in, "faces": session.faces}
+
+    return asyncio.run(scenario())
+
+
+def first_video_codec(sdp: str) -> str:
+    """The encoding name of the first payload type of the SDP's video m-line."""
+    lines = sdp.splitlines()
+    m = next(line for line in lines if line.startswith("m=video"))
+    pt = m.split()[3]
+    rtpmap = next(line for line in lines if line.startswith(f"a=rtpmap:{pt} "))
+    return rtpmap.split()[1].split("/")[0]
+
+
+def check_result(res: dict[str, Any]) -> None:
+    assert first_video_codec(res["answer"]) == "H264", res["answer"]
+    q: DivertingQueue = res["queue"]
+    # Every received video frame was decoded by the diverted function: aiortc's decoder got none.
+    assert q.access_units > 0 and q.errors == 0
+    assert q.frames >= res["frames_in"] > 0, (q.frames, res["frames_in"])
+    assert res["faces"] > 0
+    check = fresh_job()
+    ratios = [np.divide(*looks_swapped(img, res["sources"][n], check)) for n, img, _t in res["got"][-8:]]
+    check.close()
+    # The swapped face is much closer to a fresh swap than to the source frame (as in the WHIP test).
+    assert max(ratios) < 0.5, [round(r, 2) for r in ratios]
+
+
+def test_h264_first_orders_only_h264_ahead() -> None:
+    from aiortc import RTCRtpSender
+
+    codecs = RTCRtpSender.getCapabilities("video").codecs
+    ordered = h264_first(codecs)
+    names = [c.mimeType for c in ordered]
+    n264 = sum(1 for c in codecs if c.mimeType == "video/H264")
+    assert n264 > 0 and all(n == "video/H264" for n in names[:n264])
+    assert sorted(map(repr, ordered)) == sorted(map(repr, codecs))  # nothing lost or added
+
+
+def test_whip_h264_access_units_are_diverted_to_our_decoder() -> None:
+    job, swap = mesh_swap(smoothing=False)
+    try:
+        res = run_scenario(cpu_decode, {"swap": swap})
+    finally:
+        job.close()
+    check_result(res)
+
+
+@pytest.mark.gpu
+def test_whip_on_nvdec_and_the_gpu_swap_loop() -> None:
+    from swapstream.config import load_config
+    from swapstream.demo import astronaut
+    from swapstream.gpu.job import GpuFileJob
+    from swapstream.gpu.nvcodec import nvdec_available
+    from swapstream.gpu.rtc import DeviceVideoFrame, GpuFrameSwap, nvdec_decode
+
+    ok, why = nvdec_available()
+    if not ok:
+        pytest.skip(why)
+    job = GpuFileJob(load_config(None, ["smoothing.enabled=false"]), live=True)
+    job.set_source_image(astronaut(), "astronaut")
+    kinds: list[type] = []
+    frame_swap = GpuFrameSwap(job)
+
+    def swap(frame: Any, index: int) -> tuple[np.ndarray, int]:
+        kinds.append(type(frame))
+        return frame_swap(frame, index)
+
+    try:
+        res = run_scenario(nvdec_decode, {"frame_swap": swap})
+    finally:
+        job.close()
+    check_result(res)
+    assert kinds and all(k is DeviceVideoFrame for k in kinds), set(kinds)
