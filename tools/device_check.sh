@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the `device` tool), from the repository root:
-#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|all]   (default: all; bench = kernels + swap + pipeline)
+#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|live|all|none]
+#     (default: all; bench = kernels + swap + pipeline; none = install the carried wheels only)
 #   tools/device_check.sh pytest ARGS...    (pytest with ARGS, in the same environment)
 # Installs the carried wheels (.whl/, ignored by git), makes `swapstream` importable from this tree,
 # runs `pytest -m gpu`, then the benchmarks. Logs and JSON go to $OUT (or ./device_out locally).
@@ -32,11 +33,18 @@ ln -sfn "$PWD/engines" stream/engines
 ln -sfn "$PWD/stream" /tmp/shim/swapstream
 export PYTHONPATH="/tmp/shim:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 export SWAPSTREAM_MODELS_DIR="$PWD/.models"
+# nginx-rtmp for the RTMP tests and benchmarks: the machine has no Debian packages, so Debian's
+# nginx, its RTMP module and its libraries are carried in .devtools/nginx (see docs/performance.md).
+if [[ -x .devtools/nginx/nginx ]]; then
+  export SWAPSTREAM_NGINX="$PWD/.devtools/nginx/nginx"
+  export SWAPSTREAM_NGINX_RTMP_MODULE="$PWD/.devtools/nginx/ngx_rtmp_module.so"
+fi
 
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
   python3 -c "import sys, numpy, cupy, cv2; print(sys.version); print('numpy', numpy.__version__, 'cupy', cupy.__version__, 'cv2', cv2.__version__)"
-  python3 -c "import importlib.util as u; print('present:', {m: bool(u.find_spec(m)) for m in ('av', 'ai_edge_litert', 'PyNvVideoCodec', 'pydantic', 'tflite', 'flatbuffers', 'torch', 'pynvml')})"
+  python3 -c "import importlib.util as u; print('present:', {m: bool(u.find_spec(m)) for m in ('av', 'ai_edge_litert', 'PyNvVideoCodec', 'pydantic', 'tflite', 'flatbuffers', 'torch', 'pynvml', 'aiortc', 'aiohttp')})"
+  [[ -n "${SWAPSTREAM_NGINX:-}" ]] && "$SWAPSTREAM_NGINX" -v 2>&1
   git rev-parse --short HEAD 2>/dev/null || true
 } 2>&1 | tee "$OUT/env.txt"
 
@@ -44,6 +52,17 @@ rc=0
 if [[ "$what" == pytest ]]; then
   python3 -m pytest -p no:cacheprovider "$@" 2>&1 | tee "$OUT/pytest_args.log"
   exit "${PIPESTATUS[0]}"
+fi
+if [[ "$what" == none ]]; then
+  exit 0
+fi
+if [[ "$what" == live || "$what" == all ]]; then
+  # The GPU live path: its tests, then RTMP -> RTMP and the WebRTC round trip at 720p30.
+  python3 -m pytest -m gpu -rs -v -s -p no:cacheprovider tests/stream/test_gpu_live.py \
+    tests/stream/test_webrtc_h264.py "tests/stream/test_nvcodec.py" 2>&1 | tee "$OUT/pytest_gpu_live.log"
+  rc=${PIPESTATUS[0]}
+  python3 tools/bench_live.py --device gpu --size 1280x720 --fps 30 --seconds 15 --out "$OUT" \
+    2>&1 | tee "$OUT/bench_live_gpu.log" || rc=1
 fi
 if [[ "$what" == swap || "$what" == engines ]]; then
   # The runner's accuracy against ONNX Runtime goes with its benchmark.

@@ -638,6 +638,37 @@ def test_nvdec_from_bytes_flv(cp: types.ModuleType, nvc: types.ModuleType, pyav:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("container", ["flv", "mp4"])
+def test_nvdec_access_units_from_our_demuxer(cp: types.ModuleType, nvc: types.ModuleType,
+                                             pyav: types.ModuleType, tmp_path: Path, container: str) -> None:
+    # The way in for the GPU live job and WebRTC: Annex-B access units from our own demuxing
+    # (LiveReader's mp4toannexb filter), handed to NVDEC one by one with their pts.
+    from swapstream.gpu.nvcodec import NvdecAccessUnits
+    from swapstream.live.streams import LiveReader, VideoPacket
+
+    clip = tmp_path / f"clip.{container}"
+    write_h264(pyav, clip, bframes=False, container=container)
+    ref = pyav_reference(pyav, clip)
+    units = [x for x in LiveReader(str(clip), packets=True) if isinstance(x, VideoPacket)]
+    dec = NvdecAccessUnits(codec="h264", time_base=units[0].time_base, name=str(clip))
+    got = []
+    for u in units:
+        for frame in dec.decode(u.data, u.pts):
+            dec.stream.synchronize()
+            got.append((frame.pts, cp.asnumpy(frame.y), cp.asnumpy(frame.uv)))
+    for frame in dec.flush():
+        dec.stream.synchronize()
+        got.append((frame.pts, cp.asnumpy(frame.y), cp.asnumpy(frame.uv)))
+    assert dec.access_units == len(units) == len(ref)
+    # Low latency: each access unit's picture comes out of its own decode call, with its pts.
+    assert [g[0] for g in got] == [u.pts for u in units]
+    for (_, y, uv), (_, ry, ruv, _) in zip(got, ref):
+        # H.264 decoding is exact: NVDEC and FFmpeg give the same samples.
+        np.testing.assert_array_equal(y, ry)
+        np.testing.assert_array_equal(uv, ruv)
+
+
+@pytest.mark.gpu
 def test_nvenc_absence_is_reported(cp: types.ModuleType) -> None:
     pytest.importorskip("PyNvVideoCodec")
     ok, reason = nvenc_available()
