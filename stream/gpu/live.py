@@ -52,6 +52,7 @@ class GpuLiveJob(LiveJob, GpuFileJob):
         self._decoder: Any = None
         self._loop: GpuSwapLoop | None = None
         self._index = 0
+        self._last_pts: int | None = None
         self._reader = LiveReader(url, reconnect_seconds=reconnect_seconds, loop=loop, realtime=True,
                                   packets=ok)
         return self._reader
@@ -65,19 +66,29 @@ class GpuLiveJob(LiveJob, GpuFileJob):
                 slot.buffer.set(item.data, stream=self._upload)
                 ready = self._upload.record()
             return [self._swap(loop, slot, ready, item.pts, item.time_base)]
-        out = []
         with nvtx("nvdec"):
             frames = self._nvdec(item).decode(item.data, item.pts)
+        return self._swap_decoded(frames, item.pts, item.time_base, backlog >= buffer_frames, stats)
+
+    def _live_end(self, stats: LiveStats) -> list[LiveFrame]:
+        if self._decoder is None:
+            return []
+        with nvtx("nvdec"):
+            frames = self._decoder.flush()
+        return self._swap_decoded(frames, None, self._decoder.time_base, False, stats)
+
+    def _swap_decoded(self, frames: list[Any], pts: int | None, time_base: Any, behind: bool,
+                      stats: LiveStats) -> list[LiveFrame]:
+        out = []
         for f in frames:
-            if backlog >= buffer_frames:
+            if behind:
                 # Decoded (later frames refer to it) but not swapped: the swap is behind.
                 stats.dropped += 1
                 continue
             loop = self._swap_loop(f.width, f.height)
             slot = loop.rgb_slot(f.pts)
             ready = f.copy_to(slot.buffer)  # NV12 -> RGB on the decoder's stream, before reuse
-            out.append(self._swap(loop, slot, ready, item.pts if f.pts is None else f.pts,
-                                  item.time_base))
+            out.append(self._swap(loop, slot, ready, pts if f.pts is None else f.pts, time_base))
         return out
 
     def _nvdec(self, item: VideoPacket) -> Any:
@@ -88,8 +99,11 @@ class GpuLiveJob(LiveJob, GpuFileJob):
 
             self._upload = cupy.cuda.Stream(non_blocking=True)
             codec = "hevc" if self._reader.codec == "hevc" else "h264"  # open() refused the rest
+            # A stream that may reorder (B-frames: OBS's x264 presets) needs NVDEC's reordering
+            # (NATIVE latency); one that cannot gets each frame out of its own access unit (LOW).
             self._decoder = NvdecAccessUnits(codec=codec, time_base=item.time_base, name=self._url,
-                                             stream=self._upload)
+                                             stream=self._upload,
+                                             low_latency=not self._reader.reorders)
         return self._decoder
 
     def _swap_loop(self, width: int, height: int) -> GpuSwapLoop:
@@ -115,6 +129,11 @@ class GpuLiveJob(LiveJob, GpuFileJob):
 
     def _swap(self, loop: GpuSwapLoop, slot: Any, ready: Any, pts: int | None,
               time_base: Any) -> LiveFrame:
+        # The encoder needs increasing pts; the decoder's are, except across a new publisher.
+        last = getattr(self, "_last_pts", None)
+        if pts is None or (last is not None and pts <= last):
+            pts = 0 if last is None else last + 1
+        self._last_pts = pts
         flight = loop.submit(slot, ready, index=self._index, pts=pts, time_base=time_base)
         self._index += 1
         y, uv = flight.nv12.buffer

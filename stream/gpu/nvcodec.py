@@ -61,6 +61,7 @@ __all__ = [
     "nvenc_available",
     "nvenc_options",
     "split_access_units",
+    "primary_context",
     "untagged_matrix",
 ]
 
@@ -410,6 +411,21 @@ def _frame_pts(frame: Any) -> int | None:
     return None if pts == _NOPTS else pts
 
 
+def primary_context(gpu_id: int) -> int:
+    """The handle of GPU `gpu_id`'s primary CUDA context, the one CuPy and PyTorch use.
+
+    PyNvVideoCodec's CreateDecoder with `cudacontext=0` creates a context of its own and makes it
+    current in the calling thread: CuPy and PyTorch calls made later in that thread then run in
+    that context, where their streams are invalid handles ("invalid resource handle" on the H200).
+    Passing the primary context keeps every library in one context ([S:decode_with_cuda_control.py]
+    passes the retained primary context the same way)."""
+    import cupy
+
+    with cupy.cuda.Device(gpu_id):
+        cupy.cuda.runtime.free(0)  # the runtime makes the primary context current once it is used
+        return int(cupy.cuda.driver.ctxGetCurrent())
+
+
 def untagged_matrix(height: int) -> Matrix:
     """The YUV matrix players assume for video that declares none: BT.709 for HD, BT.601 below 720
     lines."""
@@ -602,9 +618,10 @@ class NvdecSource:
                    else nvc.DisplayDecodeLatencyType.NATIVE)
         try:
             # [PG] "Creating a Decoder": CreateDecoder(gpuid, codec, cudacontext, cudastream,
-            # usedevicememory, latency). Context 0 is the device's primary context, which CuPy uses
-            # too; on our stream, the decoder's output copies are ordered before our kernels.
-            self._decoder = nvc.CreateDecoder(gpuid=self.gpu_id, codec=codec, cudacontext=0,
+            # usedevicememory, latency), in the primary context CuPy uses (`primary_context`); on our
+            # stream, the decoder's output copies are ordered before our kernels.
+            self._decoder = nvc.CreateDecoder(gpuid=self.gpu_id, codec=codec,
+                                              cudacontext=primary_context(self.gpu_id),
                                               cudastream=int(self.stream.ptr), usedevicememory=True,
                                               latency=latency)
         except Exception as e:
@@ -703,6 +720,12 @@ class NvdecAccessUnits:
     pts)` hands one Annex-B access unit (start codes, SPS/PPS in-band before keyframes) to the
     decoder and returns the frames it completed, in low-latency mode one per access unit.
 
+    `low_latency` (LOW latency, each access unit marked as a whole picture) is for streams that
+    never reorder; a stream that may have B-frames (its SPS allows reordering) needs
+    `low_latency=False`, which returns frames in presentation order, a few access units later.
+    Either way a picture can stay in the decoder until later access units arrive: call `flush` at
+    the end of the stream.
+
     The frames are `NvdecFrame`s, valid until the next `decode`. Their colour matrix is what players
     assume for untagged video (`untagged_matrix`), limited range, unless `matrix`/`full_range` say
     otherwise. Errors raise `InputError` naming `name` and the fix.
@@ -710,9 +733,11 @@ class NvdecAccessUnits:
 
     def __init__(self, *, codec: str = "h264", gpu_id: int = 0, stream: Any = None,
                  time_base: Fraction | None = None, name: str = "<access units>",
-                 matrix: Matrix | None = None, full_range: bool = False) -> None:
+                 matrix: Matrix | None = None, full_range: bool = False,
+                 low_latency: bool = True) -> None:
         import cupy
 
+        self.low_latency = low_latency
         if codec not in ("h264", "hevc"):
             raise ValueError(f"codec must be 'h264' or 'hevc', not {codec!r}")
         self.codec = codec
@@ -732,12 +757,14 @@ class NvdecAccessUnits:
         with cupy.cuda.Device(self.gpu_id):
             self.stream = stream if stream is not None else cupy.cuda.Stream(non_blocking=True)
         nv_codec = nvc.cudaVideoCodec.H264 if codec == "h264" else nvc.cudaVideoCodec.HEVC
+        latency = (nvc.DisplayDecodeLatencyType.LOW if low_latency
+                   else nvc.DisplayDecodeLatencyType.NATIVE)
         try:
-            # [PG] "Creating a Decoder", as in NvdecSource._open_decoder, with LOW latency: a live
-            # source has no B-frames, and each access unit is one whole picture.
-            self._decoder = nvc.CreateDecoder(gpuid=self.gpu_id, codec=nv_codec, cudacontext=0,
+            # [PG] "Creating a Decoder", as in NvdecSource._open_decoder.
+            self._decoder = nvc.CreateDecoder(gpuid=self.gpu_id, codec=nv_codec,
+                                              cudacontext=primary_context(self.gpu_id),
                                               cudastream=int(self.stream.ptr), usedevicememory=True,
-                                              latency=nvc.DisplayDecodeLatencyType.LOW)
+                                              latency=latency)
         except Exception as e:
             raise InputError(f"NVDEC cannot open a {codec} decoder for '{name}' ({_reason(e)}). "
                              f"{CPU_DECODE_FIX}") from e
@@ -751,7 +778,8 @@ class NvdecAccessUnits:
         packet.bsl_data = int(data.ctypes.data) if len(data) else 0
         packet.bsl = int(len(data))
         packet.pts = _NOPTS if pts is None else int(pts)
-        packet.decode_flag = self._nvc.VideoPacketFlag.ENDOFPICTURE
+        if self.low_latency:
+            packet.decode_flag = self._nvc.VideoPacketFlag.ENDOFPICTURE
         return packet
 
     def decode(self, data: bytes | bytearray | memoryview, pts: int | None = None) -> list[NvdecFrame]:

@@ -85,29 +85,37 @@ class LiveJob(FileJob):
         # the swap of a decoded frame instead when too many are waiting behind it.
         pump = _Pump(reader, stop, stats, keep=None if reader.packets else buffer_frames)
         writers: list[LiveOutput] = []
+
+        def emit(out: LiveFrame, arrived: float, writers: list[LiveOutput]) -> list[LiveOutput]:
+            """Send one swapped frame to the outputs (opened at the first, which gives the size)."""
+            if not writers:
+                writers = self._open_writers(out.width, out.height, out.time_base, reader, rtmp_out,
+                                             hls_dir, vcam_device if vcam else None, vcam)
+            stats.faces_swapped += out.faces
+            for w in writers:
+                if out.nv12:
+                    w.write_nv12(out.data, out.pts, out.time_base)
+                else:
+                    w.write(Frame(out.data, out.pts, out.time_base, 0))
+            stats.frames_out += 1
+            now = time.monotonic()
+            stats.latency_ms.append((now - arrived) * 1e3)
+            stats.out_times.append(now)
+            return writers
+
         pump.start()
         try:
             while not stop.is_set():
                 item, pending_audio, finished = pump.take()
                 if item is None and not pending_audio and finished:
+                    # The input has ended: what a decoder still holds goes out too.
+                    for out in self._live_end(stats):
+                        writers = emit(out, time.monotonic(), writers)
                     break
                 if item is not None:
                     video, arrived = item
                     for out in self._live_frames(video, pump.backlog(), buffer_frames, stats):
-                        if not writers:
-                            writers = self._open_writers(out.width, out.height, out.time_base, reader,
-                                                         rtmp_out, hls_dir,
-                                                         vcam_device if vcam else None, vcam)
-                        stats.faces_swapped += out.faces
-                        for w in writers:
-                            if out.nv12:
-                                w.write_nv12(out.data, out.pts, out.time_base)
-                            else:
-                                w.write(Frame(out.data, out.pts, out.time_base, 0))
-                        stats.frames_out += 1
-                        now = time.monotonic()
-                        stats.latency_ms.append((now - arrived) * 1e3)
-                        stats.out_times.append(now)
+                        writers = emit(out, arrived, writers)
                     if max_frames is not None and stats.frames_out >= max_frames:
                         break
                 for p in pending_audio:
@@ -120,6 +128,8 @@ class LiveJob(FileJob):
             pump.join(timeout=10)
             for w in writers:
                 w.close()
+            if not pump.thread.is_alive():
+                reader.close()  # the writers' audio template; a reader still stuck keeps it
             stats.reconnects = reader.reconnects
             self._close_live()
         return stats
@@ -151,6 +161,10 @@ class LiveJob(FileJob):
         assert isinstance(item, Frame)
         faces = self.swap_frame(item)
         return [LiveFrame(item.data, item.pts, item.time_base, faces)]
+
+    def _live_end(self, stats: LiveStats) -> list[LiveFrame]:
+        """At the end of the input, the frames still held back (a decoder's reordering)."""
+        return []
 
     def _close_live(self) -> None:
         """Release what `_live_frames` kept for the run (the GPU job's decoder and buffers)."""

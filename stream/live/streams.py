@@ -99,6 +99,8 @@ class LiveReader:
         self.audio_stream: Any = None
         self.codec = "h264"
         """The video codec FFmpeg names ('h264' or 'hevc'), known once the input is open."""
+        self.reorders = False
+        self._template: Any = None
         self.info_fps: float = 30.0
         self._offset = 0
         self._last_pts: int | None = None
@@ -136,13 +138,27 @@ class LiveReader:
                              f"Output > Encoder x264 or NVENC H.264)")
         self._time_base = v.time_base
         self.codec = v.codec_context.name
+        # The SPS allows reordering (B-frames): packets arrive out of presentation order, and a
+        # decoder of packets must reorder (NVDEC's NATIVE latency, not LOW).
+        self.reorders = bool(v.codec_context.has_b_frames)
         self.info_fps = float(v.average_rate or v.guessed_rate or 30)
         self._step = max(1, round(1 / (self.info_fps * v.time_base)))  # one frame, in pts
         self.audio_stream = self._container.streams.audio[0] if self._container.streams.audio else None
+        # Writers add their audio stream from `audio_stream` as a template, possibly after this
+        # container has ended (a short file; an output that reconnects later): it stays open until
+        # `close()`, since a closed container's streams are freed memory.
+        self._template = self._container
 
     def stop(self) -> None:
         self._stopped = True
         self._wake.set()
+
+    def close(self) -> None:
+        """After the iteration has ended: release the first connection's container, kept open as
+        the writers' audio template. Safe to call twice."""
+        if self._template is not None:
+            self._template.close()
+            self._template = None
 
     def __iter__(self) -> Iterator[Frame | VideoPacket | AudioPacket]:
         if self._container is None:
@@ -155,7 +171,8 @@ class LiveReader:
             except (av.error.FFmpegError, OSError) as e:
                 log.warning("live input '%s' %s: %s", self.url, "failed" if self.is_file else "dropped", e)
             finally:
-                self._container.close()
+                if self._container is not self._template:
+                    self._container.close()
             if self._stopped:
                 return
             if self.is_file:
@@ -196,9 +213,10 @@ class LiveReader:
             if self.packets:
                 units = self._annexb(bsf, packet)
                 for data, raw_pts, key in units:
-                    shift, pts = self._shifted(raw_pts, shift)
+                    # Packets come in decode order: with B-frames their pts go back and forth.
+                    shift, pts = self._shifted(raw_pts, shift, monotonic=False)
                     if self.realtime:
-                        self._pace(pts)
+                        self._pace(self._last_pts if self._last_pts is not None else pts)
                         if self._stopped:
                             return
                     yield VideoPacket(data, pts, self._time_base or v.time_base, self._index, key)
@@ -214,9 +232,10 @@ class LiveReader:
                 yield Frame(rgb, pts=pts, time_base=self._time_base or v.time_base, index=self._index)
                 self._index += 1
 
-    def _shifted(self, raw: int | None, shift: int | None) -> tuple[int, int]:
+    def _shifted(self, raw: int | None, shift: int | None, *, monotonic: bool = True) -> tuple[int, int]:
         """(shift, pts): the connection's shift (found at its first frame) and this frame's pts on
-        the reader's continuous timeline, strictly increasing."""
+        the reader's continuous timeline, strictly increasing when `monotonic` (frames); packets in
+        decode order keep their order, and the last pts is the largest so far."""
         pts = raw if raw is not None else (self._last_pts or 0) + 1
         if self._first_pts is None:
             self._first_pts = pts
@@ -224,9 +243,9 @@ class LiveReader:
             # A new connection: continue one frame after the last frame we gave out.
             shift = 0 if self._last_pts is None else self._last_pts + self._step - pts
         pts += shift
-        if self._last_pts is not None and pts <= self._last_pts:
+        if monotonic and self._last_pts is not None and pts <= self._last_pts:
             pts = self._last_pts + 1
-        self._last_pts = pts
+        self._last_pts = pts if self._last_pts is None else max(pts, self._last_pts)
         return shift, pts
 
     @staticmethod

@@ -268,11 +268,11 @@ class StreamPipeline:
 
     def _close_unstarted(self) -> None:
         """Undo a start that did not get to the stages: the opened input, the analyser, the pools."""
-        # LiveReader closes its container when its iteration ends; this one was never iterated.
-        container = getattr(self._reader, "_container", None)
-        if container is not None:
+        # The opened input was never iterated: its container is the reader's template, which
+        # `close` releases.
+        if self._reader is not None:
             try:
-                container.close()
+                self._reader.close()
             except Exception:
                 log.exception("stream %s: closing the input", self.id)
         if self._analyser is not None:
@@ -309,6 +309,8 @@ class StreamPipeline:
         if self._thread is not None:
             # The reader notices the stop between two reads (at most its 2 s read timeout).
             await loop.run_in_executor(None, self._thread.join, 5.0)
+        if self._reader is not None and (self._thread is None or not self._thread.is_alive()):
+            self._reader.close()  # the writers are closed: their audio template may go
         if self._analyser is not None:
             await loop.run_in_executor(self._analyse_pool, self._analyser.close)
             self._analyser = None

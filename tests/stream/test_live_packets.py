@@ -54,3 +54,31 @@ def test_packets_are_annexb_and_decode_to_the_same_frames(tmp_path: Path, suffix
     assert [p.pts for p in packets] == [f.pts for f in frames]
     assert [p.index for p in packets] == list(range(25))
     assert len({p.time_base for p in packets}) == 1
+
+
+def test_b_frame_packets_keep_their_decode_order(tmp_path: Path) -> None:
+    # A stream with B-frames: packets come in decode order, their pts go back and forth; the
+    # reader must neither reorder nor "fix" them (a decoder of packets reorders), and must say
+    # that the stream reorders (the GPU job then decodes with NVDEC's reordering).
+    from .test_nvcodec import write_h264
+
+    clip = tmp_path / "b.mp4"
+    write_h264(av, clip, bframes=True, frames=24)
+    reader = LiveReader(str(clip), packets=True)
+    packets = [x for x in reader if isinstance(x, VideoPacket)]
+    assert reader.reorders
+    pts = [p.pts for p in packets]
+    assert pts != sorted(pts), "the clip was meant to have B-frames"
+    frames = [x for x in LiveReader(str(clip)) if isinstance(x, Frame)]
+    assert sorted(pts) == [f.pts for f in frames]
+    codec = av.CodecContext.create("h264", "r")
+    out = []
+    for p in packets:
+        pkt = av.Packet(p.data)
+        pkt.pts = p.pts
+        out += list(codec.decode(pkt))
+    out += list(codec.decode(None))
+    assert [f.pts for f in out] == [f.pts for f in frames]
+    for a, b in zip(out, frames):
+        assert np.array_equal(a.to_ndarray(format="rgb24"), b.data)
+    reader.close()
