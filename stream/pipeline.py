@@ -97,6 +97,7 @@ class FileJob:
         self.consents = ConsentStore.for_config(config)
         self.consent: ConsentRecord | None = None
         self.neural: Any = None
+        self.source_image: np.ndarray | None = None
         self.analyser: Any
         self.swapper: Any
         if config.swapper == "mesh":
@@ -130,6 +131,7 @@ class FileJob:
         self.consent = self.consents.require(image, name, path)
         log.info("source %s: %s", name, self.consent.summary())
         self.swapper.set_source(image, face)
+        self.source_image = image  # a live job warms its models up on it
 
     def run(self, input_path: str | os.PathLike[str], output_path: str | os.PathLike[str],
             progress: ProgressFn | None = None) -> JobStats:

@@ -91,6 +91,35 @@ class GpuLiveJob(LiveJob, GpuFileJob):
             out.append(self._swap(loop, slot, ready, pts if f.pts is None else f.pts, time_base))
         return out
 
+    def _live_warm_up(self, reader: LiveReader) -> None:
+        """Run frames showing the source face, at the input's size, through the swap loop before
+        the input is read: the analysis networks' CUDA graphs, the swapper and the kernels are
+        ready when the first real frame comes (on the H200 the first frames otherwise took 3-5 s,
+        and the frames behind them were dropped). The tracker forgets the warm-up face after."""
+        import cv2
+        import numpy as np
+
+        width, height = reader.size
+        image = self.source_image
+        if not width or not height or width % 2 or height % 2 or image is None:
+            return
+        frame = np.full((height, width, 3), 127, np.uint8)
+        scale = 0.6 * min(height / image.shape[0], width / image.shape[1])
+        face = cv2.resize(image, (max(1, int(image.shape[1] * scale)), max(1, int(image.shape[0] * scale))),
+                          interpolation=cv2.INTER_AREA)
+        y0, x0 = (height - face.shape[0]) // 2, (width - face.shape[1]) // 2
+        frame[y0:y0 + face.shape[0], x0:x0 + face.shape[1]] = face
+        loop = self._swap_loop(width, height)
+        with nvtx("warm-up"):
+            for i in range(3):  # detection, then tracking (landmarks only): both paths compile
+                slot = loop.rgb_slot(None)
+                slot.buffer.set(frame, stream=self._upload)
+                flight = loop.submit(slot, self._upload.record(), index=i, pts=i, time_base=None)
+                flight.done.synchronize()
+                loop.finished(flight)
+        self.analyser.reset()
+        loop.tracks.clear()
+
     def _nvdec(self, item: VideoPacket) -> Any:
         if self._decoder is None:
             import cupy

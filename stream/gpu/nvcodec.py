@@ -34,6 +34,7 @@ import os
 import re
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fractions import Fraction
 from types import TracebackType
@@ -125,7 +126,8 @@ def nvdec_available(gpu_id: int = 0) -> tuple[bool, str]:
         # [S:Decode.py] GetDecoderCaps(gpuid, codec, chromaformat, bitdepth) returns a dict with
         # supported, width_max, height_max, num_decoder_engines ([SRC] PyNvDecoder.cpp); the
         # defaults are 4:2:0 and 8 bits.
-        caps = dict(nvc.GetDecoderCaps(gpuid=gpu_id, codec=nvc.cudaVideoCodec.H264))
+        with same_context():
+            caps = dict(nvc.GetDecoderCaps(gpuid=gpu_id, codec=nvc.cudaVideoCodec.H264))
     except AttributeError:
         caps = None  # a build without the caps query: opening a decoder is the test
     except Exception as e:
@@ -411,6 +413,31 @@ def _frame_pts(frame: Any) -> int | None:
     return None if pts == _NOPTS else pts
 
 
+@contextmanager
+def same_context() -> Iterator[None]:
+    """Leave the calling thread's current CUDA context as it was around a PyNvVideoCodec call.
+
+    PyNvVideoCodec pushes and pops contexts of its own (cuCtxPushCurrent/PopCurrent, and
+    cuCtxCreate when not given one); a call that leaves another context current makes the next
+    CuPy or PyTorch call in this thread run there, where their streams are "invalid resource
+    handle"s. Seen on the H200: a PyTorch graph capture failed after NVDEC tests in the same thread.
+    """
+    try:
+        import cupy
+
+        before = int(cupy.cuda.driver.ctxGetCurrent())
+    except Exception:  # noqa: BLE001 - no CuPy or no driver: nothing of ours to keep
+        yield
+        return
+    try:
+        yield
+    finally:
+        after = int(cupy.cuda.driver.ctxGetCurrent())
+        if after != before and before:
+            log.debug("PyNvVideoCodec left CUDA context %#x current; restoring %#x", after, before)
+            cupy.cuda.driver.ctxSetCurrent(before)
+
+
 def primary_context(gpu_id: int) -> int:
     """The handle of GPU `gpu_id`'s primary CUDA context, the one CuPy and PyTorch use.
 
@@ -518,10 +545,11 @@ class NvdecSource:
         try:
             # [PG] "Demux API" (CreateDemuxer(filename=...)) and "Buffer-Based Demuxing and
             # Decoding" (CreateDemuxer(callback)).
-            if self._feeder is not None:
-                self._demuxer = nvc.CreateDemuxer(self._feeder)
-            else:
-                self._demuxer = nvc.CreateDemuxer(filename=os.fspath(source))
+            with same_context():
+                if self._feeder is not None:
+                    self._demuxer = nvc.CreateDemuxer(self._feeder)
+                else:
+                    self._demuxer = nvc.CreateDemuxer(filename=os.fspath(source))
         except Exception as e:
             raise self._open_error(e) from e
         try:
@@ -561,8 +589,9 @@ class NvdecSource:
             caps[key] = _enum_name(value) if key == "chroma_format" else value
         try:
             # [S:Decode.py] GetDecoderCaps(gpuid, codec, chromaformat, bitdepth).
-            hw = dict(nvc.GetDecoderCaps(gpuid=self.gpu_id, codec=codec,
-                                         chromaformat=dmx.ChromaFormat(), bitdepth=dmx.BitDepth()))
+            with same_context():
+                hw = dict(nvc.GetDecoderCaps(gpuid=self.gpu_id, codec=codec,
+                                             chromaformat=dmx.ChromaFormat(), bitdepth=dmx.BitDepth()))
         except Exception as e:  # noqa: BLE001 - the decoder's creation is the last word
             log.debug("GetDecoderCaps failed for '%s': %s", self.name, e)
             return caps
@@ -620,10 +649,11 @@ class NvdecSource:
             # [PG] "Creating a Decoder": CreateDecoder(gpuid, codec, cudacontext, cudastream,
             # usedevicememory, latency), in the primary context CuPy uses (`primary_context`); on our
             # stream, the decoder's output copies are ordered before our kernels.
-            self._decoder = nvc.CreateDecoder(gpuid=self.gpu_id, codec=codec,
-                                              cudacontext=primary_context(self.gpu_id),
-                                              cudastream=int(self.stream.ptr), usedevicememory=True,
-                                              latency=latency)
+            ctx = primary_context(self.gpu_id)
+            with same_context():
+                self._decoder = nvc.CreateDecoder(gpuid=self.gpu_id, codec=codec, cudacontext=ctx,
+                                                  cudastream=int(self.stream.ptr),
+                                                  usedevicememory=True, latency=latency)
         except Exception as e:
             unsupported = getattr(nvc, "PyNvVCExceptionUnsupported", None)
             what = "cannot decode" if unsupported and isinstance(e, unsupported) else "failed to open for"
@@ -684,7 +714,8 @@ class NvdecSource:
 
     def _decode(self, packet: Any) -> Iterator[NvdecFrame]:
         try:
-            decoded = self._decoder.Decode(packet)  # [PG] "Basic Decoding Workflow"
+            with same_context():
+                decoded = self._decoder.Decode(packet)  # [PG] "Basic Decoding Workflow"
         except Exception as e:
             raise InputError(f"NVDEC failed on '{self.name}' after {self.frames} frames: {_reason(e)}. "
                              f"{CPU_DECODE_FIX}") from e
@@ -703,8 +734,9 @@ class NvdecSource:
     def close(self) -> None:
         """Release the decoder and demuxer. Frames still held become invalid. Safe to call twice."""
         self._closed = True
-        self._decoder = None
-        self._demuxer = None
+        with same_context():  # the decoder's destructor runs here
+            self._decoder = None
+            self._demuxer = None
 
     def __enter__(self) -> NvdecSource:
         return self
@@ -761,10 +793,11 @@ class NvdecAccessUnits:
                    else nvc.DisplayDecodeLatencyType.NATIVE)
         try:
             # [PG] "Creating a Decoder", as in NvdecSource._open_decoder.
-            self._decoder = nvc.CreateDecoder(gpuid=self.gpu_id, codec=nv_codec,
-                                              cudacontext=primary_context(self.gpu_id),
-                                              cudastream=int(self.stream.ptr), usedevicememory=True,
-                                              latency=latency)
+            ctx = primary_context(self.gpu_id)
+            with same_context():
+                self._decoder = nvc.CreateDecoder(gpuid=self.gpu_id, codec=nv_codec, cudacontext=ctx,
+                                                  cudastream=int(self.stream.ptr),
+                                                  usedevicememory=True, latency=latency)
         except Exception as e:
             raise InputError(f"NVDEC cannot open a {codec} decoder for '{name}' ({_reason(e)}). "
                              f"{CPU_DECODE_FIX}") from e
@@ -800,7 +833,8 @@ class NvdecAccessUnits:
 
     def _run(self, packet: Any, keep: Any) -> list[NvdecFrame]:
         try:
-            decoded = self._decoder.Decode(packet)  # [PG] "Basic Decoding Workflow"
+            with same_context():
+                decoded = self._decoder.Decode(packet)  # [PG] "Basic Decoding Workflow"
         except Exception as e:
             raise InputError(f"NVDEC failed on '{self.name}' after {self.frames} frames: {_reason(e)}. "
                              f"{CPU_DECODE_FIX}") from e
@@ -817,7 +851,9 @@ class NvdecAccessUnits:
         return out
 
     def close(self) -> None:
-        self._decoder = None
+        """Release the decoder; frames still held become invalid. Safe to call twice."""
+        with same_context():  # the decoder's destructor runs here
+            self._decoder = None
 
 
 # --------------------------------------------------------------------------------------------------

@@ -79,6 +79,7 @@ class LiveJob(FileJob):
         stop = stop or threading.Event()
         reader = self._live_reader(url, reconnect_seconds=reconnect_seconds, loop=loop)
         reader.open()
+        self._live_warm_up(reader)
         stats = LiveStats()
         # Decoded frames wait at most `buffer_frames` deep, the oldest dropped; compressed packets
         # (the GPU path) are never dropped, since later frames refer to them: `_live_frames` skips
@@ -161,6 +162,10 @@ class LiveJob(FileJob):
         assert isinstance(item, Frame)
         faces = self.swap_frame(item)
         return [LiveFrame(item.data, item.pts, item.time_base, faces)]
+
+    def _live_warm_up(self, reader: LiveReader) -> None:
+        """Before the first frame is read: get the models ready at the input's size (the GPU job's
+        graph captures take seconds, which the first frames would otherwise wait for)."""
 
     def _live_end(self, stats: LiveStats) -> list[LiveFrame]:
         """At the end of the input, the frames still held back (a decoder's reordering)."""

@@ -23,14 +23,19 @@ RTMP_MODULE_PATHS = ("/usr/lib/nginx/modules/ngx_rtmp_module.so",
 
 
 def nginx_rtmp_config(*, rtmp_port: int, prefix: Path, app: str = "live",
-                      auth_url: str | None = None, module_path: str | None = None) -> str:
+                      auth_url: str | None = None, module_path: str | None = None,
+                      user: str | None = None) -> str:
     """An nginx.conf for one RTMP application on 127.0.0.1:`rtmp_port`, running unprivileged in
     `prefix` (pid, logs and temp files there), with live streams only (no recording) and, when
-    `auth_url` is given, publishers checked by an HTTP callback (2xx accepts, anything else refuses)."""
+    `auth_url` is given, publishers checked by an HTTP callback (2xx accepts, anything else refuses).
+    `user`: nginx started as root looks up its build's default user (www-data on Debian) unless
+    told one, and refuses to start on a machine without it; `NginxRtmp` passes root's own name."""
     load = f"load_module {module_path};\n" if module_path else ""
     auth = f"            on_publish {auth_url};\n" if auth_url else ""
+    who = f"user {user};\n" if user else ""
     return (
         f"{load}"
+        f"{who}"
         f"daemon off;\n"
         f"master_process off;\n"
         f"pid {prefix}/nginx.pid;\n"
@@ -84,6 +89,12 @@ def find_nginx_rtmp(env: dict[str, str] | None = None) -> tuple[str, str]:
     return binary, module
 
 
+def _root_name() -> str:
+    import pwd
+
+    return pwd.getpwuid(0).pw_name
+
+
 class NginxRtmp:
     """An nginx-rtmp server process on loopback, for local setups and tests. Context manager."""
 
@@ -97,7 +108,8 @@ class NginxRtmp:
         prefix.mkdir(parents=True, exist_ok=True)
         self.conf = prefix / "nginx.conf"
         self.conf.write_text(nginx_rtmp_config(rtmp_port=self.port, prefix=prefix, app=app,
-                                               auth_url=auth_url, module_path=module))
+                                               auth_url=auth_url, module_path=module,
+                                               user=_root_name() if os.geteuid() == 0 else None))
         self._proc: subprocess.Popen[bytes] | None = None
 
     def url(self, key: str) -> str:
@@ -109,9 +121,12 @@ class NginxRtmp:
         try:
             wait_for_port(self.port)
         except SwapStreamError:
+            said = b""
+            if self._proc.poll() is not None and self._proc.stderr is not None:
+                said = self._proc.stderr.read()[-400:]  # it exited: what it said on the way out
             self.stop()
             log = (self.prefix / "error.log")
-            tail = log.read_text()[-400:] if log.exists() else ""
+            tail = (log.read_text()[-400:] if log.exists() else "") + said.decode(errors="replace")
             raise SwapStreamError(f"nginx did not start on port {self.port}: {tail.strip()}") from None
         return self
 

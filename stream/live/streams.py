@@ -100,6 +100,8 @@ class LiveReader:
         self.codec = "h264"
         """The video codec FFmpeg names ('h264' or 'hevc'), known once the input is open."""
         self.reorders = False
+        self.size = (0, 0)
+        """(width, height) the input declared when it was opened; (0, 0) if it did not."""
         self._template: Any = None
         self.info_fps: float = 30.0
         self._offset = 0
@@ -141,6 +143,7 @@ class LiveReader:
         # The SPS allows reordering (B-frames): packets arrive out of presentation order, and a
         # decoder of packets must reorder (NVDEC's NATIVE latency, not LOW).
         self.reorders = bool(v.codec_context.has_b_frames)
+        self.size = (int(v.codec_context.width or 0), int(v.codec_context.height or 0))
         self.info_fps = float(v.average_rate or v.guessed_rate or 30)
         self._step = max(1, round(1 / (self.info_fps * v.time_base)))  # one frame, in pts
         self.audio_stream = self._container.streams.audio[0] if self._container.streams.audio else None

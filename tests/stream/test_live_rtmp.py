@@ -77,6 +77,9 @@ def test_config_and_option_builders_are_exact(tmp_path: Path) -> None:
     conf = nginx_rtmp_config(rtmp_port=1935, prefix=tmp_path, auth_url="http://127.0.0.1:9/on_publish")
     assert "listen 127.0.0.1:1935;" in conf and "live on;" in conf and "record off;" in conf
     assert "on_publish http://127.0.0.1:9/on_publish;" in conf
+    assert "user " not in conf  # nginx's own default unless told
+    rooted = nginx_rtmp_config(rtmp_port=1935, prefix=tmp_path, user="root")
+    assert rooted.splitlines()[0] == "user root;" and "on_publish" not in rooted
     assert x264_live_options(30) == {"preset": "ultrafast", "tune": "zerolatency", "crf": "23", "bf": "0",
                                      "g": "30", "keyint_min": "30", "sc_threshold": "0"}
     assert hls_options(tmp_path, segment_seconds=1, list_size=6) == {

@@ -676,6 +676,45 @@ def test_nvdec_access_units_from_our_demuxer(cp: types.ModuleType, nvc: types.Mo
 
 
 @pytest.mark.gpu
+def test_nvdec_leaves_the_threads_cuda_context_alone(cp: types.ModuleType, nvc: types.ModuleType,
+                                                      pyav: types.ModuleType, tmp_path: Path) -> None:
+    # PyNvVideoCodec switches CUDA contexts inside its calls; one left current made a later
+    # PyTorch graph capture in the same thread fail with "invalid resource handle" on the H200.
+    import gc
+
+    from swapstream.gpu.nvcodec import NvdecAccessUnits, primary_context
+    from swapstream.live.streams import LiveReader, VideoPacket
+
+    primary = primary_context(0)
+    clip = tmp_path / "clip.mp4"
+    write_h264(pyav, clip, bframes=False)
+    steps: list[tuple[str, int]] = []
+    nvdec_available()
+    steps.append(("nvdec_available", int(cp.cuda.driver.ctxGetCurrent())))
+    with NvdecSource(clip) as source:
+        decode_all(cp, source)
+        steps.append(("NvdecSource decoding", int(cp.cuda.driver.ctxGetCurrent())))
+    steps.append(("NvdecSource closed", int(cp.cuda.driver.ctxGetCurrent())))
+    units = [x for x in LiveReader(str(clip), packets=True) if isinstance(x, VideoPacket)]
+    dec = NvdecAccessUnits()
+    frames = [f for u in units for f in dec.decode(u.data, u.pts)] + dec.flush()
+    dec.stream.synchronize()
+    steps.append(("NvdecAccessUnits decoding", int(cp.cuda.driver.ctxGetCurrent())))
+    del frames
+    dec.close()
+    gc.collect()  # the decoded frames' owners go too
+    steps.append(("NvdecAccessUnits closed", int(cp.cuda.driver.ctxGetCurrent())))
+    assert all(ctx == primary for _, ctx in steps), [(n, hex(c)) for n, c in steps]
+    torch = pytest.importorskip("torch")
+    stream = cp.cuda.Stream(non_blocking=True)
+    with torch.cuda.stream(torch.cuda.ExternalStream(stream.ptr)):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())  # what failed: an event on a stream of ours
+        x = torch.arange(10, device="cuda").sum()
+    assert int(x) == 45
+
+
+@pytest.mark.gpu
 def test_nvenc_absence_is_reported(cp: types.ModuleType) -> None:
     pytest.importorskip("PyNvVideoCodec")
     ok, reason = nvenc_available()
