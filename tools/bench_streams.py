@@ -11,7 +11,9 @@ processes (Python runs one frame's host work at a time per process; the GPU is s
 worker everything is on the GPU:
 - decode: NVDEC per stream (PyNvVideoCodec) into an RGB ring, or, without it, OpenCV on the host
   plus an upload (`decode` in the results says which);
-- analysis: the built-in networks on the GPU (GpuFaceAnalyser), one tracker per stream;
+- analysis: the built-in networks on the GPU (GpuFaceAnalyser), one set per worker, one tracker
+  per stream (`FaceAnalyser.tracker`); the frames of all streams that arrived since the last round
+  go through the landmark model together (`track_many`: one call, one wait, up to 16 streams);
 - swap: faces of all the worker's streams gathered into model calls of up to 4, the oldest first,
   waiting at most `--max-wait-ms` for a fuller batch (the dynamic batcher's rule);
 - out: watermark and NV12 on the GPU; `null` drops the frame there, `x264` downloads it and encodes
@@ -44,6 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_pipeline import device_used_bytes, gpu_name, neural_config, pcts  # noqa: E402
 from benchlib import run_fields  # noqa: E402
 
+MESH_BATCH = 16
+"""Most streams analysed in one `track_many` call (one face each)."""
 BUDGET_MS = 33.0
 MAX_DROP = 0.01
 FPS = 30.0
@@ -173,7 +177,7 @@ def worker_main(args: argparse.Namespace) -> None:
     cfg = neural_config(tmp / f"models{os.getpid()}")
     stages = NeuralStages(cfg)
     swapper = stages.swapper
-    probe = GpuFaceAnalyser(cfg)
+    probe = GpuFaceAnalyser(cfg, mesh_batch=MESH_BATCH)
     src = astronaut()
     identity = swapper.identity(src, source_face(probe.analyse_image(src), "astronaut"))
     swapper.set_source(src, source_face(probe.analyse_image(src), "astronaut"))
@@ -187,6 +191,14 @@ def worker_main(args: argparse.Namespace) -> None:
     for b in (1, 2, 3, 4):
         for _ in range(2):
             swapper.swap_many([(warm, face)] * b, [identity] * b)
+    # The landmark model at every batch size track_many may use (one CUDA graph each).
+    from swapstream.face.analyser import track_many
+
+    still = Frame(warm, 0, Fraction(1, 30), 0)
+    for b in range(1, MESH_BATCH + 1):
+        pairs = [(probe.tracker(), still) for _ in range(b)]
+        for _ in range(2):
+            track_many(pairs)
     cupy.cuda.Device().synchronize()
     nvdec = False
     if args.decode != "cpu":
@@ -210,7 +222,9 @@ def worker_main(args: argparse.Namespace) -> None:
         k, res = int(cmd["n"]), cmd["res"]
         w, h = (1280, 720) if res == "720" else (1920, 1080)
         while len(analysers) < k:
-            analysers.append(GpuFaceAnalyser(cfg))
+            # One tracker per stream over the worker's one set of networks (and CUDA graphs, all
+            # captured above): a new stream costs no model memory and no capture stall.
+            analysers.append(probe.tracker())
         streams = [Stream(i, clips[res], nvdec, analysers[i], w, h) for i in range(k)]
         lat: list[float] = []
         enc_lat: list[float] = []
@@ -281,8 +295,11 @@ def worker_main(args: argparse.Namespace) -> None:
             if now >= t_end:
                 break
             progressed = False
+            # Every stream whose frame has arrived: decode it; those not already a frame late are
+            # analysed together (one landmark call, one wait for all: track_many).
+            pending = []
             for s in streams:
-                if now < s.due:
+                if now < s.due or len(pending) >= MESH_BATCH:
                     continue
                 arrival = s.due
                 s.due += period
@@ -297,15 +314,20 @@ def worker_main(args: argparse.Namespace) -> None:
                     continue
                 if counted:
                     s.frames += 1
+                pending.append((s, slot, arrival, ready))
+            if pending:
                 with a_stream:
-                    a_stream.wait_event(ready)
-                    faces = s.analyser.track(Frame(slot.buffer, s.index, Fraction(1, 30), s.index))
+                    for _s, _slot, _arr, ready in pending:
+                        a_stream.wait_event(ready)
+                    found = track_many([(s.analyser, Frame(slot.buffer, s.index, Fraction(1, 30), s.index))
+                                        for s, slot, _arr, _r in pending])
                     analysed = a_stream.record()
-                s.index += 1
-                batch.append((s, slot, None, faces, arrival, analysed))
+                for (s, slot, arrival, _r), faces in zip(pending, found):
+                    s.index += 1
+                    batch.append((s, slot, None, faces, arrival, analysed))
+                    if sum(len(b[3]) for b in batch) >= 4:
+                        flush()
                 progressed = True
-                if sum(len(b[3]) for b in batch) >= 4:
-                    flush()
             if batch and (not progressed or (time.perf_counter() - batch[0][4]) * 1e3 >= args.max_wait_ms):
                 flush()
             reap()

@@ -91,15 +91,15 @@ if [[ "$what" == bench || "$what" == pipeline || "$what" == all ]]; then
   python3 tools/bench_pipeline.py --clip "$clip" --out "$OUT" --tag "$tag" 2>&1 | tee "$OUT/bench_pipeline$tag.log" || rc=1
 fi
 if [[ "$what" == streams || "$what" == all ]]; then
-  # Null sink with NVDEC where PyNvVideoCodec is carried; the x264 sink needs PyAV (the other carry).
-  if python3 -c "import PyNvVideoCodec" 2>/dev/null; then
-    python3 tools/bench_streams.py --clip720 .bench/streams_720p30.mp4 --clip1080 .bench/streams_1080p30.mp4 \
-      --out "$OUT" --sink null --tag _null_nvdec ${STREAMS_ARGS:-} 2>&1 | tee "$OUT/bench_streams_null.log" || rc=1
-  fi
-  if python3 -c "import av" 2>/dev/null; then
-    python3 tools/bench_streams.py --clip720 .bench/streams_720p30.mp4 --clip1080 .bench/streams_1080p30.mp4 \
-      --out "$OUT" --sink x264 --decode cpu --tag _x264 ${STREAMS_ARGS:-} 2>&1 | tee "$OUT/bench_streams_x264.log" || rc=1
-  fi
+  # Each sink and worker count in STREAMS_SINKS / STREAMS_WORKERS (defaults: both sinks, 4 workers),
+  # decoding with NVDEC where PyNvVideoCodec is carried (the x264 sink needs PyAV too: carry both).
+  for sink in ${STREAMS_SINKS:-null x264}; do
+    for w in ${STREAMS_WORKERS:-4}; do
+      python3 tools/bench_streams.py --clip720 .bench/streams_720p30.mp4 --clip1080 .bench/streams_1080p30.mp4 \
+        --out "$OUT" --sink "$sink" --workers "$w" --tag "_${sink}_w${w}" ${STREAMS_ARGS:-} \
+        2>&1 | tee "$OUT/bench_streams_${sink}_w${w}.log" || rc=1
+    done
+  done
 fi
 # The device tool brings back a limited number of files: pack the logs into one.
 tar -czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log 2>/dev/null) 2>/dev/null && (cd "$OUT" && rm -f *.log)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +50,19 @@ class FaceAnalyser:
         self._tracks: list[_Track] = []
         self._next_id = 0
         self._frames_seen = 0
+        self._owns_models = True
+
+    def tracker(self) -> FaceAnalyser:
+        """Another analyser over the same networks, with tracks of its own: one per stream, one set
+        of models (and, on the GPU, one set of CUDA graphs) however many streams there are. The
+        models keep no state between calls, but they are not for several threads at once: use the
+        trackers of one analyser from one thread. Closing a tracker leaves the models open."""
+        other = copy.copy(self)
+        other._tracks = []
+        other._next_id = 0
+        other._frames_seen = 0
+        other._owns_models = False
+        return other
 
     def _build_models(self, folder: Path) -> tuple[BlazeFaceDetector, BlazeFaceDetector | None, FaceMesh]:
         """The short- and full-range detectors and the landmark model, run by LiteRT on the CPU."""
@@ -114,14 +129,22 @@ class FaceAnalyser:
 
     def track(self, frame: Frame) -> list[Face]:
         """Faces of the next video frame, with stable track ids and smoothed landmarks."""
+        rois = self._follow_rois()
+        return self._track_rest(frame, self._mesh.many(frame.data, rois) if rois else [])
+
+    def _follow_rois(self) -> list[Roi]:
+        """Where each track's face should be in the next frame: from its last landmarks."""
+        scale = self.config.landmarks.roi_scale
+        return [roi_from_landmarks(tr.raw, scale) for tr in self._tracks]
+
+    def _track_rest(self, frame: Frame, followed: list[tuple[np.ndarray, float]]) -> list[Face]:
+        """`track` once the landmark model has followed the tracks (`followed`, in track order)."""
         rgb = frame.data
         cfg = self.config
         scale = cfg.landmarks.roi_scale
         t = frame.time if frame.time is not None else frame.index / 30.0
-        # 1. Follow every existing track from its last landmarks.
+        # 1. Keep the tracks the landmark model still finds.
         kept: list[_Track] = []
-        followed = self._mesh.many(rgb, [roi_from_landmarks(tr.raw, scale) for tr in self._tracks]) \
-            if self._tracks else []
         for tr, (lm, p) in zip(self._tracks, followed):
             if p >= cfg.landmarks.min_presence:
                 tr.raw, tr.presence = lm, p
@@ -164,6 +187,23 @@ class FaceAnalyser:
         return faces
 
     def close(self) -> None:
+        if not self._owns_models:
+            return
         for r in (self._short, self._full, self._mesh):
             if r is not None:
                 r.close()
+
+
+def track_many(pairs: list[tuple[FaceAnalyser, Frame]]) -> list[list[Face]]:
+    """`analyser.track(frame)` for each pair, with the landmark model run once for every track of
+    every frame (`FaceMesh.many_frames`): one batch and one wait for many streams. The analysers
+    must share their networks (`FaceAnalyser.tracker`); each keeps its own tracks. Detection, on
+    its cadence, still runs per frame."""
+    if not pairs:
+        return []
+    mesh = pairs[0][0]._mesh
+    if any(a._mesh is not mesh for a, _f in pairs):
+        raise ValueError("track_many needs trackers of one analyser (FaceAnalyser.tracker)")
+    rois = [a._follow_rois() for a, _f in pairs]
+    followed = mesh.many_frames([(f.data, r) for (_a, f), r in zip(pairs, rois)])
+    return [a._track_rest(f, fol) for (a, f), fol in zip(pairs, followed)]

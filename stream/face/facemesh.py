@@ -77,42 +77,70 @@ class FaceMesh:
 
     def many(self, rgb: Any, rois: list[Roi]) -> list[tuple[np.ndarray, float]]:
         """`__call__` for several ROIs of one frame; a CuPy frame is cropped and run as one batch."""
-        mats = [roi.crop_to_frame() for roi in rois]
-        # Crop pixel index u has continuous coordinate u + 0.5.
-        idx = [np.hstack([m[:, :2], (m[:, 2] + m[:, :2] @ np.array([0.5, 0.5]))[:, None]]) for m in mats]
-        if type(rgb).__module__.startswith("cupy"):
-            raw = self._run_gpu(rgb, idx)
-        else:
-            raw = []
-            for m_idx in idx:
-                warp_affine(rgb, m_idx, self._crop, border="replicate")
-                np.multiply(self._crop, np.float32(1.0 / 255.0), out=self._input[0], casting="unsafe")
-                coords, flag = self.runner.run(self._input)
-                raw.append((coords.reshape(-1), float(flag.reshape(-1)[0])))
-        out = []
-        for m, roi, (coords, flag) in zip(mats, rois, raw):
-            pts = coords.reshape(-1, 3).astype(np.float64)
-            lm = np.empty((pts.shape[0], 3), dtype=np.float32)
-            lm[:, :2] = pts[:, :2] @ m[:, :2].T + m[:, 2]
-            lm[:, 2] = pts[:, 2] * (roi.size / INPUT_SIZE)
-            presence = 1.0 / (1.0 + math.exp(-float(np.clip(flag, -80, 80))))
-            out.append((lm, presence))
-        return out
+        return self.many_frames([(rgb, rois)])[0]
 
-    def _run_gpu(self, rgb: Any, idx: list[np.ndarray]) -> list[tuple[np.ndarray, float]]:
+    def many_frames(self, items: list[tuple[Any, list[Roi]]]) -> list[list[tuple[np.ndarray, float]]]:
+        """`many` for the ROIs of several frames (several streams) at once: on the GPU every face of
+        every frame goes into the same model calls of up to `max_batch`, with one wait for the
+        results, instead of one call and one wait per frame."""
+        mats = [[roi.crop_to_frame() for roi in rois] for _rgb, rois in items]
+        # Crop pixel index u has continuous coordinate u + 0.5.
+        idx = [[np.hstack([m[:, :2], (m[:, 2] + m[:, :2] @ np.array([0.5, 0.5]))[:, None]]) for m in ms]
+               for ms in mats]
+        if items and all(type(rgb).__module__.startswith("cupy") for rgb, _r in items):
+            flat = self._run_gpu([(rgb, i) for (rgb, _r), ii in zip(items, idx) for i in ii])
+            raws, at = [], 0
+            for ii in idx:
+                raws.append(flat[at:at + len(ii)])
+                at += len(ii)
+        else:
+            raws = []
+            for (rgb, _r), ii in zip(items, idx):
+                raw = []
+                for m_idx in ii:
+                    warp_affine(rgb, m_idx, self._crop, border="replicate")
+                    np.multiply(self._crop, np.float32(1.0 / 255.0), out=self._input[0], casting="unsafe")
+                    coords, flag = self.runner.run(self._input)
+                    raw.append((coords.reshape(-1), float(flag.reshape(-1)[0])))
+                raws.append(raw)
+        results = []
+        for ms, (_rgb, rois), raw in zip(mats, items, raws):
+            out = []
+            for m, roi, (coords, flag) in zip(ms, rois, raw):
+                pts = coords.reshape(-1, 3).astype(np.float64)
+                lm = np.empty((pts.shape[0], 3), dtype=np.float32)
+                lm[:, :2] = pts[:, :2] @ m[:, :2].T + m[:, 2]
+                lm[:, 2] = pts[:, 2] * (roi.size / INPUT_SIZE)
+                presence = 1.0 / (1.0 + math.exp(-float(np.clip(flag, -80, 80))))
+                out.append((lm, presence))
+            results.append(out)
+        return results
+
+    def _run_gpu(self, crops: list[tuple[Any, np.ndarray]]) -> list[tuple[np.ndarray, float]]:
+        """(frame, crop matrix) pairs, possibly of different frames: crops in one buffer, then the
+        model in chunks of `max_batch`."""
         import cupy
 
         from ..kernels.crop import crop_batch
 
         res: list[tuple[np.ndarray, float]] = []
-        for start in range(0, len(idx), self.max_batch):
-            chunk = idx[start:start + self.max_batch]
+        for start in range(0, len(crops), self.max_batch):
+            chunk = crops[start:start + self.max_batch]
             n = len(chunk)
             if self._gpu_input is None or self._gpu_input.shape[0] < n:
                 self._gpu_input = cupy.empty((self.max_batch, 3, INPUT_SIZE, INPUT_SIZE), cupy.float32)
-            # One launch crops every face, as x/255 in float32 (the CPU path rounds the crop to uint8
-            # first; the difference is below half a grey level).
-            batch = crop_batch(rgb, np.stack(chunk).astype(np.float32), self._gpu_input[:n])
+            # One launch per frame crops all of its faces, as x/255 in float32 (the CPU path rounds
+            # the crop to uint8 first; the difference is below half a grey level).
+            at = 0
+            while at < n:
+                rgb = chunk[at][0]
+                end = at + 1
+                while end < n and chunk[end][0] is rgb:
+                    end += 1
+                crop_batch(rgb, np.stack([c[1] for c in chunk[at:end]]).astype(np.float32),
+                           self._gpu_input[at:end])
+                at = end
+            batch = self._gpu_input[:n]
             coords, flags = self.runner.run(batch.transpose(0, 2, 3, 1))
             res += [(coords[i].reshape(-1), float(flags.reshape(n, -1)[i, 0])) for i in range(n)]
         return res

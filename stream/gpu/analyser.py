@@ -34,8 +34,13 @@ class GpuFaceAnalyser(FaceAnalyser):
     """`FaceAnalyser` on the GPU: `track` takes frames whose data is a CuPy (H, W, 3) uint8 array
     (NumPy frames also work, and are uploaded per call)."""
 
-    def __init__(self, config: Config, models_dir: Path | None = None, *, device: str = "cuda") -> None:
+    def __init__(self, config: Config, models_dir: Path | None = None, *, device: str = "cuda",
+                 mesh_batch: int = MAX_FACES_PER_CALL) -> None:
+        """`mesh_batch`: the most faces per landmark call; `face.analyser.track_many` over many
+        streams' trackers wants it as large as the faces it gathers (each size is a CUDA graph,
+        captured at its first use)."""
         self._device = device
+        self._mesh_batch = mesh_batch
         if config.detector.model == "full_range":
             log.warning("the full-range detector cannot run on the GPU (sparse weights); "
                         "using the short-range model")
@@ -48,5 +53,5 @@ class GpuFaceAnalyser(FaceAnalyser):
                               device=self._device, max_batch=1),
             SHORT_RANGE, min_score=dc.min_score, nms_iou=dc.nms_iou)
         mesh = FaceMesh(TfliteTorchRunner(builtin_model_path("face_landmark.tflite", folder),
-                                          device=self._device, max_batch=MAX_FACES_PER_CALL))
+                                          device=self._device, max_batch=self._mesh_batch))
         return short, None, mesh

@@ -125,3 +125,29 @@ def test_gpu_executor_matches_litert(cuda: ModuleType, name: str) -> None:
             for g, w in zip(got, ref.run(x[b:b + 1])):
                 # fp32 with TF32 off; cuDNN's algorithms sum in other orders than XNNPACK.
                 np.testing.assert_allclose(g[b:b + 1], w, rtol=0, atol=5e-5 * max(1.0, float(np.abs(w).max())))
+
+
+@pytest.mark.gpu
+def test_gpu_track_many_matches_one_stream_at_a_time(cuda: ModuleType) -> None:
+    # Four streams' landmark crops in one model call (cropped from four CuPy frames) against each
+    # stream tracked alone: same faces, same ids, landmarks within fp32 noise of the batch size.
+    from swapstream.face.analyser import track_many
+
+    cupy = cuda
+    cfg = load_config(overrides=["smoothing.enabled=false"])
+    shared = GpuFaceAnalyser(cfg)
+    images = [grace_hopper(), astronaut(), grace_hopper()[:, ::-1].copy(), astronaut()[::-1, :].copy()[::-1]]
+    frames = [cupy.asarray(img) for img in images]
+    alone = [shared.tracker() for _ in images]
+    together = [shared.tracker() for _ in images]
+    try:
+        for i in range(5):
+            want = [a.track(Frame(f, i, Fraction(1, 30), i)) for a, f in zip(alone, frames)]
+            got = track_many([(a, Frame(f, i, Fraction(1, 30), i)) for a, f in zip(together, frames)])
+            for w, g in zip(want, got):
+                assert len(w) == len(g) == 1 and w[0].track_id == g[0].track_id
+                # Batch 4 against batch 1 in fp32 (TF32 off): cuDNN may pick other algorithms per
+                # batch size, which sum in other orders: far below a thousandth of a pixel.
+                np.testing.assert_allclose(g[0].landmarks, w[0].landmarks, rtol=0, atol=1e-3)
+    finally:
+        shared.close()

@@ -9,7 +9,7 @@ import pytest
 
 from swapstream.config import load_config
 from swapstream.demo import render_target_frame
-from swapstream.face.analyser import FaceAnalyser
+from swapstream.face.analyser import FaceAnalyser, track_many
 from swapstream.face.blazeface import FULL_RANGE, SHORT_RANGE, ssd_anchor_centres
 from swapstream.types import Frame
 
@@ -71,6 +71,43 @@ def test_track_id_is_stable_through_motion(portraits: dict[str, np.ndarray]) -> 
         ids.append(faces[0].track_id)
     a.close()
     assert len(set(ids)) == 1
+
+
+def test_trackers_share_the_networks_and_keep_their_own_tracks(portraits: dict[str, np.ndarray]) -> None:
+    # Two streams on one set of models, interleaved frame by frame: each tracker gives exactly what
+    # an analyser of its own gives on its stream alone.
+    cfg = load_config(overrides=["detector.detect_every=3"])
+    streams = {name: clip_frames(portraits[name], 12, fps=10) for name in ("grace_hopper", "astronaut")}
+    alone = {}
+    for name, frames in streams.items():
+        own = FaceAnalyser(cfg)
+        alone[name] = [own.track(fr) for fr in frames]
+        own.close()
+    shared = FaceAnalyser(cfg)
+    trackers = {name: shared.tracker() for name in streams}
+    assert trackers["astronaut"]._mesh is shared._mesh and trackers["astronaut"]._tracks is not shared._tracks
+    together: dict[str, list] = {name: [] for name in streams}
+    for i in range(12):
+        for name, frames in streams.items():
+            together[name].append(trackers[name].track(frames[i]))
+    for name in streams:
+        for a, b in zip(alone[name], together[name]):
+            assert [f.track_id for f in a] == [f.track_id for f in b]
+            np.testing.assert_array_equal(a[0].landmarks, b[0].landmarks)
+    # track_many: the same, with one landmark call for both streams per frame.
+    batched = {name: shared.tracker() for name in streams}
+    for i in range(12):
+        names = list(streams)
+        outs = track_many([(batched[n], streams[n][i]) for n in names])
+        for n, faces in zip(names, outs):
+            assert [f.track_id for f in faces] == [f.track_id for f in alone[n][i]]
+            np.testing.assert_array_equal(faces[0].landmarks, alone[n][i][0].landmarks)
+    with pytest.raises(ValueError, match="tracker"):
+        track_many([(batched["astronaut"], streams["astronaut"][0]),
+                    (FaceAnalyser(cfg), streams["astronaut"][0])])
+    trackers["astronaut"].close()  # a tracker's close leaves the shared models open
+    assert len(shared.track(streams["astronaut"][0])) == 1
+    shared.close()
 
 
 def _jitter(cfg_overrides: list[str], frames: list[Frame]) -> float:
