@@ -119,6 +119,11 @@ class GpuLiveJob(LiveJob, GpuFileJob):
                 loop.finished(flight)
         self.analyser.reset()
         loop.tracks.clear()
+        if reader.packets:
+            from .nvcodec import warm_nvdec
+
+            with nvtx("warm-up"):
+                warm_nvdec(width, height, "hevc" if reader.codec == "hevc" else "h264")
 
     def _nvdec(self, item: VideoPacket) -> Any:
         if self._decoder is None:

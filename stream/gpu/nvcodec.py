@@ -64,6 +64,7 @@ __all__ = [
     "split_access_units",
     "primary_context",
     "untagged_matrix",
+    "warm_nvdec",
 ]
 
 CPU_DECODE_FIX = "Decode it with PyAV instead (the GPU file job does by default)"
@@ -854,6 +855,29 @@ class NvdecAccessUnits:
         """Release the decoder; frames still held become invalid. Safe to call twice."""
         with same_context():  # the decoder's destructor runs here
             self._decoder = None
+
+
+def warm_nvdec(width: int, height: int, codec: str = "h264", gpu_id: int = 0) -> None:
+    """Decode one picture of `width` x `height` on a throwaway decoder, so that NVDEC's first-use
+    set-up (over a second on the H200) happens now rather than at a live stream's first frame,
+    which would make the frames behind it late. The picture is encoded here with x264 (PyAV)."""
+    import av
+    import numpy as np
+
+    enc = av.CodecContext.create("libx264" if codec == "h264" else "libx265", "w")
+    enc.width, enc.height, enc.pix_fmt = width, height, "yuv420p"
+    enc.time_base = Fraction(1, 30)
+    enc.options = {"preset": "ultrafast", "tune": "zerolatency"}
+    frame = av.VideoFrame.from_ndarray(np.full((height, width, 3), 127, np.uint8), format="rgb24")
+    frame.pts = 0
+    data = b"".join(bytes(p) for p in [*enc.encode(frame.reformat(format="yuv420p")), *enc.encode(None)])
+    dec = NvdecAccessUnits(codec=codec, gpu_id=gpu_id, name="NVDEC warm-up")
+    try:
+        frames = dec.decode(data, 0) + dec.flush()
+        dec.stream.synchronize()
+        del frames
+    finally:
+        dec.close()
 
 
 # --------------------------------------------------------------------------------------------------

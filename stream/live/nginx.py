@@ -42,6 +42,7 @@ def nginx_rtmp_config(*, rtmp_port: int, prefix: Path, app: str = "live",
         f"error_log {prefix}/error.log info;\n"
         f"events {{ worker_connections 256; }}\n"
         f"rtmp {{\n"
+        f"    access_log off;\n"  # its default is a path under /var/log, which may not exist
         f"    server {{\n"
         f"        listen 127.0.0.1:{rtmp_port};\n"
         f"        chunk_size 4096;\n"
