@@ -15,6 +15,7 @@ decodes on the CPU (PyAV) and uploads each frame instead.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from ..errors import InputError
@@ -41,6 +42,7 @@ class GpuLiveJob(LiveJob, GpuFileJob):
 
     nvdec_frames = 0
     """Frames the last run decoded on NVDEC (0 when it decoded on the CPU)."""
+    warm_up_ms = 0.0
 
     def _live_reader(self, url: str, *, reconnect_seconds: float, loop: bool) -> LiveReader:
         from .nvcodec import nvdec_available
@@ -53,6 +55,8 @@ class GpuLiveJob(LiveJob, GpuFileJob):
         self._loop: GpuSwapLoop | None = None
         self._index = 0
         self._last_pts: int | None = None
+        self.first_items: list[dict[str, Any]] = []
+        """Per input item, the first few: decode and swap milliseconds, frames out, backlog."""
         self._reader = LiveReader(url, reconnect_seconds=reconnect_seconds, loop=loop, realtime=True,
                                   packets=ok)
         return self._reader
@@ -66,9 +70,17 @@ class GpuLiveJob(LiveJob, GpuFileJob):
                 slot.buffer.set(item.data, stream=self._upload)
                 ready = self._upload.record()
             return [self._swap(loop, slot, ready, item.pts, item.time_base)]
+        t0 = time.perf_counter()
         with nvtx("nvdec"):
             frames = self._nvdec(item).decode(item.data, item.pts)
-        return self._swap_decoded(frames, item.pts, item.time_base, backlog >= buffer_frames, stats)
+        t1 = time.perf_counter()
+        out = self._swap_decoded(frames, item.pts, item.time_base, backlog >= buffer_frames, stats)
+        if len(self.first_items) < 8:
+            # Where the first frames' time goes (a slow start makes the frames behind them late).
+            self.first_items.append({"decode_ms": round((t1 - t0) * 1e3, 2), "frames": len(frames),
+                                     "swap_ms": round((time.perf_counter() - t1) * 1e3, 2),
+                                     "backlog": backlog})
+        return out
 
     def _live_end(self, stats: LiveStats) -> list[LiveFrame]:
         if self._decoder is None:
@@ -99,6 +111,12 @@ class GpuLiveJob(LiveJob, GpuFileJob):
         import cv2
         import numpy as np
 
+        t0 = time.perf_counter()
+        self._warm_up(reader)
+        self.warm_up_ms = (time.perf_counter() - t0) * 1e3
+        log.info("GPU live warm-up: %.0f ms", self.warm_up_ms)
+
+    def _warm_up(self, reader: LiveReader) -> None:
         width, height = reader.size
         image = self.source_image
         if not width or not height or width % 2 or height % 2 or image is None:

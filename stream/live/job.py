@@ -46,6 +46,8 @@ class LiveStats:
     latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))
     """Per frame, the newest STATS_WINDOW: time from the frame's arrival (decoded) to its hand-over
     to the outputs. Bounded, so that a live run of days keeps constant memory."""
+    first_write_ms: list[float] = field(default_factory=list)
+    """How long the outputs took with each of the first 8 frames (the first opens the encoders)."""
     out_times: deque[float] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))
     """Monotonic clock at the newest STATS_WINDOW output frames, to see gaps (a dropped input) and
     when output resumed."""
@@ -93,11 +95,14 @@ class LiveJob(FileJob):
                 writers = self._open_writers(out.width, out.height, out.time_base, reader, rtmp_out,
                                              hls_dir, vcam_device if vcam else None, vcam)
             stats.faces_swapped += out.faces
+            t = time.perf_counter()
             for w in writers:
                 if out.nv12:
                     w.write_nv12(out.data, out.pts, out.time_base)
                 else:
                     w.write(Frame(out.data, out.pts, out.time_base, 0))
+            if stats.frames_out < 8:
+                stats.first_write_ms.append(round((time.perf_counter() - t) * 1e3, 2))
             stats.frames_out += 1
             now = time.monotonic()
             stats.latency_ms.append((now - arrived) * 1e3)

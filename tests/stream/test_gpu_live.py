@@ -54,6 +54,8 @@ def test_gpu_live_job_matches_the_cpu_live_job(cp: ModuleType, tmp_path: Path) -
             job.close()
         results[name] = (stats, job, *decode_playlist(tmp_path / name))
     (cs, _cj, cframes, ctimes, caudio), (gs, gj, gframes, gtimes, gaudio) = results["cpu"], results["gpu"]
+    print(f"GPU live: warm-up {gj.warm_up_ms:.0f} ms; first items {gj.first_items}; "
+          f"first writes {gs.first_write_ms} ms")
     if nvdec_available()[0]:
         assert gj.nvdec_frames == FRAMES, "the GPU job must decode on NVDEC where it can"
     # Real-time pace and a swap far faster than 10 fps: nothing is dropped on the GPU path.
