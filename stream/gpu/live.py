@@ -108,15 +108,15 @@ class GpuLiveJob(LiveJob, GpuFileJob):
         the input is read: the analysis networks' CUDA graphs, the swapper and the kernels are
         ready when the first real frame comes (on the H200 the first frames otherwise took 3-5 s,
         and the frames behind them were dropped). The tracker forgets the warm-up face after."""
-        import cv2
-        import numpy as np
-
         t0 = time.perf_counter()
         self._warm_up(reader)
         self.warm_up_ms = (time.perf_counter() - t0) * 1e3
         log.info("GPU live warm-up: %.0f ms", self.warm_up_ms)
 
     def _warm_up(self, reader: LiveReader) -> None:
+        import cv2
+        import numpy as np
+
         width, height = reader.size
         image = self.source_image
         if not width or not height or width % 2 or height % 2 or image is None:
