@@ -144,7 +144,7 @@ class Encoder(threading.Thread):
 
 
 class Stream:
-    def __init__(self, sid: int, clip: Path, nvdec: bool, analyser: Any, w: int, h: int) -> None:
+    def __init__(self, sid: int, clip: Path, nvdec: bool, analyser: Any, w: int, h: int, upload: Any) -> None:
         import cupy
 
         from swapstream.gpu.ring import Ring
@@ -154,6 +154,12 @@ class Stream:
         self.analyser = analyser
         analyser.reset()
         self.rgb: Ring[Any] = Ring(4, lambda _i: cupy.empty((h, w, 3), cupy.uint8))
+        # Each new NVDEC decoder's first picture took about 1.5 s on the H200: pay it before the
+        # clock starts, as a live stream's warm-up does (gpu/live.py), not inside the measurement.
+        slot = self.rgb.acquire()
+        ready = self.src.next_into(slot.buffer, upload)
+        ready.synchronize()
+        self.rgb.release(slot, ready)
         self.nv12 = Ring(4, lambda _i: cupy.empty((h * 3 // 2, w), cupy.uint8))
         self.due = 0.0
         self.index = 0
@@ -225,7 +231,7 @@ def worker_main(args: argparse.Namespace) -> None:
             # One tracker per stream over the worker's one set of networks (and CUDA graphs, all
             # captured above): a new stream costs no model memory and no capture stall.
             analysers.append(probe.tracker())
-        streams = [Stream(i, clips[res], nvdec, analysers[i], w, h) for i in range(k)]
+        streams = [Stream(i, clips[res], nvdec, analysers[i], w, h, upload) for i in range(k)]
         lat: list[float] = []
         enc_lat: list[float] = []
         if args.sink == "x264":
@@ -233,6 +239,9 @@ def worker_main(args: argparse.Namespace) -> None:
                 s.encoder = Encoder(w, h, enc_lat)
                 # Download buffers, reused round-robin: more than the encoder's queue can hold.
                 s.pinned = [cupyx.empty_pinned((h * 3 // 2, w), np.uint8) for _ in range(12)]
+        # Armed: every stream built and warmed. The parent starts all workers' clocks together.
+        print(json.dumps({"armed": os.getpid()}), flush=True)
+        cmd.update(json.loads(sys.stdin.readline()))
         sizes: Counter[int] = Counter()
         period = 1.0 / FPS
         warm_until = cmd["start_at"] + 1.0  # one second to settle (first captures per stream)
@@ -398,13 +407,18 @@ def main() -> None:
     for res in args.res.split(","):
         for n in (int(x) for x in args.ns.split(",")):
             per = [n // args.workers + (1 if i < n % args.workers else 0) for i in range(args.workers)]
-            start_at = time.time() + 1.0
             offset = 0
             for p, k in zip(procs, per):
-                p.stdin.write(json.dumps({"n": k, "res": res, "seconds": args.seconds, "start_at": start_at,
+                p.stdin.write(json.dumps({"n": k, "res": res, "seconds": args.seconds,
                                           "offset": offset, "total": n}) + "\n")
                 p.stdin.flush()
                 offset += k
+            armed = [json.loads(p.stdout.readline()) for p in procs]  # streams built and warmed
+            start_at = time.time() + 0.5
+            for p in procs:
+                p.stdin.write(json.dumps({"start_at": start_at}) + "\n")
+                p.stdin.flush()
+            print(f"{res}p N={n}: armed {len(armed)} workers", flush=True)
             util: list[float] = []
             stop = threading.Event()
             th = threading.Thread(target=gpu_util_sampler, args=(stop, util), daemon=True)

@@ -72,7 +72,7 @@ class GpuLiveJob(LiveJob, GpuFileJob):
             return [self._swap(loop, slot, ready, item.pts, item.time_base)]
         t0 = time.perf_counter()
         with nvtx("nvdec"):
-            frames = self._nvdec(item).decode(item.data, item.pts)
+            frames = self._nvdec(item.time_base).decode(item.data, item.pts)
         t1 = time.perf_counter()
         out = self._swap_decoded(frames, item.pts, item.time_base, backlog >= buffer_frames, stats)
         if len(self.first_items) < 8:
@@ -91,8 +91,12 @@ class GpuLiveJob(LiveJob, GpuFileJob):
 
     def _swap_decoded(self, frames: list[Any], pts: int | None, time_base: Any, behind: bool,
                       stats: LiveStats) -> list[LiveFrame]:
+        from .nvcodec import WARM_UP_PTS
+
         out = []
         for f in frames:
+            if f.pts == WARM_UP_PTS:
+                continue  # the warm-up picture, if the decoder held it back
             if behind:
                 # Decoded (later frames refer to it) but not swapped: the swap is behind.
                 stats.dropped += 1
@@ -141,19 +145,22 @@ class GpuLiveJob(LiveJob, GpuFileJob):
             from .nvcodec import warm_nvdec
 
             with nvtx("warm-up"):
-                warm_nvdec(width, height, "hevc" if reader.codec == "hevc" else "h264")
+                # The decoder the stream will use: its own first picture is the slow one.
+                warm_nvdec(self._nvdec(reader.time_base), width, height)
+            self._nvdec_warm = self._decoder.frames
 
-    def _nvdec(self, item: VideoPacket) -> Any:
+    def _nvdec(self, time_base: Any) -> Any:
         if self._decoder is None:
             import cupy
 
             from .nvcodec import NvdecAccessUnits
 
-            self._upload = cupy.cuda.Stream(non_blocking=True)
+            if not hasattr(self, "_upload"):
+                self._upload = cupy.cuda.Stream(non_blocking=True)
             codec = "hevc" if self._reader.codec == "hevc" else "h264"  # open() refused the rest
             # A stream that may reorder (B-frames: OBS's x264 presets) needs NVDEC's reordering
             # (NATIVE latency); one that cannot gets each frame out of its own access unit (LOW).
-            self._decoder = NvdecAccessUnits(codec=codec, time_base=item.time_base, name=self._url,
+            self._decoder = NvdecAccessUnits(codec=codec, time_base=time_base, name=self._url,
                                              stream=self._upload,
                                              low_latency=not self._reader.reorders)
         return self._decoder
@@ -204,7 +211,8 @@ class GpuLiveJob(LiveJob, GpuFileJob):
         if getattr(self, "_loop", None) is not None:
             self._loop.rgb_ring.drain()  # type: ignore[union-attr]
         if getattr(self, "_decoder", None) is not None:
-            self.nvdec_frames = self._decoder.frames  # what the run's log and tests report
+            # What the run's log and tests report: the stream's frames, not the warm-up's.
+            self.nvdec_frames = self._decoder.frames - getattr(self, "_nvdec_warm", 0)
             self._decoder.close()
         self._decoder = None
         self._loop = None

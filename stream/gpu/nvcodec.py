@@ -64,6 +64,7 @@ __all__ = [
     "split_access_units",
     "primary_context",
     "untagged_matrix",
+    "WARM_UP_PTS",
     "warm_nvdec",
 ]
 
@@ -857,27 +858,33 @@ class NvdecAccessUnits:
             self._decoder = None
 
 
-def warm_nvdec(width: int, height: int, codec: str = "h264", gpu_id: int = 0) -> None:
-    """Decode one picture of `width` x `height` on a throwaway decoder, so that NVDEC's first-use
-    set-up (over a second on the H200) happens now rather than at a live stream's first frame,
-    which would make the frames behind it late. The picture is encoded here with x264 (PyAV)."""
+WARM_UP_PTS = -1
+"""The pts `warm_nvdec` gives its picture: a caller drops decoded frames that carry it."""
+
+
+def warm_nvdec(decoder: NvdecAccessUnits, width: int, height: int) -> None:
+    """Decode one grey picture of `width` x `height` on `decoder` and convert it to RGB, before the
+    stream it is for starts: the first picture of every new decoder took about 1.5 s on the H200,
+    which at a live stream's first frame made the frames behind it late. The picture is encoded
+    here with x264 (PyAV) and carries `WARM_UP_PTS`; a reordering decoder is flushed after it."""
     import av
+    import cupy
     import numpy as np
 
-    enc = av.CodecContext.create("libx264" if codec == "h264" else "libx265", "w")
+    enc = av.CodecContext.create("libx264" if decoder.codec == "h264" else "libx265", "w")
     enc.width, enc.height, enc.pix_fmt = width, height, "yuv420p"
     enc.time_base = Fraction(1, 30)
     enc.options = {"preset": "ultrafast", "tune": "zerolatency"}
     frame = av.VideoFrame.from_ndarray(np.full((height, width, 3), 127, np.uint8), format="rgb24")
     frame.pts = 0
     data = b"".join(bytes(p) for p in [*enc.encode(frame.reformat(format="yuv420p")), *enc.encode(None)])
-    dec = NvdecAccessUnits(codec=codec, gpu_id=gpu_id, name="NVDEC warm-up")
-    try:
-        frames = dec.decode(data, 0) + dec.flush()
-        dec.stream.synchronize()
-        del frames
-    finally:
-        dec.close()
+    with cupy.cuda.Device(decoder.gpu_id), decoder.stream:
+        rgb = cupy.empty((height, width, 3), cupy.uint8)
+    frames = decoder.decode(data, WARM_UP_PTS)
+    if not decoder.low_latency:
+        frames += decoder.flush()  # NATIVE holds the picture back; the next sequence starts afresh
+    for f in frames:
+        f.copy_to(rgb).synchronize()
 
 
 # --------------------------------------------------------------------------------------------------

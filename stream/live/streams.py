@@ -152,6 +152,11 @@ class LiveReader:
         # `close()`, since a closed container's streams are freed memory.
         self._template = self._container
 
+    @property
+    def time_base(self) -> Fraction | None:
+        """The video stream's time base (of every pts the reader gives), once open."""
+        return self._time_base
+
     def stop(self) -> None:
         self._stopped = True
         self._wake.set()
