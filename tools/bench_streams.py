@@ -154,8 +154,9 @@ class Stream:
         self.analyser = analyser
         analyser.reset()
         self.rgb: Ring[Any] = Ring(4, lambda _i: cupy.empty((h, w, 3), cupy.uint8))
-        # Each new NVDEC decoder's first picture took about 1.5 s on the H200: pay it before the
-        # clock starts, as a live stream's warm-up does (gpu/live.py), not inside the measurement.
+        # Decode the first frame before the clock starts, as a live stream's warm-up does
+        # (gpu/live.py): a new decoder's set-up is not part of the measurement. (Suspected of the
+        # second-long stalls seen with 4+ streams per worker; they remained: docs/performance.md.)
         slot = self.rgb.acquire()
         ready = self.src.next_into(slot.buffer, upload)
         ready.synchronize()

@@ -110,8 +110,9 @@ class GpuLiveJob(LiveJob, GpuFileJob):
     def _live_warm_up(self, reader: LiveReader) -> None:
         """Run frames showing the source face, at the input's size, through the swap loop before
         the input is read: the analysis networks' CUDA graphs, the swapper and the kernels are
-        ready when the first real frame comes (on the H200 the first frames otherwise took 3-5 s,
-        and the frames behind them were dropped). The tracker forgets the warm-up face after."""
+        ready when the first real frame comes (on the H200 the first frame otherwise took 3-5 s,
+        and the frames behind it were dropped; with this, about 1 s, cause not yet found:
+        docs/performance.md). The tracker forgets the warm-up face after."""
         t0 = time.perf_counter()
         self._warm_up(reader)
         self.warm_up_ms = (time.perf_counter() - t0) * 1e3

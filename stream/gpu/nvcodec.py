@@ -864,9 +864,11 @@ WARM_UP_PTS = -1
 
 def warm_nvdec(decoder: NvdecAccessUnits, width: int, height: int) -> None:
     """Decode one grey picture of `width` x `height` on `decoder` and convert it to RGB, before the
-    stream it is for starts: the first picture of every new decoder took about 1.5 s on the H200,
-    which at a live stream's first frame made the frames behind it late. The picture is encoded
-    here with x264 (PyAV) and carries `WARM_UP_PTS`; a reordering decoder is flushed after it."""
+    stream it is for starts, so that the decoder's own set-up (its surfaces, the conversion kernel)
+    is not paid at the stream's first frame. On the H200 a live stream's first real frame still
+    took about 1 s after this (docs/performance.md): NVDEC's first picture was a suspect that this
+    did not clear. The picture is encoded here with x264 (PyAV) and carries `WARM_UP_PTS`; a
+    reordering decoder is flushed after it."""
     import av
     import cupy
     import numpy as np
