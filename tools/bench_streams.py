@@ -46,6 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_pipeline import device_used_bytes, gpu_name, neural_config, pcts  # noqa: E402
 from benchlib import run_fields  # noqa: E402
 
+STALL_S = 0.25
+"""A worker round longer than this is recorded, with where its time went (`stalls` in the JSON)."""
 MESH_BATCH = 16
 """Most streams analysed in one `track_many` call (one face each)."""
 BUDGET_MS = 33.0
@@ -300,11 +302,13 @@ def worker_main(args: argparse.Namespace) -> None:
                 elif counted:
                     lat.append((time.perf_counter() - arrival) * 1e3)
 
+        stalls: list[dict[str, Any]] = []
         while True:
             now = time.perf_counter()
             if now >= t_end:
                 break
             progressed = False
+            marks = [now]
             # Every stream whose frame has arrived: decode it; those not already a frame late are
             # analysed together (one landmark call, one wait for all: track_many).
             pending = []
@@ -325,6 +329,7 @@ def worker_main(args: argparse.Namespace) -> None:
                 if counted:
                     s.frames += 1
                 pending.append((s, slot, arrival, ready))
+            marks.append(time.perf_counter())  # decode done
             if pending:
                 with a_stream:
                     for _s, _slot, _arr, ready in pending:
@@ -332,6 +337,7 @@ def worker_main(args: argparse.Namespace) -> None:
                     found = track_many([(s.analyser, Frame(slot.buffer, s.index, Fraction(1, 30), s.index))
                                         for s, slot, _arr, _r in pending])
                     analysed = a_stream.record()
+                marks.append(time.perf_counter())  # analysis done
                 for (s, slot, arrival, _r), faces in zip(pending, found):
                     s.index += 1
                     batch.append((s, slot, None, faces, arrival, analysed))
@@ -341,6 +347,13 @@ def worker_main(args: argparse.Namespace) -> None:
             if batch and (not progressed or (time.perf_counter() - batch[0][4]) * 1e3 >= args.max_wait_ms):
                 flush()
             reap()
+            took = time.perf_counter() - now
+            if took > STALL_S and len(stalls) < 20:
+                # Where a round's time went, for rounds far longer than a frame period.
+                stalls.append({"at_s": round(now - t0, 3), "round_ms": round(took * 1e3, 1),
+                               "decode_ms": round((marks[1] - marks[0]) * 1e3, 1),
+                               "analyse_ms": round((marks[2] - marks[1]) * 1e3, 1) if len(marks) > 2 else 0.0,
+                               "pending": len(pending), "streams": len(streams)})
             if not progressed and not batch:
                 peak = max(peak, device_used_bytes()) if int(now * 10) % 10 == 0 else peak
                 time.sleep(0.0002)
@@ -354,7 +367,7 @@ def worker_main(args: argparse.Namespace) -> None:
                "faces": sum(s.faces for s in streams), "latency_ms": enc_lat if args.sink == "x264" else lat,
                "batch_sizes": dict(sizes), "peak_gpu_bytes": peak, "seconds": float(cmd["seconds"]),
                "decode": "nvdec" if nvdec else "opencv + upload",
-               "marked": disclosure.frames_marked}
+               "marked": disclosure.frames_marked, "stalls": stalls}
         print(json.dumps(res), flush=True)
     # Leave without running destructors: torch's cached stream objects wrap CuPy streams that may be
     # gone by then, and a destructor error at exit would read like a failed run.
@@ -439,7 +452,8 @@ def main() -> None:
                    "gpu_util_mean": round(float(np.mean(util)), 1) if util else None,
                    "gpu_mem_gb": round(max(o["peak_gpu_bytes"] for o in outs) / 1e9, 2),
                    "batch_sizes": dict(sizes), "decode": outs[0]["decode"],
-                   "frames_marked": sum(o["marked"] for o in outs)}
+                   "frames_marked": sum(o["marked"] for o in outs),
+                   "stalls": [dict(x, worker=i) for i, o in enumerate(outs) for x in o.get("stalls", [])]}
             row["within_budget"] = bool(lat) and row["drop_rate"] <= MAX_DROP and row["latency_ms"]["p99"] <= BUDGET_MS
             print(json.dumps(row), flush=True)
             rows.append(row)
@@ -458,7 +472,7 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     records = []
     for r in rows:
         cfg = {k: r[k] for k in ("res", "n", "workers", "frames", "dropped", "drop_rate", "gpu_util_mean", "gpu_mem_gb",
-                                 "batch_sizes", "decode", "within_budget", "frames_marked") if k in r}
+                                 "batch_sizes", "decode", "within_budget", "frames_marked", "stalls") if k in r}
         records.append({"metric": f"streams_{args.sink}_{r['res']}p_n{r['n']}_faces_per_s", "value": r["faces_per_s"],
                         "unit": "faces/s", "stat": "mean", "config": cfg, **common})
         if r["latency_ms"]:

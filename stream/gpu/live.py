@@ -56,6 +56,7 @@ class GpuLiveJob(LiveJob, GpuFileJob):
         self._index = 0
         self._last_pts: int | None = None
         self.first_items: list[dict[str, Any]] = []
+        self._last_timing: dict[str, Any] = {}
         """Per input item, the first few: decode and swap milliseconds, frames out, backlog."""
         self._reader = LiveReader(url, reconnect_seconds=reconnect_seconds, loop=loop, realtime=True,
                                   packets=ok)
@@ -79,7 +80,7 @@ class GpuLiveJob(LiveJob, GpuFileJob):
             # Where the first frames' time goes (a slow start makes the frames behind them late).
             self.first_items.append({"decode_ms": round((t1 - t0) * 1e3, 2), "frames": len(frames),
                                      "swap_ms": round((time.perf_counter() - t1) * 1e3, 2),
-                                     "backlog": backlog})
+                                     "backlog": backlog, **(self._last_timing if out else {})})
         return out
 
     def _live_end(self, stats: LiveStats) -> list[LiveFrame]:
@@ -194,7 +195,9 @@ class GpuLiveJob(LiveJob, GpuFileJob):
         if pts is None or (last is not None and pts <= last):
             pts = 0 if last is None else last + 1
         self._last_pts = pts
+        t0 = time.perf_counter()
         flight = loop.submit(slot, ready, index=self._index, pts=pts, time_base=time_base)
+        t1 = time.perf_counter()
         self._index += 1
         y, uv = flight.nv12.buffer
         host = self._pinned.acquire(pts)
@@ -206,6 +209,12 @@ class GpuLiveJob(LiveJob, GpuFileJob):
             copied = d.record()
             loop.finished(flight, copied)
             copied.synchronize()  # the hand-over to the encoder: the one host wait per frame
+        # For `first_items`: the host time of the analysis (which waits for the landmarks), of the
+        # rest of the submission, and the wait for the GPU to finish the frame.
+        self._last_timing = {"analyse_ms": round(flight.host_analyse_s * 1e3, 2),
+                             "submit_ms": round((t1 - t0 - flight.host_analyse_s) * 1e3, 2),
+                             "gpu_wait_ms": round((time.perf_counter() - t1) * 1e3, 2),
+                             "size": (loop.width, loop.height), "faces": len(flight.faces)}
         return LiveFrame(host.buffer, pts, time_base, flight.swapped, nv12=True)
 
     def _close_live(self) -> None:
