@@ -461,6 +461,26 @@ def untagged_matrix(height: int) -> Matrix:
     return "bt709" if height >= 720 else "bt601"
 
 
+def _decoder_stream(gpu_id: int, stream: Any) -> Any:
+    """`stream`, or a new non-blocking CuPy stream on GPU `gpu_id` for a decoder's output."""
+    import cupy
+
+    with cupy.cuda.Device(gpu_id):
+        return stream if stream is not None else cupy.cuda.Stream(non_blocking=True)
+
+
+def _create_decoder(nvc: Any, gpu_id: int, codec: Any, stream: Any, low_latency: bool) -> Any:
+    """[PG] "Creating a Decoder": CreateDecoder(gpuid, codec, cudacontext, cudastream,
+    usedevicememory, latency), in the primary context CuPy uses (`primary_context`) and on our
+    stream, so that the decoder's output copies are ordered before our kernels. LOW latency outputs
+    each picture as soon as its access unit is in ([PG] "Latency Modes"); NATIVE reorders."""
+    latency = nvc.DisplayDecodeLatencyType.LOW if low_latency else nvc.DisplayDecodeLatencyType.NATIVE
+    ctx = primary_context(gpu_id)
+    with same_context():
+        return nvc.CreateDecoder(gpuid=gpu_id, codec=codec, cudacontext=ctx, cudastream=int(stream.ptr),
+                                 usedevicememory=True, latency=latency)
+
+
 def _wrap_frame(frame: Any, *, decoder: Any, name: str, index: int, stream: Any, gpu_id: int,
                 time_base: Fraction | None, matrix: Matrix, full_range: bool) -> NvdecFrame:
     """An `NvdecFrame` of zero-copy views of a decoded frame's NV12 planes (see `NvdecSource`)."""
@@ -640,22 +660,10 @@ class NvdecSource:
         return matrix, rng == "JPEG"
 
     def _open_decoder(self, codec: Any, stream: Any) -> None:
-        import cupy
-
         nvc = self._nvc
-        with cupy.cuda.Device(self.gpu_id):
-            self.stream = stream if stream is not None else cupy.cuda.Stream(non_blocking=True)
-        latency = (nvc.DisplayDecodeLatencyType.LOW if self.low_latency
-                   else nvc.DisplayDecodeLatencyType.NATIVE)
+        self.stream = _decoder_stream(self.gpu_id, stream)
         try:
-            # [PG] "Creating a Decoder": CreateDecoder(gpuid, codec, cudacontext, cudastream,
-            # usedevicememory, latency), in the primary context CuPy uses (`primary_context`); on our
-            # stream, the decoder's output copies are ordered before our kernels.
-            ctx = primary_context(self.gpu_id)
-            with same_context():
-                self._decoder = nvc.CreateDecoder(gpuid=self.gpu_id, codec=codec, cudacontext=ctx,
-                                                  cudastream=int(self.stream.ptr),
-                                                  usedevicememory=True, latency=latency)
+            self._decoder = _create_decoder(nvc, self.gpu_id, codec, self.stream, self.low_latency)
         except Exception as e:
             unsupported = getattr(nvc, "PyNvVCExceptionUnsupported", None)
             what = "cannot decode" if unsupported and isinstance(e, unsupported) else "failed to open for"
@@ -769,8 +777,6 @@ class NvdecAccessUnits:
                  time_base: Fraction | None = None, name: str = "<access units>",
                  matrix: Matrix | None = None, full_range: bool = False,
                  low_latency: bool = True) -> None:
-        import cupy
-
         self.low_latency = low_latency
         if codec not in ("h264", "hevc"):
             raise ValueError(f"codec must be 'h264' or 'hevc', not {codec!r}")
@@ -788,18 +794,10 @@ class NvdecAccessUnits:
             raise InputError(f"cannot decode '{name}' on the GPU: {_import_failure(e)}. "
                              f"{CPU_DECODE_FIX}") from e
         self._nvc = nvc
-        with cupy.cuda.Device(self.gpu_id):
-            self.stream = stream if stream is not None else cupy.cuda.Stream(non_blocking=True)
+        self.stream = _decoder_stream(self.gpu_id, stream)
         nv_codec = nvc.cudaVideoCodec.H264 if codec == "h264" else nvc.cudaVideoCodec.HEVC
-        latency = (nvc.DisplayDecodeLatencyType.LOW if low_latency
-                   else nvc.DisplayDecodeLatencyType.NATIVE)
         try:
-            # [PG] "Creating a Decoder", as in NvdecSource._open_decoder.
-            ctx = primary_context(self.gpu_id)
-            with same_context():
-                self._decoder = nvc.CreateDecoder(gpuid=self.gpu_id, codec=nv_codec, cudacontext=ctx,
-                                                  cudastream=int(self.stream.ptr),
-                                                  usedevicememory=True, latency=latency)
+            self._decoder = _create_decoder(nvc, self.gpu_id, nv_codec, self.stream, low_latency)
         except Exception as e:
             raise InputError(f"NVDEC cannot open a {codec} decoder for '{name}' ({_reason(e)}). "
                              f"{CPU_DECODE_FIX}") from e
