@@ -54,6 +54,8 @@ class GpuLiveJob(LiveJob, GpuFileJob):
         self._decoder: Any = None
         self._loop: GpuSwapLoop | None = None
         self._index = 0
+        self._nvdec_warm = 0
+        self.nvdec_frames = 0
         self._last_pts: int | None = None
         self.first_items: list[dict[str, Any]] = []
         self._last_timing: dict[str, Any] = {}
@@ -71,11 +73,22 @@ class GpuLiveJob(LiveJob, GpuFileJob):
                 slot.buffer.set(item.data, stream=self._upload)
                 ready = self._upload.record()
             return [self._swap(loop, slot, ready, item.pts, item.time_base)]
+        held: list[LiveFrame] = []
+        dec = self._decoder
+        if dec is not None and (dec.codec, not dec.low_latency) != (item.codec, item.reorders):
+            # A new publisher with another codec, or with B-frames where the last had none: its
+            # own decoder; what the old one still holds goes out first.
+            held = self._live_end(stats)
+            for h in held:
+                h.data = h.data.copy()  # out of the host ring, which the next frames go round
+            dec.close()
+            self._decoder = None
+            self._nvdec_warm = 0
         t0 = time.perf_counter()
         with nvtx("nvdec"):
-            frames = self._nvdec(item.time_base).decode(item.data, item.pts)
+            frames = self._nvdec(item.codec, item.reorders, item.time_base).decode(item.data, item.pts)
         t1 = time.perf_counter()
-        out = self._swap_decoded(frames, item.pts, item.time_base, backlog >= buffer_frames, stats)
+        out = held + self._swap_decoded(frames, item.pts, item.time_base, backlog >= buffer_frames, stats)
         if len(self.first_items) < 8:
             # Where the first frames' time goes (a slow start makes the frames behind them late).
             self.first_items.append({"decode_ms": round((t1 - t0) * 1e3, 2), "frames": len(frames),
@@ -88,7 +101,10 @@ class GpuLiveJob(LiveJob, GpuFileJob):
             return []
         with nvtx("nvdec"):
             frames = self._decoder.flush()
-        return self._swap_decoded(frames, None, self._decoder.time_base, False, stats)
+        out = self._swap_decoded(frames, None, self._decoder.time_base, False, stats)
+        self.nvdec_frames += self._decoder.frames - self._nvdec_warm
+        self._nvdec_warm = self._decoder.frames  # counted: `_close_live` adds only what follows
+        return out
 
     def _swap_decoded(self, frames: list[Any], pts: int | None, time_base: Any, behind: bool,
                       stats: LiveStats) -> list[LiveFrame]:
@@ -98,6 +114,9 @@ class GpuLiveJob(LiveJob, GpuFileJob):
         for f in frames:
             if f.pts == WARM_UP_PTS:
                 continue  # the warm-up picture, if the decoder held it back
+            # In packet mode a frame is counted in when it is decoded (the pump counts packets):
+            # so frames_in == frames_out + dropped holds, whatever the decoder holds back.
+            stats.frames_in += 1
             if behind:
                 # Decoded (later frames refer to it) but not swapped: the swap is behind.
                 stats.dropped += 1
@@ -106,6 +125,10 @@ class GpuLiveJob(LiveJob, GpuFileJob):
             slot = loop.rgb_slot(f.pts)
             ready = f.copy_to(slot.buffer)  # NV12 -> RGB on the decoder's stream, before reuse
             out.append(self._swap(loop, slot, ready, pts if f.pts is None else f.pts, time_base))
+            if len(out) >= PINNED_SLOTS:
+                # More frames from one call than host buffers (a reordering decoder's flush): the
+                # ring is about to come round to the first, which the writers have not read yet.
+                out[-PINNED_SLOTS].data = out[-PINNED_SLOTS].data.copy()
         return out
 
     def _live_warm_up(self, reader: LiveReader) -> None:
@@ -147,11 +170,13 @@ class GpuLiveJob(LiveJob, GpuFileJob):
             from .nvcodec import warm_nvdec
 
             with nvtx("warm-up"):
-                # The decoder the stream will use: its own first picture is the slow one.
-                warm_nvdec(self._nvdec(reader.time_base), width, height)
-            self._nvdec_warm = self._decoder.frames
+                # The decoder the stream will use (its first connection's codec and reordering).
+                codec = "hevc" if reader.codec == "hevc" else "h264"  # open() refused the rest
+                dec = self._nvdec(codec, reader.reorders, reader.time_base)
+                warm_nvdec(dec, width, height)
+            self._nvdec_warm = dec.frames
 
-    def _nvdec(self, time_base: Any) -> Any:
+    def _nvdec(self, codec: str, reorders: bool, time_base: Any) -> Any:
         if self._decoder is None:
             import cupy
 
@@ -159,12 +184,10 @@ class GpuLiveJob(LiveJob, GpuFileJob):
 
             if not hasattr(self, "_upload"):
                 self._upload = cupy.cuda.Stream(non_blocking=True)
-            codec = "hevc" if self._reader.codec == "hevc" else "h264"  # open() refused the rest
             # A stream that may reorder (B-frames: OBS's x264 presets) needs NVDEC's reordering
             # (NATIVE latency); one that cannot gets each frame out of its own access unit (LOW).
             self._decoder = NvdecAccessUnits(codec=codec, time_base=time_base, name=self._url,
-                                             stream=self._upload,
-                                             low_latency=not self._reader.reorders)
+                                             stream=self._upload, low_latency=not reorders)
         return self._decoder
 
     def _swap_loop(self, width: int, height: int) -> GpuSwapLoop:
@@ -221,8 +244,9 @@ class GpuLiveJob(LiveJob, GpuFileJob):
         if getattr(self, "_loop", None) is not None:
             self._loop.rgb_ring.drain()  # type: ignore[union-attr]
         if getattr(self, "_decoder", None) is not None:
-            # What the run's log and tests report: the stream's frames, not the warm-up's.
-            self.nvdec_frames = self._decoder.frames - getattr(self, "_nvdec_warm", 0)
+            # What the run's log and tests report: the stream's frames, not the warm-up's (a
+            # decoder replaced for a new publisher's codec counted its frames in `_live_end`).
+            self.nvdec_frames += self._decoder.frames - self._nvdec_warm
             self._decoder.close()
         self._decoder = None
         self._loop = None

@@ -469,16 +469,30 @@ def _decoder_stream(gpu_id: int, stream: Any) -> Any:
         return stream if stream is not None else cupy.cuda.Stream(non_blocking=True)
 
 
-def _create_decoder(nvc: Any, gpu_id: int, codec: Any, stream: Any, low_latency: bool) -> Any:
+def _create_decoder(nvc: Any, gpu_id: int, codec: Any, stream: Any, low_latency: bool,
+                    max_size: tuple[int, int] | None = None) -> Any:
     """[PG] "Creating a Decoder": CreateDecoder(gpuid, codec, cudacontext, cudastream,
     usedevicememory, latency), in the primary context CuPy uses (`primary_context`) and on our
     stream, so that the decoder's output copies are ordered before our kernels. LOW latency outputs
-    each picture as soon as its access unit is in ([PG] "Latency Modes"); NATIVE reorders."""
+    each picture as soon as its access unit is in ([PG] "Latency Modes"); NATIVE reorders.
+
+    `max_size`: the largest picture the decoder must take. Without it NVIDIA's decoder sizes itself
+    to the first sequence and cannot grow in place (its reconfigure refuses a larger picture), which
+    a WebRTC sender stepping its resolution up runs into. PyNvVideoCodec's bindings name the
+    arguments `maxwidth` and `maxheight` ([SRC] the CreateDecoder docstring: "maximum width set by
+    application for the decoded surface"); a build without them gets a decoder without a maximum."""
     latency = nvc.DisplayDecodeLatencyType.LOW if low_latency else nvc.DisplayDecodeLatencyType.NATIVE
     ctx = primary_context(gpu_id)
+    kwargs: dict[str, Any] = dict(gpuid=gpu_id, codec=codec, cudacontext=ctx, cudastream=int(stream.ptr),
+                                  usedevicememory=True, latency=latency)
     with same_context():
-        return nvc.CreateDecoder(gpuid=gpu_id, codec=codec, cudacontext=ctx, cudastream=int(stream.ptr),
-                                 usedevicememory=True, latency=latency)
+        if max_size is not None:
+            try:
+                return nvc.CreateDecoder(**kwargs, maxwidth=int(max_size[0]), maxheight=int(max_size[1]))
+            except TypeError as e:  # pybind11's "incompatible function arguments"
+                log.warning("this PyNvVideoCodec takes no maximum decode size (%s): a stream that "
+                            "grows past its first size needs a new decoder", _reason(e))
+        return nvc.CreateDecoder(**kwargs)
 
 
 def _wrap_frame(frame: Any, *, decoder: Any, name: str, index: int, stream: Any, gpu_id: int,
@@ -762,6 +776,9 @@ class NvdecAccessUnits:
     pts)` hands one Annex-B access unit (start codes, SPS/PPS in-band before keyframes) to the
     decoder and returns the frames it completed, in low-latency mode one per access unit.
 
+    `max_size` (width, height): the largest picture the stream may step up to (see
+    `_create_decoder`); without it, the first sequence's size.
+
     `low_latency` (LOW latency, each access unit marked as a whole picture) is for streams that
     never reorder; a stream that may have B-frames (its SPS allows reordering) needs
     `low_latency=False`, which returns frames in presentation order, a few access units later.
@@ -776,7 +793,7 @@ class NvdecAccessUnits:
     def __init__(self, *, codec: str = "h264", gpu_id: int = 0, stream: Any = None,
                  time_base: Fraction | None = None, name: str = "<access units>",
                  matrix: Matrix | None = None, full_range: bool = False,
-                 low_latency: bool = True) -> None:
+                 low_latency: bool = True, max_size: tuple[int, int] | None = None) -> None:
         self.low_latency = low_latency
         if codec not in ("h264", "hevc"):
             raise ValueError(f"codec must be 'h264' or 'hevc', not {codec!r}")
@@ -797,7 +814,7 @@ class NvdecAccessUnits:
         self.stream = _decoder_stream(self.gpu_id, stream)
         nv_codec = nvc.cudaVideoCodec.H264 if codec == "h264" else nvc.cudaVideoCodec.HEVC
         try:
-            self._decoder = _create_decoder(nvc, self.gpu_id, nv_codec, self.stream, low_latency)
+            self._decoder = _create_decoder(nvc, self.gpu_id, nv_codec, self.stream, low_latency, max_size)
         except Exception as e:
             raise InputError(f"NVDEC cannot open a {codec} decoder for '{name}' ({_reason(e)}). "
                              f"{CPU_DECODE_FIX}") from e
@@ -856,8 +873,9 @@ class NvdecAccessUnits:
             self._decoder = None
 
 
-WARM_UP_PTS = -1
-"""The pts `warm_nvdec` gives its picture: a caller drops decoded frames that carry it."""
+WARM_UP_PTS = -(2**62)
+"""The pts `warm_nvdec` gives its picture (no stream's, and not FFmpeg's no-pts marker): a caller
+drops decoded frames that carry it."""
 
 
 def warm_nvdec(decoder: NvdecAccessUnits, width: int, height: int) -> None:

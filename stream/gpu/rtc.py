@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -66,10 +67,12 @@ class DivertingQueue(queue.Queue):  # type: ignore[type-arg]
     track's queue through `deliver`, and returns only what aiortc's decoder should handle.
     """
 
-    def __init__(self, decode: DecodeFn, deliver: Callable[[Any], None]) -> None:
+    def __init__(self, decode: DecodeFn, deliver: Callable[[Any], None],
+                 on_error: Callable[[], None] | None = None) -> None:
         super().__init__()
         self._decode = decode
         self._deliver = deliver
+        self._on_error = on_error
         self.access_units = 0
         self.frames = 0
         self.errors = 0
@@ -84,9 +87,14 @@ class DivertingQueue(queue.Queue):  # type: ignore[type-arg]
             try:
                 frames = self._decode(encoded.data, encoded.timestamp)
             except Exception as e:  # noqa: BLE001 - one bad access unit must not end the session
-                # The next keyframe recovers; the browser sends one every few seconds, or on PLI.
+                # The decoder starts afresh and the sender is asked for a keyframe (a PLI, as
+                # aiortc's own decoder thread does on errors); until then access units fail.
                 self.errors += 1
-                log.warning("decoding a WebRTC H.264 access unit failed (%d so far): %s", self.errors, e)
+                if self.errors == 1 or self.errors % 100 == 0:
+                    log.warning("decoding a WebRTC H.264 access unit failed (%d so far): %s",
+                                self.errors, e)
+                if self._on_error is not None:
+                    self._on_error()
                 continue
             for frame in frames:
                 self.frames += 1
@@ -107,7 +115,16 @@ def divert_video(receiver: Any, decode: DecodeFn, loop: asyncio.AbstractEventLoo
         # queue is what recv() reads, and what aiortc's decoder thread puts frames on.
         asyncio.run_coroutine_threadsafe(receiver.track._queue.put(frame), loop)
 
-    diverted = DivertingQueue(decode, deliver)
+    def on_error() -> None:
+        reset = getattr(decode, "reset", None)
+        if reset is not None:
+            reset()
+        # aiortc's receiver sends a PLI at its next RTP packet when this event is set.
+        flag = getattr(receiver, "_RTCRtpReceiver__decoder_error", None)
+        if isinstance(flag, threading.Event):
+            flag.set()
+
+    diverted = DivertingQueue(decode, deliver, on_error)
     setattr(receiver, _QUEUE_ATTR, diverted)
     return diverted
 
@@ -148,32 +165,51 @@ class DeviceVideoFrame:
         return self.rgb.get()
 
 
-def nvdec_decode(gpu_id: int = 0) -> DecodeFn:
-    """A `DecodeFn` on NVDEC: each access unit decoded and converted to RGB into a new CuPy array
-    on the decoder's stream, returned as `DeviceVideoFrame`s. The decoder opens at the first access
-    unit, in the thread that decodes (aiortc's)."""
-    state: dict[str, Any] = {}
+RTC_MAX_SIZE = (1920, 1088)
+"""The largest WebRTC picture the first decoder is made for: browsers step their resolution up and
+down with the bandwidth, up to the camera's (1080p for most). A larger one fails; the next decoder,
+made after the keyframe the failure asks for, sizes itself to the stream as it is then."""
 
-    def decode(data: bytes, timestamp: int) -> list[Any]:
+
+class NvdecRtcDecoder:
+    """A `DecodeFn` on NVDEC: each access unit decoded and converted to RGB into a new CuPy array on
+    the decoder's stream, returned as `DeviceVideoFrame`s. The decoder opens at the first access
+    unit, in the thread that decodes (aiortc's), and again after `reset` (a failed access unit)."""
+
+    def __init__(self, gpu_id: int = 0) -> None:
+        self.gpu_id = gpu_id
+        self._dec: Any = None
+        self._max_size: tuple[int, int] | None = RTC_MAX_SIZE
+
+    def reset(self) -> None:
+        if self._dec is not None:
+            self._dec.close()
+        self._dec = None
+        self._max_size = None  # see RTC_MAX_SIZE
+
+    def __call__(self, data: bytes, timestamp: int) -> list[Any]:
         import cupy
 
         from .nvcodec import NvdecAccessUnits
 
-        dec = state.get("dec")
+        dec = self._dec
         if dec is None:
-            dec = state["dec"] = NvdecAccessUnits(codec="h264", gpu_id=gpu_id,
-                                                  time_base=RTP_VIDEO_TIME_BASE, name="WebRTC video")
+            dec = self._dec = NvdecAccessUnits(codec="h264", gpu_id=self.gpu_id, max_size=self._max_size,
+                                               time_base=RTP_VIDEO_TIME_BASE, name="WebRTC video")
         out = []
         with nvtx("nvdec"):
             for f in dec.decode(data, timestamp):
-                with cupy.cuda.Device(gpu_id), dec.stream:
+                with cupy.cuda.Device(self.gpu_id), dec.stream:
                     rgb = cupy.empty((f.height, f.width, 3), cupy.uint8)
                 ready = f.copy_to(rgb)
                 pts = f.pts if f.pts is not None else timestamp
                 out.append(DeviceVideoFrame(rgb, pts, RTP_VIDEO_TIME_BASE, ready, dec.stream))
         return out
 
-    return decode
+
+def nvdec_decode(gpu_id: int = 0) -> NvdecRtcDecoder:
+    """The WebRTC `DecodeFn` on NVDEC (`NvdecRtcDecoder`), one per publisher."""
+    return NvdecRtcDecoder(gpu_id)
 
 
 class GpuFrameSwap:

@@ -38,6 +38,8 @@ class LiveStats:
 
     frames_in: int = 0
     frames_out: int = 0
+    packets_in: int = 0
+    """Compressed video packets read (the GPU path, which decodes them itself)."""
     dropped: int = 0
     """Frames dropped because the swap fell behind the input."""
     faces_swapped: int = 0
@@ -81,7 +83,13 @@ class LiveJob(FileJob):
         stop = stop or threading.Event()
         reader = self._live_reader(url, reconnect_seconds=reconnect_seconds, loop=loop)
         reader.open()
-        self._live_warm_up(reader)
+        try:
+            self._live_warm_up(reader)
+        except BaseException:
+            reader.stop()
+            reader.close()
+            self._close_live()
+            raise
         stats = LiveStats()
         # Decoded frames wait at most `buffer_frames` deep, the oldest dropped; compressed packets
         # (the GPU path) are never dropped, since later frames refer to them: `_live_frames` skips
@@ -121,6 +129,8 @@ class LiveJob(FileJob):
                 if item is not None:
                     video, arrived = item
                     for out in self._live_frames(video, pump.backlog(), buffer_frames, stats):
+                        if max_frames is not None and stats.frames_out >= max_frames:
+                            break
                         writers = emit(out, arrived, writers)
                     if max_frames is not None and stats.frames_out >= max_frames:
                         break
@@ -246,7 +256,12 @@ class _Pump:
                     if isinstance(item, AudioPacket):
                         self.audio.append(item)
                     else:
-                        self.stats.frames_in += 1
+                        if isinstance(item, VideoPacket):
+                            # Counted as a frame once decoded (GpuLiveJob): the decoder may hold
+                            # some back, and packets before the first keyframe give none.
+                            self.stats.packets_in += 1
+                        else:
+                            self.stats.frames_in += 1
                         if self.keep is not None and len(self.video) >= self.keep:
                             self.video.popleft()  # the oldest waiting frame goes: keep up with live
                             self.stats.dropped += 1

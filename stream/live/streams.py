@@ -69,6 +69,12 @@ class VideoPacket:
     time_base: Fraction
     index: int
     keyframe: bool
+    connection: int = 0
+    """Which connection (or pass of a looped file) it came from, counting from 0."""
+    codec: str = "h264"
+    """That connection's codec ('h264' or 'hevc'): a new publisher may send another."""
+    reorders: bool = False
+    """Whether that connection's stream may reorder (B-frames): its decoder must reorder."""
 
 
 class LiveReader:
@@ -207,6 +213,9 @@ class LiveReader:
 
             name = "hevc_mp4toannexb" if v.codec_context.name == "hevc" else "h264_mp4toannexb"
             bsf = BitStreamFilterContext(name, v)  # per connection: a new publisher, new extradata
+        connection = self.reconnects + self.loops
+        codec = "hevc" if v.codec_context.name == "hevc" else "h264"
+        reorders = bool(v.codec_context.has_b_frames)
         for packet in c.demux(streams):
             if self._stopped:
                 return
@@ -220,14 +229,17 @@ class LiveReader:
                 continue
             if self.packets:
                 units = self._annexb(bsf, packet)
-                for data, raw_pts, key in units:
+                for data, raw_pts, raw_dts, key in units:
                     # Packets come in decode order: with B-frames their pts go back and forth.
                     shift, pts = self._shifted(raw_pts, shift, monotonic=False)
                     if self.realtime:
-                        self._pace(self._last_pts if self._last_pts is not None else pts)
+                        # A live source sends in decode order: pace by the decode time, which
+                        # increases, rather than hold a reference frame until its display time.
+                        self._pace(pts if raw_dts is None or raw_pts is None else raw_dts + shift)
                         if self._stopped:
                             return
-                    yield VideoPacket(data, pts, self._time_base or v.time_base, self._index, key)
+                    yield VideoPacket(data, pts, self._time_base or v.time_base, self._index, key,
+                                      connection, codec, reorders)
                     self._index += 1
                 continue
             for vf in packet.decode():
@@ -257,15 +269,15 @@ class LiveReader:
         return shift, pts
 
     @staticmethod
-    def _annexb(bsf: Any, packet: Any) -> list[tuple[bytes, int | None, bool]]:
-        """The packet as Annex-B access units (data, pts, keyframe): FLV and MP4 carry H.264 with
+    def _annexb(bsf: Any, packet: Any) -> list[tuple[bytes, int | None, int | None, bool]]:
+        """The packet as Annex-B access units (data, pts, dts, keyframe): FLV and MP4 carry H.264 with
         length prefixes and the SPS/PPS in the stream's extradata; NVDEC's parser wants start codes
         and the parameter sets in-band, which FFmpeg's h264_mp4toannexb / hevc_mp4toannexb filter
         produces (and passes Annex-B input such as MPEG-TS through)."""
         out = []
         for p in bsf.filter(packet):
             if p.size:
-                out.append((bytes(p), p.pts, bool(p.is_keyframe)))
+                out.append((bytes(p), p.pts, p.dts, bool(p.is_keyframe)))
         return out
 
     def _pace(self, pts: int) -> None:
