@@ -385,7 +385,9 @@ class TfliteTorchRunner:
                 self.module(static_in)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # thread_local: other threads (aiortc's decoder thread feeding NVDEC, allocating from
+        # CuPy's pool) may go on with calls a capture forbids; only this thread is checked.
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             static_out = self.module(static_in)
         self._graphs[n] = (graph, static_in, static_out)
         log.debug("%s: captured a CUDA graph for batch %d", self.path.name, n)

@@ -251,7 +251,8 @@ class TorchRunner(Runner):
                     self._run_module(self._module, static_in)
                 ext.synchronize()
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, stream=ext):
+                # thread_local: see engines/tflite_torch.py (other threads may allocate meanwhile).
+                with torch.cuda.graph(graph, stream=ext, capture_error_mode="thread_local"):
                     static_out = self._run_module(self._module, static_in)
                 entry = (graph, static_in, static_out)
             except RuntimeError as e:

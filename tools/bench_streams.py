@@ -389,6 +389,14 @@ def gpu_util_sampler(stop: threading.Event, out: list[float]) -> None:
         pass
 
 
+def read_reply(proc: subprocess.Popen[str], i: int) -> dict[str, Any]:
+    """A worker's next JSON line; a worker that died says so (its traceback went to stderr)."""
+    line = proc.stdout.readline() if proc.stdout is not None else ""
+    if not line:
+        sys.exit(f"error: worker {i} exited (code {proc.poll()}); its error is above")
+    return json.loads(line)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clip720", required=True)
@@ -427,7 +435,7 @@ def main() -> None:
                                           "offset": offset, "total": n}) + "\n")
                 p.stdin.flush()
                 offset += k
-            armed = [json.loads(p.stdout.readline()) for p in procs]  # streams built and warmed
+            armed = [read_reply(p, i) for i, p in enumerate(procs)]  # streams built and warmed
             start_at = time.time() + 0.5
             for p in procs:
                 p.stdin.write(json.dumps({"start_at": start_at}) + "\n")
@@ -437,7 +445,7 @@ def main() -> None:
             stop = threading.Event()
             th = threading.Thread(target=gpu_util_sampler, args=(stop, util), daemon=True)
             th.start()
-            outs = [json.loads(p.stdout.readline()) for p in procs]
+            outs = [read_reply(p, i) for i, p in enumerate(procs)]
             stop.set()
             lat = [x for o in outs for x in o["latency_ms"]]
             frames = sum(o["frames"] for o in outs)

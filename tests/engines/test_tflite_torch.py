@@ -136,7 +136,9 @@ def test_gpu_track_many_matches_one_stream_at_a_time(cuda: ModuleType) -> None:
     cupy = cuda
     cfg = load_config(overrides=["smoothing.enabled=false"])
     shared = GpuFaceAnalyser(cfg)
-    images = [grace_hopper(), astronaut(), grace_hopper()[:, ::-1].copy(), astronaut()[::-1, :].copy()[::-1]]
+    # Four different frames: the portraits, mirrored and shifted, so that a mix-up of crops
+    # between streams shows.
+    images = [grace_hopper(), astronaut(), grace_hopper()[:, ::-1].copy(), np.roll(astronaut()[:, ::-1], 24, axis=1).copy()]
     frames = [cupy.asarray(img) for img in images]
     alone = [shared.tracker() for _ in images]
     together = [shared.tracker() for _ in images]

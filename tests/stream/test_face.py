@@ -102,9 +102,10 @@ def test_trackers_share_the_networks_and_keep_their_own_tracks(portraits: dict[s
         for n, faces in zip(names, outs):
             assert [f.track_id for f in faces] == [f.track_id for f in alone[n][i]]
             np.testing.assert_array_equal(faces[0].landmarks, alone[n][i][0].landmarks)
+    other = FaceAnalyser(cfg)
     with pytest.raises(ValueError, match="tracker"):
-        track_many([(batched["astronaut"], streams["astronaut"][0]),
-                    (FaceAnalyser(cfg), streams["astronaut"][0])])
+        track_many([(batched["astronaut"], streams["astronaut"][0]), (other, streams["astronaut"][0])])
+    other.close()
     trackers["astronaut"].close()  # a tracker's close leaves the shared models open
     assert len(shared.track(streams["astronaut"][0])) == 1
     shared.close()
