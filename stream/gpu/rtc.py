@@ -218,23 +218,34 @@ class GpuFrameSwap:
     for aiortc's encoders, with the number of faces swapped. One caller at a time (the server's
     single swap thread)."""
 
+    SIZES_KEPT = 4
+    """Loops (and their buffers) kept per picture size: browsers step their resolution with the
+    bandwidth, and publishers of different sizes share this swap, so a size comes back often."""
+
     def __init__(self, job: Any) -> None:
+        import cupy
+
         self.job = job
-        self._loop: GpuSwapLoop | None = None
+        self._loops: dict[tuple[int, int], tuple[GpuSwapLoop, Any]] = {}
+        self._upload = cupy.cuda.Stream(non_blocking=True)
+        self._download = cupy.cuda.Stream(non_blocking=True)
         self.frames = 0
 
     def _sized(self, width: int, height: int) -> GpuSwapLoop:
-        import cupy
         import cupyx
 
-        loop = self._loop
-        if loop is None or (loop.width, loop.height) != (width, height):
-            # Browsers change the resolution with the bandwidth: everything is sized again.
-            loop = self._loop = GpuSwapLoop(self.job.analyser, self.job.swap_faces, width, height)
-            self._upload = cupy.cuda.Stream(non_blocking=True)
-            self._download = cupy.cuda.Stream(non_blocking=True)
-            self._pinned = cupyx.empty_pinned((height, width, 3), np.uint8)
-        return loop
+        key = (width, height)
+        entry = self._loops.pop(key, None)
+        if entry is None:
+            if len(self._loops) >= self.SIZES_KEPT:
+                _old, (old_loop, _pin) = next(iter(self._loops.items()))
+                old_loop.rgb_ring.drain()  # nothing of it is still in flight when it goes
+                del self._loops[_old]
+            entry = (GpuSwapLoop(self.job.analyser, self.job.swap_faces, width, height),
+                     cupyx.empty_pinned((height, width, 3), np.uint8))
+        self._loops[key] = entry  # most recently used last
+        self._pinned = entry[1]
+        return entry[0]
 
     def __call__(self, frame: Any, index: int) -> tuple[np.ndarray, int]:
         import cupy
