@@ -461,6 +461,15 @@ def untagged_matrix(height: int) -> Matrix:
     return "bt709" if height >= 720 else "bt601"
 
 
+def _nvc_for(name: str) -> Any:
+    """PyNvVideoCodec, or the user's error for decoding `name` without it."""
+    try:
+        return _import_nvc()
+    except Exception as e:  # ImportError, or a driver its loader rejects
+        raise InputError(f"cannot decode '{name}' on the GPU: {_import_failure(e)}. "
+                         f"{CPU_DECODE_FIX}") from e
+
+
 def _decoder_stream(gpu_id: int, stream: Any) -> Any:
     """`stream`, or a new non-blocking CuPy stream on GPU `gpu_id` for a decoder's output."""
     import cupy
@@ -572,12 +581,7 @@ class NvdecSource:
                 raise InputNotFoundError(f"input '{path}' does not exist. Check the path and its spelling.")
             if os.path.isdir(path):
                 raise InputError(f"input '{path}' is a directory. Give the path of a video file.")
-        try:
-            nvc = _import_nvc()
-        except Exception as e:
-            raise InputError(f"cannot decode '{self.name}' on the GPU: {_import_failure(e)}. "
-                             f"{CPU_DECODE_FIX}") from e
-        self._nvc = nvc
+        self._nvc = nvc = _nvc_for(self.name)
         try:
             # [PG] "Demux API" (CreateDemuxer(filename=...)) and "Buffer-Based Demuxing and
             # Decoding" (CreateDemuxer(callback)).
@@ -805,12 +809,7 @@ class NvdecAccessUnits:
         self.full_range = full_range
         self.frames = 0
         self.access_units = 0
-        try:
-            nvc = _import_nvc()
-        except Exception as e:
-            raise InputError(f"cannot decode '{name}' on the GPU: {_import_failure(e)}. "
-                             f"{CPU_DECODE_FIX}") from e
-        self._nvc = nvc
+        self._nvc = nvc = _nvc_for(name)
         self.stream = _decoder_stream(self.gpu_id, stream)
         nv_codec = nvc.cudaVideoCodec.H264 if codec == "h264" else nvc.cudaVideoCodec.HEVC
         try:
