@@ -262,13 +262,10 @@ def serve(
 ) -> None:
     """Serve WebRTC: a WHIP endpoint (OBS 30+, browsers) whose publisher gets the swapped video back;
     and the multi-stream runtime: control API (/api/streams), /metrics, /dashboard (docs/runtime.md)."""
-    from fractions import Fraction
-
     from aiohttp import web
 
-    from .live.webrtc import WhipServer
+    from .live.webrtc import WhipServer, tracking_swap
     from .pipeline import FileJob
-    from .types import Frame
 
     _check_serve_folders(hls_root, media_root)  # before the models load: bad paths fail at once
     cfg = _config(config, set_, None)
@@ -279,16 +276,14 @@ def serve(
     job.set_source(source)
     _log_disclosure(job)
     if job_class is FileJob:
-        def swap(rgb: object, index: int) -> int:
-            return job.swap_frame(Frame(rgb, pts=index, time_base=Fraction(1, 30), index=index))
-
-        server = WhipServer(swap, token=whip_token, max_sessions=max_sessions)  # type: ignore[arg-type]
+        # Each publisher gets its own tracker of the job's analyser (tracks, smoothing).
+        server = WhipServer(session_swap=tracking_swap(job), token=whip_token, max_sessions=max_sessions)
     else:
         from .gpu.rtc import gpu_whip_hooks
 
-        frame_swap, on_publisher, where = gpu_whip_hooks(job)
+        session_swap, on_publisher, where = gpu_whip_hooks(job)
         err.print(Text(where), soft_wrap=True)
-        server = WhipServer(frame_swap=frame_swap, on_publisher=on_publisher, token=whip_token,
+        server = WhipServer(session_swap=session_swap, on_publisher=on_publisher, token=whip_token,
                             max_sessions=max_sessions)
     base = f"http://{host}:{port}"
     for line in (f"WHIP endpoint: {base}/whip  (OBS: Settings > Stream > Service WHIP)",

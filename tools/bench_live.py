@@ -183,14 +183,14 @@ async def bench_webrtc(cfg: Config, size: tuple[int, int], fps: float, seconds: 
 
         job: FileJob = GpuFileJob(cfg, live=True)
         job.set_source_image(astronaut(), "astronaut")
-        frame_swap, on_publisher, where = gpu_whip_hooks(job)
+        session_swap, on_publisher, where = gpu_whip_hooks(job)
         print(f"  {where}", flush=True)
 
         def hook(pc: Any) -> None:
             on_publisher(pc)
             diverted.extend(t.receiver for t in pc.getTransceivers())
 
-        server = WhipServer(frame_swap=frame_swap, on_publisher=hook)
+        server = WhipServer(session_swap=session_swap, on_publisher=hook)
     else:
         job = FileJob(cfg, live=True)
         job.set_source_image(astronaut(), "astronaut")

@@ -222,10 +222,13 @@ class GpuFrameSwap:
     """Loops (and their buffers) kept per picture size: browsers step their resolution with the
     bandwidth, and publishers of different sizes share this swap, so a size comes back often."""
 
-    def __init__(self, job: Any) -> None:
+    def __init__(self, job: Any, analyser: Any = None) -> None:
+        """`analyser`: the face analysis to use (a tracker of the job's, for one publisher);
+        default the job's own."""
         import cupy
 
         self.job = job
+        self.analyser = analyser if analyser is not None else job.analyser
         self._loops: dict[tuple[int, int], tuple[GpuSwapLoop, Any]] = {}
         self._upload = cupy.cuda.Stream(non_blocking=True)
         self._download = cupy.cuda.Stream(non_blocking=True)
@@ -241,7 +244,7 @@ class GpuFrameSwap:
                 _old, (old_loop, _pin) = next(iter(self._loops.items()))
                 old_loop.rgb_ring.drain()  # nothing of it is still in flight when it goes
                 del self._loops[_old]
-            entry = (GpuSwapLoop(self.job.analyser, self.job.swap_faces, width, height),
+            entry = (GpuSwapLoop(self.analyser, self.job.swap_faces, width, height),
                      cupyx.empty_pinned((height, width, 3), np.uint8))
         self._loops[key] = entry  # most recently used last
         self._pinned = entry[1]
@@ -280,10 +283,11 @@ class GpuFrameSwap:
         return self._pinned.copy(), flight.swapped
 
 
-def gpu_whip_hooks(job: Any, gpu_id: int = 0) -> tuple[GpuFrameSwap, Callable[[Any], None], str]:
-    """What `WhipServer` takes for the GPU path: the frame swap, the publisher hook (H.264 first;
-    NVDEC where PyNvVideoCodec can decode, each publisher with its own decoder), and a line saying
-    which decoder WebRTC video gets."""
+def gpu_whip_hooks(job: Any, gpu_id: int = 0) -> tuple[Callable[[], GpuFrameSwap], Callable[[Any], None], str]:
+    """What `WhipServer` takes for the GPU path: the per-publisher swap factory (`session_swap`: a
+    `GpuFrameSwap` over a tracker of the job's analyser), the publisher hook (H.264 first; NVDEC
+    where PyNvVideoCodec can decode, each publisher with its own decoder), and a line saying which
+    decoder WebRTC video gets."""
     from .nvcodec import nvdec_available
 
     nvdec, why = nvdec_available(gpu_id)
@@ -295,4 +299,8 @@ def gpu_whip_hooks(job: Any, gpu_id: int = 0) -> tuple[GpuFrameSwap, Callable[[A
 
     where = (f"WebRTC video: H.264 preferred, decoded on NVDEC ({why})" if nvdec else
              f"WebRTC video: decoded on the CPU and uploaded ({why})")
-    return GpuFrameSwap(job), on_publisher, where
+    def session_swap() -> GpuFrameSwap:
+        make_tracker = getattr(job.analyser, "tracker", None)
+        return GpuFrameSwap(job, make_tracker() if make_tracker is not None else None)
+
+    return session_swap, on_publisher, where

@@ -48,6 +48,9 @@ FrameSwapFn = Callable[[Any, int], tuple[np.ndarray, int]]
 index; returns the swapped RGB picture on the host and the faces swapped (the GPU path)."""
 PeerHook = Callable[[Any], None]
 """Called with a publisher's RTCPeerConnection before its offer is applied."""
+SessionSwapFactory = Callable[[], FrameSwapFn]
+"""Makes the frame swap of one new publisher: a tracker of its own, so that the faces of two
+publishers never share tracks or landmark smoothing."""
 
 AUDIO_HOLD_MAX_S = 0.8
 """The most audio is held back to wait for the video; a swap slower than this is not live anyway."""
@@ -125,6 +128,8 @@ class Session:
     """One WHIP publisher or WHEP viewer, with what its media did."""
 
     pc: Any
+    swap: FrameSwapFn | None = None
+    """This publisher's own frame swap (`WhipServer(session_swap=...)`), if it has one."""
     out: RelayTrack = field(default_factory=lambda: RelayTrack("video", 1))
     """The swapped video going out to this peer."""
     audio_out: RelayTrack = field(default_factory=lambda: RelayTrack("audio", AUDIO_OUT_FRAMES))
@@ -151,6 +156,27 @@ class Session:
     audio_line: DropOldest[tuple[float, Any]] = field(
         default_factory=lambda: DropOldest(AUDIO_LINE_FRAMES))
     """Received audio frames with their arrival time, waiting for their release time."""
+
+
+def tracking_swap(job: Any, fps: float = 30.0) -> SessionSwapFactory:
+    """Per-publisher frame swaps over one job (`FileJob`): each publisher gets a tracker of the
+    job's analyser (`FaceAnalyser.tracker`: the same networks, its own tracks and smoothing), and
+    the job's swapper, label and mark. An analyser without trackers (a zoo detector) is shared, as
+    before. All run on the server's one swap thread, as trackers of one analyser must."""
+    from ..types import Frame
+
+    def make() -> FrameSwapFn:
+        make_tracker = getattr(job.analyser, "tracker", None)
+        analyser = make_tracker() if make_tracker is not None else job.analyser
+
+        def swap(frame: Any, index: int) -> tuple[np.ndarray, int]:
+            rgb = np.ascontiguousarray(frame.to_ndarray(format="rgb24"))
+            faces = analyser.track(Frame(rgb, pts=index, time_base=Fraction(1, round(fps)), index=index))
+            return rgb, job.swap_faces(rgb, faces)
+
+        return swap
+
+    return make
 
 
 def newest(track: Any, first: Any) -> tuple[Any, int]:
@@ -214,23 +240,27 @@ class WhipServer:
     """An aiohttp application with the WHIP endpoint. `swap` does the face work for each frame."""
 
     def __init__(self, swap: SwapFn | None = None, *, token: str | None = None, max_sessions: int = 16,
-                 frame_swap: FrameSwapFn | None = None, on_publisher: PeerHook | None = None) -> None:
+                 frame_swap: FrameSwapFn | None = None, on_publisher: PeerHook | None = None,
+                 session_swap: SessionSwapFactory | None = None) -> None:
         """`token`: when given, POST and DELETE on /whip and /whep need `Authorization: Bearer
         TOKEN` (OBS's WHIP "Bearer Token" field); the preview pages send the one in their URL's
         `?token=`. `max_sessions`: publishers, and separately viewers, beyond
         this are answered 503, since each costs an encoder thread and a decoder. `frame_swap`
         replaces `swap` where frames need more than an RGB array (the GPU path); `on_publisher`
-        prepares each publisher's connection (the GPU path prefers H.264 and routes it to NVDEC)."""
+        prepares each publisher's connection (the GPU path prefers H.264 and routes it to NVDEC).
+        `session_swap` makes a frame swap per publisher (`tracking_swap`), which `swapstream serve`
+        uses: with one shared swap, two publishers' faces would share one tracker."""
         from aiohttp import web
 
-        if (swap is None) == (frame_swap is None):
-            raise ValueError("give exactly one of swap and frame_swap")
+        if sum(x is not None for x in (swap, frame_swap, session_swap)) != 1:
+            raise ValueError("give exactly one of swap, frame_swap and session_swap")
         if max_sessions < 1:
             raise ValueError(f"max_sessions must be at least 1, got {max_sessions}")
         self.token = token
         self.max_sessions = max_sessions
         self.swap = swap
         self.frame_swap = frame_swap
+        self.session_swap = session_swap
         self.on_publisher = on_publisher
         self.sessions: dict[str, Session] = {}
         self.viewers: dict[str, Session] = {}
@@ -327,6 +357,8 @@ class WhipServer:
         def prepare(pc: Any, session: Session) -> None:
             if self.on_publisher is not None:
                 self.on_publisher(pc)
+            if self.session_swap is not None:
+                session.swap = self.session_swap()
 
             @pc.on("track")
             def on_track(track: Any) -> None:
@@ -359,7 +391,7 @@ class WhipServer:
                     s.in_interval_s = smooth(s.in_interval_s, gap, first=s.in_interval_s == 0)
             last_pts = frame.pts
             t0 = loop.time()
-            rgb, faces = await loop.run_in_executor(self._pool, self._swap_frame, frame, index)
+            rgb, faces = await loop.run_in_executor(self._pool, self._swap_frame, s, frame, index)
             s.faces += faces
             index += 1
             peers = [s] + list(self.viewers.values())
@@ -372,8 +404,10 @@ class WhipServer:
             s.latency_ms.append(delay * 1e3)
             s.video_delay_s = smooth(s.video_delay_s, delay, first=s.frames_out == 1)
 
-    def _swap_frame(self, frame: Any, index: int) -> tuple[np.ndarray, int]:
+    def _swap_frame(self, s: Session, frame: Any, index: int) -> tuple[np.ndarray, int]:
         """In the swap thread: the swapped RGB picture and the faces swapped."""
+        if s.swap is not None:
+            return s.swap(frame, index)
         if self.frame_swap is not None:
             return self.frame_swap(frame, index)
         assert self.swap is not None

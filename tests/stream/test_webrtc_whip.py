@@ -158,3 +158,62 @@ def test_whip_token_and_session_cap() -> None:
         await runner.cleanup()
 
     asyncio.run(scenario())
+
+
+def test_two_publishers_each_get_their_own_tracker() -> None:
+    # `swapstream serve`'s swap: one job, a tracker of its analyser per publisher. Two publishers
+    # at different sizes at once: every tracker sees the frames of one of them only (a shared
+    # tracker would follow one publisher's face with the other's landmarks and smoothing), and both
+    # get their face swapped back.
+    from swapstream.config import load_config
+    from swapstream.demo import astronaut
+    from swapstream.live.webrtc import tracking_swap
+    from swapstream.pipeline import FileJob
+
+    job = FileJob(load_config(None, ["smoothing.enabled=false"]), live=True)
+    job.set_source_image(astronaut(), "astronaut")
+    # Every tracker the swaps make, and the frame sizes each one tracked.
+    seen: list[set[tuple[int, ...]]] = []
+    make_tracker = job.analyser.tracker
+
+    def spying_tracker():  # noqa: ANN202 - FaceAnalyser's own type
+        tracker, shapes = make_tracker(), set()
+        seen.append(shapes)
+        track = tracker.track
+
+        def spy(frame):  # noqa: ANN001, ANN202
+            shapes.add(frame.data.shape[:2])
+            return track(frame)
+
+        tracker.track = spy
+        return tracker
+
+    job.analyser.tracker = spying_tracker
+
+    async def scenario() -> dict:
+        server = WhipServer(session_swap=tracking_swap(job))
+        runner, base = await start(server.app)
+        clock = ProbeClock(asyncio.get_running_loop().time())
+        sources = [StampedVideoTrack(clock, size=size) for size in ((320, 240), (256, 192))]
+        got = [Received(), Received()]
+        pcs = [publisher([src], g) for src, g in zip(sources, got)]
+        async with ClientSession() as http:
+            for pc in pcs:
+                await connect(http, base + "/whip", pc)
+            await until(lambda: all(len(g.video) >= 15 for g in got), 30, "15 frames back at each publisher")
+        for pc in pcs:
+            await pc.close()
+        await runner.cleanup()
+        return {"got": [g.video for g in got], "sources": [s.sources for s in sources]}
+
+    try:
+        res = asyncio.run(scenario())
+    finally:
+        job.close()
+    assert len(seen) == 2 and all(len(shapes) == 1 for shapes in seen), seen
+    assert seen[0] != seen[1]
+    check = fresh_job()
+    for got, sources in zip(res["got"], res["sources"]):
+        ratios = [np.divide(*looks_swapped(img, sources[n], check)) for n, img, _t in got[-6:]]
+        assert max(ratios) < 0.5, [round(r, 2) for r in ratios]
+    check.close()
