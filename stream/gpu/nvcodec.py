@@ -543,7 +543,46 @@ def _wrap_frame(frame: Any, *, decoder: Any, name: str, index: int, stream: Any,
                       _owner=frame)
 
 
-class NvdecSource:
+class _Decoding:
+    """What both NVDEC sources share: one decoder on one stream, and the step from a packet to the
+    `NvdecFrame`s it completes. Subclasses set the attributes in `__init__`."""
+
+    name: str
+    gpu_id: int
+    stream: Any
+    time_base: Fraction | None
+    matrix: Matrix | None
+    full_range: bool
+    frames: int
+    _decoder: Any
+
+    def _decode_packet(self, packet: Any) -> list[NvdecFrame]:
+        """Decode one PacketData; every frame it completed, as views of the decoder's surfaces
+        (valid until the next call). A source without a declared matrix takes the untagged one
+        for its first frame's height."""
+        try:
+            with same_context():
+                decoded = self._decoder.Decode(packet)  # [PG] "Basic Decoding Workflow"
+        except Exception as e:
+            raise InputError(f"NVDEC failed on '{self.name}' after {self.frames} frames: {_reason(e)}. "
+                             f"{CPU_DECODE_FIX}") from e
+        out = []
+        for frame in decoded:
+            if self.matrix is None:
+                height = int(self._decoder.GetHeight()) if hasattr(self._decoder, "GetHeight") else 720
+                self.matrix = untagged_matrix(height)
+            out.append(_wrap_frame(frame, decoder=self._decoder, name=self.name, index=self.frames,
+                                   stream=self.stream, gpu_id=self.gpu_id, time_base=self.time_base,
+                                   matrix=self.matrix, full_range=self.full_range))
+            self.frames += 1
+        return out
+
+    def _release_decoder(self) -> None:
+        with same_context():  # the decoder's destructor runs here
+            self._decoder = None
+
+
+class NvdecSource(_Decoding):
     """Decodes the first video stream of a file, or of bytes fed through a callback, on NVDEC.
 
     Iterate once to get `NvdecFrame`s in presentation order. `source` is a path, or a `read(n) ->
@@ -741,29 +780,15 @@ class NvdecSource:
                              f"a complete video file. {CPU_DECODE_FIX}")
 
     def _decode(self, packet: Any) -> Iterator[NvdecFrame]:
-        try:
-            with same_context():
-                decoded = self._decoder.Decode(packet)  # [PG] "Basic Decoding Workflow"
-        except Exception as e:
-            raise InputError(f"NVDEC failed on '{self.name}' after {self.frames} frames: {_reason(e)}. "
-                             f"{CPU_DECODE_FIX}") from e
-        for frame in decoded:
-            yield self._wrap(frame)
-
-    def _wrap(self, frame: Any) -> NvdecFrame:
-        out = _wrap_frame(frame, decoder=self._decoder, name=self.name, index=self.frames,
-                          stream=self.stream, gpu_id=self.gpu_id, time_base=self.time_base,
-                          matrix=self.matrix, full_range=self.full_range)
-        self.frames += 1
-        return out
+        yield from self._decode_packet(packet)
 
     # -- closing -----------------------------------------------------------------------------------
 
     def close(self) -> None:
         """Release the decoder and demuxer. Frames still held become invalid. Safe to call twice."""
         self._closed = True
-        with same_context():  # the decoder's destructor runs here
-            self._decoder = None
+        self._release_decoder()
+        with same_context():
             self._demuxer = None
 
     def __enter__(self) -> NvdecSource:
@@ -774,7 +799,7 @@ class NvdecSource:
         self.close()
 
 
-class NvdecAccessUnits:
+class NvdecAccessUnits(_Decoding):
     """Decodes H.264 or HEVC access units that our own code has demuxed (RTMP through PyAV, WebRTC
     through aiortc's depacketiser) on NVDEC, without PyNvVideoCodec's demuxer: each `decode(data,
     pts)` hands one Annex-B access unit (start codes, SPS/PPS in-band before keyframes) to the
@@ -839,37 +864,18 @@ class NvdecAccessUnits:
         if buf.size == 0:
             return []
         self.access_units += 1
-        return self._run(self._packet(buf, pts), keep=buf)
+        # `buf` lives until Decode has returned: the decoder has the bitstream by then.
+        return self._decode_packet(self._packet(buf, pts))
 
     def flush(self) -> list[NvdecFrame]:
         """End of stream: the frames the decoder still holds."""
         import numpy as np
 
-        return self._run(self._packet(np.empty(0, np.uint8), None), keep=None)
-
-    def _run(self, packet: Any, keep: Any) -> list[NvdecFrame]:
-        try:
-            with same_context():
-                decoded = self._decoder.Decode(packet)  # [PG] "Basic Decoding Workflow"
-        except Exception as e:
-            raise InputError(f"NVDEC failed on '{self.name}' after {self.frames} frames: {_reason(e)}. "
-                             f"{CPU_DECODE_FIX}") from e
-        del keep  # the bitstream is the decoder's now
-        out = []
-        for frame in decoded:
-            if self.matrix is None:
-                height = int(self._decoder.GetHeight()) if hasattr(self._decoder, "GetHeight") else 720
-                self.matrix = untagged_matrix(height)
-            out.append(_wrap_frame(frame, decoder=self._decoder, name=self.name, index=self.frames,
-                                   stream=self.stream, gpu_id=self.gpu_id, time_base=self.time_base,
-                                   matrix=self.matrix, full_range=self.full_range))
-            self.frames += 1
-        return out
+        return self._decode_packet(self._packet(np.empty(0, np.uint8), None))
 
     def close(self) -> None:
         """Release the decoder; frames still held become invalid. Safe to call twice."""
-        with same_context():  # the decoder's destructor runs here
-            self._decoder = None
+        self._release_decoder()
 
 
 WARM_UP_PTS = -(2**62)
