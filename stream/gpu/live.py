@@ -32,6 +32,9 @@ OUTPUT_MATRIX = "bt601"
 """The matrix of the NV12 we hand x264: the one the CPU path's RGB -> YUV conversion (swscale's
 default) uses, so that both paths give players the same untagged video."""
 
+FIRST_ITEMS = 8
+"""Input items whose timings `first_items` keeps (where a slow start goes)."""
+
 PINNED_SLOTS = 4
 """Host NV12 buffers for the frames of one `_live_frames` call (one in low-latency decoding); the
 writers copy each into their encoder before the next call."""
@@ -45,12 +48,18 @@ class GpuLiveJob(LiveJob, GpuFileJob):
     warm_up_ms = 0.0
 
     def _live_reader(self, url: str, *, reconnect_seconds: float, loop: bool) -> LiveReader:
+        """The input, and the run's GPU state: the decoder's (or upload's) stream, the download
+        stream; the decoder and the swap loop come with the first frame's size."""
+        import cupy
+
         from .nvcodec import nvdec_available
 
         ok, why = nvdec_available()
         if not ok:
             log.warning("live input '%s' is decoded on the CPU and uploaded: %s", url, why)
         self._url = url
+        self._upload = cupy.cuda.Stream(non_blocking=True)
+        self._download = cupy.cuda.Stream(non_blocking=True)
         self._decoder: Any = None
         self._loop: GpuSwapLoop | None = None
         self._index = 0
@@ -58,8 +67,8 @@ class GpuLiveJob(LiveJob, GpuFileJob):
         self.nvdec_frames = 0
         self._last_pts: int | None = None
         self.first_items: list[dict[str, Any]] = []
-        self._last_timing: dict[str, Any] = {}
         """Per input item, the first few: decode and swap milliseconds, frames out, backlog."""
+        self._last_timing: dict[str, Any] = {}
         self._reader = LiveReader(url, reconnect_seconds=reconnect_seconds, loop=loop, realtime=True,
                                   packets=ok)
         return self._reader
@@ -89,7 +98,7 @@ class GpuLiveJob(LiveJob, GpuFileJob):
             frames = self._nvdec(item.codec, item.reorders, item.time_base).decode(item.data, item.pts)
         t1 = time.perf_counter()
         out = held + self._swap_decoded(frames, item.pts, item.time_base, backlog >= buffer_frames, stats)
-        if len(self.first_items) < 8:
+        if len(self.first_items) < FIRST_ITEMS:
             # Where the first frames' time goes (a slow start makes the frames behind them late).
             self.first_items.append({"decode_ms": round((t1 - t0) * 1e3, 2), "frames": len(frames),
                                      "swap_ms": round((time.perf_counter() - t1) * 1e3, 2),
@@ -178,12 +187,8 @@ class GpuLiveJob(LiveJob, GpuFileJob):
 
     def _nvdec(self, codec: str, reorders: bool, time_base: Any) -> Any:
         if self._decoder is None:
-            import cupy
-
             from .nvcodec import NvdecAccessUnits
 
-            if not hasattr(self, "_upload"):
-                self._upload = cupy.cuda.Stream(non_blocking=True)
             # A stream that may reorder (B-frames: OBS's x264 presets) needs NVDEC's reordering
             # (NATIVE latency); one that cannot gets each frame out of its own access unit (LOW).
             self._decoder = NvdecAccessUnits(codec=codec, time_base=time_base, name=self._url,
@@ -191,7 +196,6 @@ class GpuLiveJob(LiveJob, GpuFileJob):
         return self._decoder
 
     def _swap_loop(self, width: int, height: int) -> GpuSwapLoop:
-        import cupy
         import cupyx
         import numpy as np
 
@@ -202,9 +206,6 @@ class GpuLiveJob(LiveJob, GpuFileJob):
         loop = self._loop
         if loop is None or (loop.width, loop.height) != (width, height):
             # A new publisher may send another size: everything is sized again.
-            if not hasattr(self, "_upload"):
-                self._upload = cupy.cuda.Stream(non_blocking=True)
-            self._download = cupy.cuda.Stream(non_blocking=True)
             loop = self._loop = GpuSwapLoop(self.analyser, self.swap_faces, width, height,
                                             matrix=OUTPUT_MATRIX)
             self._pinned: Ring[Any] = Ring(PINNED_SLOTS, lambda _i: cupyx.empty_pinned(
@@ -214,7 +215,7 @@ class GpuLiveJob(LiveJob, GpuFileJob):
     def _swap(self, loop: GpuSwapLoop, slot: Any, ready: Any, pts: int | None,
               time_base: Any) -> LiveFrame:
         # The encoder needs increasing pts; the decoder's are, except across a new publisher.
-        last = getattr(self, "_last_pts", None)
+        last = self._last_pts
         if pts is None or (last is not None and pts <= last):
             pts = 0 if last is None else last + 1
         self._last_pts = pts
@@ -232,18 +233,19 @@ class GpuLiveJob(LiveJob, GpuFileJob):
             copied = d.record()
             loop.finished(flight, copied)
             copied.synchronize()  # the hand-over to the encoder: the one host wait per frame
-        # For `first_items`: the host time of the analysis (which waits for the landmarks), of the
-        # rest of the submission, and the wait for the GPU to finish the frame.
-        self._last_timing = {"analyse_ms": round(flight.host_analyse_s * 1e3, 2),
-                             "submit_ms": round((t1 - t0 - flight.host_analyse_s) * 1e3, 2),
-                             "gpu_wait_ms": round((time.perf_counter() - t1) * 1e3, 2),
-                             "size": (loop.width, loop.height), "faces": len(flight.faces)}
+        if len(self.first_items) < FIRST_ITEMS:
+            # For `first_items`: the host time of the analysis (which waits for the landmarks), of
+            # the rest of the submission, and the wait for the GPU to finish the frame.
+            self._last_timing = {"analyse_ms": round(flight.host_analyse_s * 1e3, 2),
+                                 "submit_ms": round((t1 - t0 - flight.host_analyse_s) * 1e3, 2),
+                                 "gpu_wait_ms": round((time.perf_counter() - t1) * 1e3, 2),
+                                 "size": (loop.width, loop.height), "faces": len(flight.faces)}
         return LiveFrame(host.buffer, pts, time_base, flight.swapped, nv12=True)
 
     def _close_live(self) -> None:
-        if getattr(self, "_loop", None) is not None:
-            self._loop.rgb_ring.drain()  # type: ignore[union-attr]
-        if getattr(self, "_decoder", None) is not None:
+        if self._loop is not None:
+            self._loop.rgb_ring.drain()
+        if self._decoder is not None:
             # What the run's log and tests report: the stream's frames, not the warm-up's (a
             # decoder replaced for a new publisher's codec counted its frames in `_live_end`).
             self.nvdec_frames += self._decoder.frames - self._nvdec_warm
