@@ -129,7 +129,7 @@ class Session:
 
     pc: Any
     swap: FrameSwapFn | None = None
-    """This publisher's own frame swap (`WhipServer(session_swap=...)`), if it has one."""
+    """This publisher's frame swap (from `WhipServer.session_swap`); None for a viewer."""
     out: RelayTrack = field(default_factory=lambda: RelayTrack("video", 1))
     """The swapped video going out to this peer."""
     audio_out: RelayTrack = field(default_factory=lambda: RelayTrack("audio", AUDIO_OUT_FRAMES))
@@ -158,6 +158,16 @@ class Session:
     """Received audio frames with their arrival time, waiting for their release time."""
 
 
+def _rgb_frame_swap(swap: SwapFn) -> FrameSwapFn:
+    """A `FrameSwapFn` over a `SwapFn`: the received frame as RGB, swapped in place."""
+
+    def frame_swap(frame: Any, index: int) -> tuple[np.ndarray, int]:
+        rgb = np.ascontiguousarray(frame.to_ndarray(format="rgb24"))
+        return rgb, swap(rgb, index)
+
+    return frame_swap
+
+
 def tracking_swap(job: Any, fps: float = 30.0) -> SessionSwapFactory:
     """Per-publisher frame swaps over one job (`FileJob`): each publisher gets a tracker of the
     job's analyser (`FaceAnalyser.tracker`: the same networks, its own tracks and smoothing), and
@@ -169,12 +179,11 @@ def tracking_swap(job: Any, fps: float = 30.0) -> SessionSwapFactory:
         make_tracker = getattr(job.analyser, "tracker", None)
         analyser = make_tracker() if make_tracker is not None else job.analyser
 
-        def swap(frame: Any, index: int) -> tuple[np.ndarray, int]:
-            rgb = np.ascontiguousarray(frame.to_ndarray(format="rgb24"))
+        def swap(rgb: np.ndarray, index: int) -> int:
             faces = analyser.track(Frame(rgb, pts=index, time_base=Fraction(1, round(fps)), index=index))
-            return rgb, job.swap_faces(rgb, faces)
+            return int(job.swap_faces(rgb, faces))
 
-        return swap
+        return _rgb_frame_swap(swap)
 
     return make
 
@@ -258,9 +267,11 @@ class WhipServer:
             raise ValueError(f"max_sessions must be at least 1, got {max_sessions}")
         self.token = token
         self.max_sessions = max_sessions
-        self.swap = swap
-        self.frame_swap = frame_swap
-        self.session_swap = session_swap
+        # Every form is a factory of per-publisher frame swaps; a shared one is the same each time.
+        if session_swap is None:
+            shared: FrameSwapFn = frame_swap if frame_swap is not None else _rgb_frame_swap(swap)  # type: ignore[arg-type]
+            session_swap = lambda: shared  # noqa: E731 - the one shared swap
+        self.session_swap: SessionSwapFactory = session_swap
         self.on_publisher = on_publisher
         self.sessions: dict[str, Session] = {}
         self.viewers: dict[str, Session] = {}
@@ -357,8 +368,6 @@ class WhipServer:
         def prepare(pc: Any, session: Session) -> None:
             if self.on_publisher is not None:
                 self.on_publisher(pc)
-            if self.session_swap is not None:
-                session.swap = self.session_swap()
 
             @pc.on("track")
             def on_track(track: Any) -> None:
@@ -374,6 +383,8 @@ class WhipServer:
 
     async def _consume(self, s: Session, track: Any) -> None:
         loop = asyncio.get_running_loop()
+        if s.swap is None:
+            s.swap = self.session_swap()  # this publisher's own (tracks, smoothing)
         index = 0
         last_pts: int | None = None
         while True:
@@ -404,15 +415,11 @@ class WhipServer:
             s.latency_ms.append(delay * 1e3)
             s.video_delay_s = smooth(s.video_delay_s, delay, first=s.frames_out == 1)
 
-    def _swap_frame(self, s: Session, frame: Any, index: int) -> tuple[np.ndarray, int]:
+    @staticmethod
+    def _swap_frame(s: Session, frame: Any, index: int) -> tuple[np.ndarray, int]:
         """In the swap thread: the swapped RGB picture and the faces swapped."""
-        if s.swap is not None:
-            return s.swap(frame, index)
-        if self.frame_swap is not None:
-            return self.frame_swap(frame, index)
-        assert self.swap is not None
-        rgb = np.ascontiguousarray(frame.to_ndarray(format="rgb24"))
-        return rgb, self.swap(rgb, index)
+        assert s.swap is not None  # set when the session's video consumer starts
+        return s.swap(frame, index)
 
     async def _consume_audio(self, s: Session, track: Any) -> None:
         """Take every received audio frame at once (aiortc's queue is unbounded too), noting when
