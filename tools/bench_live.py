@@ -173,7 +173,7 @@ async def bench_webrtc(cfg: Config, size: tuple[int, int], fps: float, seconds: 
     from aiohttp import ClientSession, web
     from aiortc import RTCPeerConnection, RTCSessionDescription
 
-    from swapstream.live.webrtc import AIORTC_AUDIO_PREFETCH_S, WhipServer
+    from swapstream.live.webrtc import AIORTC_AUDIO_PREFETCH_S, WhipServer, first_codec
 
     diverted: list[Any] = []
     if gpu:
@@ -187,8 +187,9 @@ async def bench_webrtc(cfg: Config, size: tuple[int, int], fps: float, seconds: 
         print(f"  {where}", flush=True)
 
         def hook(pc: Any) -> None:
-            on_publisher(pc)
-            diverted.extend(t.receiver for t in pc.getTransceivers())
+            q = on_publisher(pc)
+            if q is not None:
+                diverted.append(q)
 
         server = WhipServer(session_swap=session_swap, on_publisher=hook)
     else:
@@ -232,13 +233,8 @@ async def bench_webrtc(cfg: Config, size: tuple[int, int], fps: float, seconds: 
     await pc.close()
     await runner.cleanup()
     job.close()
-    from swapstream.gpu.rtc import DivertingQueue
-
-    nvdec = sum(q.frames for r in diverted
-                if isinstance(q := getattr(r, "_RTCRtpReceiver__decoder_queue", None), DivertingQueue))
-    codec = next((line.split()[1].split("/")[0] for line in answer.splitlines()
-                  if line.startswith("a=rtpmap:")
-                  and line.split()[0].split(":")[1] == _first_pt(answer, "video")), "?")
+    nvdec = sum(q.frames for q in diverted)
+    codec = first_codec(answer) or "?"
     start = first + warmup
     frames = [(n, handed, reached) for n, handed, reached in unwrap(back.video, video.sent)
               if reached >= start]
@@ -253,12 +249,6 @@ async def bench_webrtc(cfg: Config, size: tuple[int, int], fps: float, seconds: 
             "swap_ms": statistics.median(session.latency_ms) if session.latency_ms else None,
             "nvdec_frames": nvdec, "video_codec": codec,
             "av_offset_ms": (statistics.median(a) - statistics.median(v)) * 1e3 if a and v else None}
-
-
-def _first_pt(sdp: str, kind: str) -> str:
-    """The first payload type of the SDP's m-line of `kind`: the codec the sender uses."""
-    m = next((line for line in sdp.splitlines() if line.startswith(f"m={kind}")), "")
-    return m.split()[3] if len(m.split()) > 3 else ""
 
 
 # --------------------------------------------------------------------------------------------------

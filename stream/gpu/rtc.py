@@ -283,7 +283,8 @@ class GpuFrameSwap:
         return self._pinned.copy(), flight.swapped
 
 
-def gpu_whip_hooks(job: Any, gpu_id: int = 0) -> tuple[Callable[[], GpuFrameSwap], Callable[[Any], None], str]:
+def gpu_whip_hooks(job: Any, gpu_id: int = 0) -> tuple[Callable[[], GpuFrameSwap],
+                                                       Callable[[Any], DivertingQueue | None], str]:
     """What `WhipServer` takes for the GPU path: the per-publisher swap factory (`session_swap`: a
     `GpuFrameSwap` over a tracker of the job's analyser), the publisher hook (H.264 first; NVDEC
     where PyNvVideoCodec can decode, each publisher with its own decoder), and a line saying which
@@ -292,10 +293,12 @@ def gpu_whip_hooks(job: Any, gpu_id: int = 0) -> tuple[Callable[[], GpuFrameSwap
 
     nvdec, why = nvdec_available(gpu_id)
 
-    def on_publisher(pc: Any) -> None:
+    def on_publisher(pc: Any) -> DivertingQueue | None:
+        """Prepare a publisher's connection; the diverted queue (its NVDEC counts), if any."""
         transceiver = prefer_h264(pc)
         if nvdec:
-            divert_video(transceiver.receiver, nvdec_decode(gpu_id), asyncio.get_event_loop())
+            return divert_video(transceiver.receiver, nvdec_decode(gpu_id), asyncio.get_event_loop())
+        return None
 
     where = (f"WebRTC video: H.264 preferred, decoded on NVDEC ({why})" if nvdec else
              f"WebRTC video: decoded on the CPU and uploaded ({why})")

@@ -46,8 +46,9 @@ SwapFn = Callable[[np.ndarray, int], int]
 FrameSwapFn = Callable[[Any, int], tuple[np.ndarray, int]]
 """Swaps faces in a received frame (aiortc's, or whatever a diverted decoder delivers) given its
 index; returns the swapped RGB picture on the host and the faces swapped (the GPU path)."""
-PeerHook = Callable[[Any], None]
-"""Called with a publisher's RTCPeerConnection before its offer is applied."""
+PeerHook = Callable[[Any], Any]
+"""Called with a publisher's RTCPeerConnection before its offer is applied (what it returns is
+the caller's own: the server ignores it)."""
 SessionSwapFactory = Callable[[], FrameSwapFn]
 """Makes the frame swap of one new publisher: a tracker of its own, so that the faces of two
 publishers never share tracks or landmark smoothing."""
@@ -156,6 +157,17 @@ class Session:
     audio_line: DropOldest[tuple[float, Any]] = field(
         default_factory=lambda: DropOldest(AUDIO_LINE_FRAMES))
     """Received audio frames with their arrival time, waiting for their release time."""
+
+
+def first_codec(sdp: str, kind: str = "video") -> str | None:
+    """The encoding name (e.g. 'H264') of the first payload type of the SDP's `kind` m-line: in
+    an answer, the codec the sender will use. None when the SDP has no such line."""
+    lines = sdp.splitlines()
+    m = next((line.split() for line in lines if line.startswith(f"m={kind}")), [])
+    if len(m) < 4:
+        return None
+    rtpmap = next((line for line in lines if line.startswith(f"a=rtpmap:{m[3]} ")), None)
+    return rtpmap.split()[1].split("/")[0] if rtpmap else None
 
 
 def _rgb_frame_swap(swap: SwapFn) -> FrameSwapFn:

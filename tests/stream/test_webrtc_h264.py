@@ -26,7 +26,7 @@ from aiohttp import ClientSession  # noqa: E402
 from swapstream.gpu.rtc import (DivertingQueue, divert_video, h264_first, prefer_h264,  # noqa: E402
                                 RTP_VIDEO_TIME_BASE)
 from swapstream.live.probe import ProbeClock, Received, StampedVideoTrack  # noqa: E402
-from swapstream.live.webrtc import WhipServer  # noqa: E402
+from swapstream.live.webrtc import WhipServer, first_codec  # noqa: E402
 
 from .webrtc_peers import connect, fresh_job, looks_swapped, mesh_swap, publisher, start, until  # noqa: E402
 
@@ -74,17 +74,8 @@ def run_scenario(make_decode: Callable[[], Callable[[bytes, int], list[Any]]],
     return asyncio.run(scenario())
 
 
-def first_video_codec(sdp: str) -> str:
-    """The encoding name of the first payload type of the SDP's video m-line."""
-    lines = sdp.splitlines()
-    m = next(line for line in lines if line.startswith("m=video"))
-    pt = m.split()[3]
-    rtpmap = next(line for line in lines if line.startswith(f"a=rtpmap:{pt} "))
-    return rtpmap.split()[1].split("/")[0]
-
-
 def check_result(res: dict[str, Any]) -> None:
-    assert first_video_codec(res["answer"]) == "H264", res["answer"]
+    assert first_codec(res["answer"]) == "H264", res["answer"]
     q: DivertingQueue = res["queue"]
     # Every received video frame was decoded by the diverted function: aiortc's decoder got none.
     assert q.access_units > 0 and q.errors == 0
