@@ -24,7 +24,7 @@ from typing import Any
 import cv2
 import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import run_fields  # noqa: E402
+from benchlib import gpu_name, run_fields  # noqa: E402
 
 W, H = 1920, 1080
 
@@ -125,7 +125,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     rng = np.random.default_rng(0)
-    dev_name = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    dev_name = gpu_name()
     common = run_fields(dev_name, "tools/device_check.sh bench")
     records: list[dict[str, Any]] = []
     rows: list[tuple[str, float | None, float | None, float | None, float | None, float | None, str]] = []

@@ -50,16 +50,13 @@ from swapstream.live.streams import rtmp_input_options, x264_live_options
 from swapstream.pipeline import FileJob
 from swapstream.types import Frame
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import cpu_name, run_fields  # noqa: E402
+from benchlib import cpu_name, gpu_name, run_fields  # noqa: E402
 
 
 
 def gpu_and_cpu() -> str:
     """The GPU's name and the CPU's (both do work on the GPU path: x264 runs on the CPU)."""
-    import cupy
-
-    name = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
-    return f"{name} with {cpu_name()}"
+    return f"{gpu_name()} with {cpu_name()}"
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -44,7 +44,7 @@ import numpy as np
 
 TOOLS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TOOLS))
-from benchlib import run_fields  # noqa: E402
+from benchlib import gpu_name, run_fields  # noqa: E402
 VARIANTS = ("peer", "ours_mesh", "ours_neural")
 TARGETS = {"p99_ms": 8.0, "fps": 250.0, "gpu_gb": 3.0}
 WARMUP = 30
@@ -447,16 +447,6 @@ def main() -> None:
         r["fps"] = round(r["fps"], 1)
         results[v] = r
     write(results, args)
-
-
-def gpu_name() -> str:
-    """The GPU's name from nvidia-smi (the parent process makes no CUDA context of its own)."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                             capture_output=True, text=True, check=True).stdout
-        return out.splitlines()[0].strip() or "unknown GPU"
-    except (OSError, subprocess.CalledProcessError, IndexError):
-        return "unknown GPU"
 
 
 def write(results: dict[str, Any], args: argparse.Namespace) -> None:

@@ -43,8 +43,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_pipeline import device_used_bytes, gpu_name, neural_config, pcts  # noqa: E402
-from benchlib import run_fields  # noqa: E402
+from bench_pipeline import device_used_bytes, neural_config, pcts  # noqa: E402
+from benchlib import gpu_name, run_fields  # noqa: E402
 
 STALL_S = 0.25
 """A worker round longer than this is recorded, with where its time went (`stalls` in the JSON)."""

@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_kernels import copy_bandwidth_gbs, cpu_time_us, gpu_time_us, graph_time_us  # noqa: E402
-from benchlib import run_fields  # noqa: E402
+from benchlib import gpu_name, run_fields  # noqa: E402
 
 TARGET_US = 200.0
 SIZES = {"1080p": (1080, 1920), "720p": (720, 1280)}
@@ -51,7 +51,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     rng = np.random.default_rng(0)
-    dev_name = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    dev_name = gpu_name()
     common = run_fields(dev_name, "PYTHONPATH=/tmp/shim:/tmp/site python3 tools/bench_watermark.py")
     records: list[dict[str, Any]] = []
     rows: list[tuple[str, float | None, float | None, float | None, float | None, str]] = []

@@ -25,6 +25,16 @@ def cpu_name() -> str:
     return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
 
 
+def gpu_name() -> str:
+    """GPU 0's name from nvidia-smi (so that a parent process needs no CUDA context of its own)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, check=True).stdout
+        return out.splitlines()[0].strip() or "unknown GPU"
+    except (OSError, subprocess.CalledProcessError, IndexError):
+        return "unknown GPU"
+
+
 def run_fields(device: str, command: str) -> dict[str, str]:
     """The fields every benchmark record carries: where, which commit, when, and the command."""
     import datetime as dt
