@@ -180,8 +180,7 @@ class GpuLiveJob(LiveJob, GpuFileJob):
 
             with nvtx("warm-up"):
                 # The decoder the stream will use (its first connection's codec and reordering).
-                codec = "hevc" if reader.codec == "hevc" else "h264"  # open() refused the rest
-                dec = self._nvdec(codec, reader.reorders, reader.time_base)
+                dec = self._nvdec(reader.codec, reader.reorders, reader.time_base)
                 warm_nvdec(dec, width, height)
             self._nvdec_warm = dec.frames
 

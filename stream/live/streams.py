@@ -77,6 +77,13 @@ class VideoPacket:
     """Whether that connection's stream may reorder (B-frames): its decoder must reorder."""
 
 
+def _video_facts(v: Any) -> tuple[str, bool]:
+    """(codec, reorders) of a PyAV video stream: 'hevc' or 'h264' (what the reader takes), and
+    whether its SPS allows reordering (B-frames): then packets arrive out of presentation order and
+    a decoder of packets must reorder (NVDEC's NATIVE latency, not LOW)."""
+    return ("hevc" if v.codec_context.name == "hevc" else "h264"), bool(v.codec_context.has_b_frames)
+
+
 class LiveReader:
     """Frames and audio packets from a live URL, reconnecting when the input drops, or from a file,
     which ends at its end (or starts again with `loop`).
@@ -145,10 +152,7 @@ class LiveReader:
             raise InputError(f"live input '{self.url}' is {name} video; publish H.264 (in OBS: "
                              f"Output > Encoder x264 or NVENC H.264)")
         self._time_base = v.time_base
-        self.codec = v.codec_context.name
-        # The SPS allows reordering (B-frames): packets arrive out of presentation order, and a
-        # decoder of packets must reorder (NVDEC's NATIVE latency, not LOW).
-        self.reorders = bool(v.codec_context.has_b_frames)
+        self.codec, self.reorders = _video_facts(v)
         self.size = (int(v.codec_context.width or 0), int(v.codec_context.height or 0))
         self.info_fps = float(v.average_rate or v.guessed_rate or 30)
         self._step = max(1, round(1 / (self.info_fps * v.time_base)))  # one frame, in pts
@@ -208,14 +212,13 @@ class LiveReader:
         if shift is not None and c.streams.audio and self._time_base is not None:
             audio_shift = round(shift * self._time_base / c.streams.audio[0].time_base)
         bsf = None
+        connection = self.reconnects + self.loops
+        codec, reorders = _video_facts(v)  # this connection's: a new publisher may differ
         if self.packets:
             from av.bitstream import BitStreamFilterContext
 
-            name = "hevc_mp4toannexb" if v.codec_context.name == "hevc" else "h264_mp4toannexb"
-            bsf = BitStreamFilterContext(name, v)  # per connection: a new publisher, new extradata
-        connection = self.reconnects + self.loops
-        codec = "hevc" if v.codec_context.name == "hevc" else "h264"
-        reorders = bool(v.codec_context.has_b_frames)
+            # Per connection: a new publisher, new extradata.
+            bsf = BitStreamFilterContext(f"{codec}_mp4toannexb", v)
         for packet in c.demux(streams):
             if self._stopped:
                 return
