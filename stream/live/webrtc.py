@@ -31,11 +31,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import numpy as np
 from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
+
+from ..runtime.queues import DropOldestQueue
 
 log = logging.getLogger(__name__)
 
@@ -73,32 +75,6 @@ LATENCY_SAMPLES = 1800
 """Swap-stage latencies a session keeps: its last minute at 30 fps, enough for a median and a p99,
 while a session that runs for hours holds no more."""
 
-T = TypeVar("T")
-
-
-class DropOldest(Generic[T]):
-    """A bounded queue on the event loop whose `put` never waits: when full, the oldest item goes
-    (and is counted). What a live stream needs between a producer and a slower consumer."""
-
-    def __init__(self, capacity: int) -> None:
-        if capacity < 1:
-            raise ValueError(f"capacity must be at least 1, not {capacity}")
-        self._queue: asyncio.Queue[T] = asyncio.Queue(maxsize=capacity)
-        self.dropped = 0
-
-    def put(self, item: T) -> None:
-        if self._queue.full():
-            self._queue.get_nowait()
-            self.dropped += 1
-        self._queue.put_nowait(item)
-
-    async def get(self) -> T:
-        return await self._queue.get()
-
-    def qsize(self) -> int:
-        return self._queue.qsize()
-
-
 class RelayTrack(MediaStreamTrack):
     """An outgoing track fed with `put`: the newest `capacity` frames wait, older ones are dropped.
 
@@ -109,7 +85,7 @@ class RelayTrack(MediaStreamTrack):
     def __init__(self, kind: str, capacity: int) -> None:
         super().__init__()
         self.kind = kind
-        self._frames: DropOldest[Any] = DropOldest(capacity)
+        self._frames: DropOldestQueue[Any] = DropOldestQueue(capacity, name=f"{kind} out")
 
     @property
     def dropped(self) -> int:
@@ -154,8 +130,8 @@ class Session:
     after it was sent."""
     audio_frames_in: int = 0
     audio_frames_out: int = 0
-    audio_line: DropOldest[tuple[float, Any]] = field(
-        default_factory=lambda: DropOldest(AUDIO_LINE_FRAMES))
+    audio_line: DropOldestQueue[tuple[float, Any]] = field(
+        default_factory=lambda: DropOldestQueue(AUDIO_LINE_FRAMES, name="audio line"))
     """Received audio frames with their arrival time, waiting for their release time."""
 
 
