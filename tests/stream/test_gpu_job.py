@@ -15,6 +15,8 @@ from swapstream.config import load_config  # noqa: E402
 from swapstream.demo import astronaut, grace_hopper, write_demo_clip  # noqa: E402
 from swapstream.pipeline import FileJob  # noqa: E402
 
+from .measures import psnr  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
 
@@ -25,11 +27,6 @@ def decode(path: Path) -> tuple[list[np.ndarray], list[int]]:
             frames.append(f.to_ndarray(format="rgb24"))
             pts.append(int(f.pts))
     return frames, pts
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return 99.0 if mse == 0 else 10 * np.log10(255.0 ** 2 / mse)
 
 
 # Both jobs must carry the same watermark payload (the stream id is random per run otherwise), so

@@ -16,7 +16,8 @@ from swapstream.config import load_config  # noqa: E402
 from swapstream.demo import astronaut, grace_hopper, write_demo_clip  # noqa: E402
 from swapstream.live.job import LiveJob  # noqa: E402
 
-from .test_gpu_job import SAME_MARK, psnr  # noqa: E402
+from .measures import psnr  # noqa: E402
+from .test_gpu_job import SAME_MARK  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

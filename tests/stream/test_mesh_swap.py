@@ -13,10 +13,7 @@ from swapstream.kernels.warp import remap_bilinear
 from swapstream.swap.mesh import MeshSwapper
 from swapstream.types import Face
 
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return 99.0 if mse == 0 else 10 * np.log10(255.0 ** 2 / mse)
+from .measures import psnr
 
 
 @pytest.fixture(scope="module")

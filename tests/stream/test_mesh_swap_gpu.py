@@ -14,12 +14,9 @@ from swapstream.face.analyser import FaceAnalyser
 from swapstream.swap.mesh import MeshSwapper, source_face
 from swapstream.types import Frame
 
+from .measures import psnr
+
 pytestmark = pytest.mark.gpu
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return 99.0 if mse == 0 else 10 * np.log10(255.0 ** 2 / mse)
 
 
 @pytest.mark.parametrize("mesh", [MeshConfig(), MeshConfig(keep_eyes=True, color_match="rgb")])

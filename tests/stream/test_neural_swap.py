@@ -17,17 +17,13 @@ from swapstream.neural.swapper import (Embedder, NeuralSwapper, SwapContract, al
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 from ..zoo_models import make_test_models as tm  # noqa: E402
+from .measures import psnr  # noqa: E402
 
 # arcface_128 and arcface_112_v2 from MODELS.md.
 ARCFACE_128 = np.array([[.36167656, .40387734], [.63696719, .40235469], [.50019687, .56044219],
                         [.38710391, .72160547], [.61507734, .72034453]], np.float32)
 ARCFACE_112_V2 = np.array([[.34191607, .46157411], [.65653393, .45983393], [.500225, .64050536],
                            [.37097589, .82469196], [.63151696, .82325089]], np.float32)
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return 99.0 if mse == 0 else 10 * np.log10(255.0 ** 2 / mse)
 
 
 def test_align_matrix_puts_the_points_on_the_template() -> None:

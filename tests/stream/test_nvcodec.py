@@ -46,12 +46,9 @@ from swapstream.gpu.nvcodec import (
 )
 from swapstream.kernels.nv12 import nv12_to_rgb_ref
 
+from .measures import psnr
+
 HERE = Path(__file__).parent
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return 99.0 if mse == 0 else 10 * np.log10(255.0**2 / mse)
 
 
 # --------------------------------------------------------------------------------------------------
