@@ -23,14 +23,10 @@ from ..live.job import LiveFrame, LiveJob, LiveStats
 from ..live.streams import LiveReader, VideoPacket
 from ..types import Frame
 from .job import GpuFileJob
-from .loop import GpuSwapLoop, nvtx
+from .loop import HOST_NV12_MATRIX, GpuSwapLoop, nvtx
 from .ring import Ring
 
 log = logging.getLogger(__name__)
-
-OUTPUT_MATRIX = "bt601"
-"""The matrix of the NV12 we hand x264: the one the CPU path's RGB -> YUV conversion (swscale's
-default) uses, so that both paths give players the same untagged video."""
 
 FIRST_ITEMS = 8
 """Input items whose timings `first_items` keeps (where a slow start goes)."""
@@ -206,7 +202,7 @@ class GpuLiveJob(LiveJob, GpuFileJob):
         if loop is None or (loop.width, loop.height) != (width, height):
             # A new publisher may send another size: everything is sized again.
             loop = self._loop = GpuSwapLoop(self.analyser, self.swap_faces, width, height,
-                                            matrix=OUTPUT_MATRIX)
+                                            matrix=HOST_NV12_MATRIX)
             self._pinned: Ring[Any] = Ring(PINNED_SLOTS, lambda _i: cupyx.empty_pinned(
                 (height * 3 // 2, width), np.uint8))
         return loop
@@ -222,16 +218,10 @@ class GpuLiveJob(LiveJob, GpuFileJob):
         flight = loop.submit(slot, ready, index=self._index, pts=pts, time_base=time_base)
         t1 = time.perf_counter()
         self._index += 1
-        y, uv = flight.nv12.buffer
         host = self._pinned.acquire(pts)
         with nvtx("download"):
-            d = self._download
-            d.wait_event(flight.done)
-            y.get(stream=d, out=host.buffer[: loop.height], blocking=False)
-            uv.get(stream=d, out=host.buffer[loop.height:], blocking=False)
-            copied = d.record()
-            loop.finished(flight, copied)
-            copied.synchronize()  # the hand-over to the encoder: the one host wait per frame
+            # The hand-over to the encoder: the one host wait per frame.
+            loop.download_nv12(flight, self._download, host.buffer).synchronize()
         if len(self.first_items) < FIRST_ITEMS:
             # For `first_items`: the host time of the analysis (which waits for the landmarks), of
             # the rest of the submission, and the wait for the GPU to finish the frame.

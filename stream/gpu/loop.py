@@ -27,6 +27,11 @@ from ..kernels.nv12 import rgb_to_nv12
 from ..types import Face, Frame
 from .ring import Ring, Slot
 
+HOST_NV12_MATRIX = "bt601"
+"""The matrix of NV12 pictures handed to CPU encoders (x264, aiortc's): the one the CPU path's
+RGB -> YUV conversion (swscale's default) uses, so that both paths give players the same untagged
+video."""
+
 SwapFn = Callable[[Any, list[Face]], int]
 """Swaps the given faces of a device frame in place and returns how many (FileJob.swap_faces)."""
 
@@ -141,6 +146,19 @@ class GpuSwapLoop:
             events["done"] = done
         self.rgb_ring.release(slot, done)
         return InFlight(index, pts, time_base, slot, out, done, faces, swapped, events, host_analyse)
+
+    def download_nv12(self, item: InFlight, stream: Any, out: Any) -> Any:
+        """Copy `item`'s NV12 picture into `out`, a (height * 3/2, width) host array (pinned for
+        the copy to be asynchronous), on `stream` once the picture is done; the slot is free
+        again after the copy. Returns the event that ends the copy: wait for it before reading."""
+        h = self.height
+        y, uv = item.nv12.buffer
+        stream.wait_event(item.done)
+        y.get(stream=stream, out=out[:h], blocking=False)
+        uv.get(stream=stream, out=out[h:], blocking=False)
+        copied = stream.record()
+        self.finished(item, copied)
+        return copied
 
     def finished(self, item: InFlight, consumer_event: Any = None) -> None:
         """The consumer is done with `item`'s NV12 planes (after `consumer_event`, if given)."""

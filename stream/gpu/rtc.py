@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .loop import GpuSwapLoop, nvtx
+from .loop import HOST_NV12_MATRIX, GpuSwapLoop, nvtx
 
 log = logging.getLogger(__name__)
 
@@ -214,9 +214,10 @@ def nvdec_decode(gpu_id: int = 0) -> NvdecRtcDecoder:
 
 class GpuFrameSwap:
     """The WHIP server's swap on the GPU: takes a `DeviceVideoFrame` (NVDEC) or an aiortc
-    `av.VideoFrame` (uploaded), runs `GpuSwapLoop` and returns the swapped RGB picture on the host
-    for aiortc's encoders, with the number of faces swapped. One caller at a time (the server's
-    single swap thread)."""
+    `av.VideoFrame` (uploaded), runs `GpuSwapLoop` and returns the swapped picture on the host as
+    the NV12 the loop already made (aiortc's encoders then only de-interleave its chroma), with the
+    number of faces swapped. An odd width or height loses its last column or row (4:2:0). One
+    caller at a time (the server's single swap thread)."""
 
     SIZES_KEPT = 4
     """Loops (and their buffers) kept per picture size: browsers step their resolution with the
@@ -244,8 +245,9 @@ class GpuFrameSwap:
                 _old, (old_loop, _pin) = next(iter(self._loops.items()))
                 old_loop.rgb_ring.drain()  # nothing of it is still in flight when it goes
                 del self._loops[_old]
-            entry = (GpuSwapLoop(self.analyser, self.job.swap_faces, width, height),
-                     cupyx.empty_pinned((height, width, 3), np.uint8))
+            entry = (GpuSwapLoop(self.analyser, self.job.swap_faces, width, height,
+                                 matrix=HOST_NV12_MATRIX),
+                     cupyx.empty_pinned((height * 3 // 2, width), np.uint8))
         self._loops[key] = entry  # most recently used last
         self._pinned = entry[1]
         return entry[0]
@@ -254,32 +256,27 @@ class GpuFrameSwap:
         import cupy
 
         if isinstance(frame, DeviceVideoFrame):
-            h, w = frame.rgb.shape[:2]
+            h, w = frame.rgb.shape[0] & ~1, frame.rgb.shape[1] & ~1
             loop = self._sized(w, h)
             slot = loop.rgb_slot(frame.pts)
             with nvtx("upload"), self._upload:
                 self._upload.wait_event(frame.ready)
-                cupy.copyto(slot.buffer, frame.rgb)
+                cupy.copyto(slot.buffer, frame.rgb[:h, :w])
                 ready = self._upload.record()
             frame.release(ready)
         else:
-            rgb = np.ascontiguousarray(frame.to_ndarray(format="rgb24"))
-            h, w = rgb.shape[:2]
+            rgb = frame.to_ndarray(format="rgb24")
+            h, w = rgb.shape[0] & ~1, rgb.shape[1] & ~1
             loop = self._sized(w, h)
             slot = loop.rgb_slot(frame.pts)
             with nvtx("upload"):
-                slot.buffer.set(rgb, stream=self._upload)
+                slot.buffer.set(np.ascontiguousarray(rgb[:h, :w]), stream=self._upload)
                 ready = self._upload.record()
         flight = loop.submit(slot, ready, index=index, pts=frame.pts, time_base=frame.time_base)
         with nvtx("download"):
-            d = self._download
-            d.wait_event(flight.done)
-            flight.rgb.buffer.get(stream=d, out=self._pinned, blocking=False)
-            copied = d.record()
-            loop.finished(flight, copied)
-            copied.synchronize()
+            loop.download_nv12(flight, self._download, self._pinned).synchronize()
         self.frames += 1
-        # A copy: the caller converts it for the encoders while the next frame is swapped.
+        # A copy: the caller makes the encoders' frames of it while the next frame is swapped.
         return self._pinned.copy(), flight.swapped
 
 

@@ -47,7 +47,8 @@ SwapFn = Callable[[np.ndarray, int], int]
 """Swaps faces in an RGB frame in place; gets the frame's index; returns faces swapped."""
 FrameSwapFn = Callable[[Any, int], tuple[np.ndarray, int]]
 """Swaps faces in a received frame (aiortc's, or whatever a diverted decoder delivers) given its
-index; returns the swapped RGB picture on the host and the faces swapped (the GPU path)."""
+index; returns the swapped picture on the host, RGB (height, width, 3) or NV12 (height * 3/2,
+width, as the GPU path makes it), and the faces swapped."""
 PeerHook = Callable[[Any], Any]
 """Called with a publisher's RTCPeerConnection before its offer is applied (what it returns is
 the caller's own: the server ignores it)."""
@@ -200,9 +201,10 @@ def smooth(average: float, value: float, *, first: bool) -> float:
     return value if first else (1 - DELAY_SMOOTHING) * average + DELAY_SMOOTHING * value
 
 
-def video_copies(rgb: np.ndarray, pts: int | None, time_base: Fraction | None,
+def video_copies(picture: np.ndarray, pts: int | None, time_base: Fraction | None,
                  n: int) -> list[Any]:
-    """`n` separate yuv420p frames of one swapped picture, one for each outgoing track.
+    """`n` separate yuv420p frames of one swapped picture (RGB, or NV12 as a 2-D array), one for
+    each outgoing track.
 
     aiortc's encoders run in executor threads and convert and mark the frame they get
     (`frame.reformat`, `frame.pict_type`): PyAV keeps the converter on the frame, so two encoders
@@ -211,9 +213,12 @@ def video_copies(rgb: np.ndarray, pts: int | None, time_base: Fraction | None,
     """
     import av
 
-    h, w = rgb.shape[0] & ~1, rgb.shape[1] & ~1  # 4:2:0 needs even sizes
-    yuv = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb[:h, :w]), format="rgb24") \
-        .reformat(format="yuv420p").to_ndarray()
+    if picture.ndim == 2:  # NV12 from the GPU: only the chroma is de-interleaved
+        src = av.VideoFrame.from_ndarray(np.ascontiguousarray(picture), format="nv12")
+    else:
+        h, w = picture.shape[0] & ~1, picture.shape[1] & ~1  # 4:2:0 needs even sizes
+        src = av.VideoFrame.from_ndarray(np.ascontiguousarray(picture[:h, :w]), format="rgb24")
+    yuv = src.reformat(format="yuv420p").to_ndarray()
     frames = []
     for _ in range(n):
         f = av.VideoFrame.from_ndarray(yuv, format="yuv420p")
@@ -390,11 +395,11 @@ class WhipServer:
                     s.in_interval_s = smooth(s.in_interval_s, gap, first=s.in_interval_s == 0)
             last_pts = frame.pts
             t0 = loop.time()
-            rgb, faces = await loop.run_in_executor(self._pool, self._swap_frame, s, frame, index)
+            picture, faces = await loop.run_in_executor(self._pool, self._swap_frame, s, frame, index)
             s.faces += faces
             index += 1
             peers = [s] + list(self.viewers.values())
-            for peer, out in zip(peers, video_copies(rgb, frame.pts, frame.time_base, len(peers))):
+            for peer, out in zip(peers, video_copies(picture, frame.pts, frame.time_base, len(peers))):
                 peer.out.put(out)
             s.frames_out += 1
             # The frame taken was the newest, so it waited at most one frame interval before t0:
@@ -405,7 +410,7 @@ class WhipServer:
 
     @staticmethod
     def _swap_frame(s: Session, frame: Any, index: int) -> tuple[np.ndarray, int]:
-        """In the swap thread: the swapped RGB picture and the faces swapped."""
+        """In the swap thread: the swapped picture (RGB or NV12) and the faces swapped."""
         assert s.swap is not None  # set when the session's video consumer starts
         return s.swap(frame, index)
 

@@ -217,3 +217,26 @@ def test_two_publishers_each_get_their_own_tracker() -> None:
         ratios = [np.divide(*looks_swapped(img, sources[n], check)) for n, img, _t in got[-6:]]
         assert max(ratios) < 0.5, [round(r, 2) for r in ratios]
     check.close()
+
+
+def test_video_copies_take_the_gpu_paths_nv12_as_it_is() -> None:
+    # The GPU swap hands over the NV12 it made: each copy's planes are exactly that NV12's luma and
+    # its de-interleaved chroma (no conversion through RGB), each copy its own frame.
+    from fractions import Fraction
+
+    from swapstream.live.webrtc import video_copies
+
+    h, w = 48, 64
+    nv12 = np.random.default_rng().integers(16, 236, (h * 3 // 2, w), dtype=np.uint8)
+    copies = video_copies(nv12, 7, Fraction(1, 90000), 3)
+    assert len({id(f) for f in copies}) == 3
+
+    def plane(f, i: int, rows: int, cols: int) -> np.ndarray:  # noqa: ANN001
+        p = f.planes[i]
+        return np.frombuffer(bytes(p), np.uint8).reshape(rows, p.line_size)[:, :cols]
+
+    for f in copies:
+        assert (f.format.name, f.width, f.height, f.pts) == ("yuv420p", w, h, 7)
+        np.testing.assert_array_equal(plane(f, 0, h, w), nv12[:h])
+        np.testing.assert_array_equal(plane(f, 1, h // 2, w // 2), nv12[h:, 0::2])
+        np.testing.assert_array_equal(plane(f, 2, h // 2, w // 2), nv12[h:, 1::2])
