@@ -148,3 +148,14 @@ def audio_seconds(path: Path) -> float:
     start = min(p.pts for p in packets)
     end = max(p.pts + p.duration for p in packets)
     return float((end - start) * tb)
+
+
+def concat_hls(folder: Path) -> Path:
+    """The MPEG-TS segments of `folder`'s HLS playlist, in playlist order, as one file next to the
+    folder (the format allows concatenation, so times are continuous across segments)."""
+    playlist = (folder / "index.m3u8").read_text()
+    segs = [line for line in playlist.splitlines() if line.endswith(".ts")]
+    assert segs, playlist
+    whole = folder.parent / f"{folder.name}_all.ts"
+    whole.write_bytes(b"".join((folder / s).read_bytes() for s in segs))
+    return whole

@@ -16,6 +16,7 @@ from swapstream.config import load_config  # noqa: E402
 from swapstream.demo import astronaut, grace_hopper, write_demo_clip  # noqa: E402
 from swapstream.live.job import LiveJob  # noqa: E402
 
+from .clips import concat_hls  # noqa: E402
 from .measures import psnr  # noqa: E402
 from .test_gpu_job import SAME_MARK  # noqa: E402
 
@@ -26,9 +27,7 @@ FPS, SECONDS, FRAMES = 10, 2.0, 20
 
 def decode_playlist(folder: Path) -> tuple[list[np.ndarray], list[float], int]:
     """Frames and frame times of an HLS playlist's segments (concatenated), and its audio packets."""
-    segs = [s for s in (folder / "index.m3u8").read_text().splitlines() if s.endswith(".ts")]
-    whole = folder.parent / f"{folder.name}.ts"
-    whole.write_bytes(b"".join((folder / s).read_bytes() for s in segs))
+    whole = concat_hls(folder)
     with av.open(str(whole)) as c:
         frames, times = [], []
         for f in c.decode(video=0):

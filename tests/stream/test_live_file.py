@@ -24,6 +24,7 @@ av = pytest.importorskip("av")
 from swapstream.demo import astronaut, grace_hopper, write_demo_clip  # noqa: E402
 from swapstream.live.streams import is_file_input  # noqa: E402
 
+from .clips import concat_hls  # noqa: E402
 from .test_cli import _env, _show, assert_user_error, cli  # noqa: E402
 
 FPS = 10
@@ -71,11 +72,7 @@ def summary(res: subprocess.CompletedProcess[str]) -> dict[str, int]:
 def decode_hls(folder: Path) -> tuple[list[float], list[float]]:
     """Video frame times and audio packet times of the HLS playlist, in playlist order. The
     MPEG-TS segments are concatenated (the format allows it), so the times are continuous."""
-    playlist = (folder / "index.m3u8").read_text()
-    segs = [line for line in playlist.splitlines() if line.endswith(".ts")]
-    assert segs, playlist
-    whole = folder.parent / "all.ts"
-    whole.write_bytes(b"".join((folder / s).read_bytes() for s in segs))
+    whole = concat_hls(folder)
     with av.open(str(whole)) as c:
         assert c.streams.audio, "the AAC audio of the clip is not in the output"
         video = [float(f.time) for f in c.decode(video=0)]
