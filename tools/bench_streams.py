@@ -35,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections import Counter, deque
 from fractions import Fraction
 from pathlib import Path
@@ -56,6 +57,35 @@ FPS = 30.0
 
 
 # -- worker -------------------------------------------------------------------------------------
+
+class RoundWatch(threading.Thread):
+    """Samples the worker's main-thread stack while a round runs long: a stall record then says
+    which call the time went to (the stage timings alone cannot tell a decode wait from a compile)."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.main = threading.get_ident()
+        self.started = 0.0  # perf_counter at the current round's start; 0 between rounds
+        self.samples: list[list[str]] = []  # the current round's sampled stacks (innermost last)
+        self.start()
+
+    def begin(self) -> None:
+        self.samples = []
+        self.started = time.perf_counter()
+
+    def end(self) -> list[list[str]]:
+        self.started = 0.0
+        return self.samples
+
+    def run(self) -> None:
+        while True:
+            time.sleep(0.1)
+            t = self.started
+            if t and time.perf_counter() - t > 0.15 and len(self.samples) < 6:
+                frame = sys._current_frames().get(self.main)
+                if frame is not None:
+                    stack = traceback.format_stack(frame)[-8:]
+                    self.samples.append([ln.strip().replace("\n", " | ") for ln in stack])
 
 class Source:
     """Frames of one looping clip into the RGB slots of a stream: NVDEC or OpenCV + upload."""
@@ -223,6 +253,7 @@ def worker_main(args: argparse.Namespace) -> None:
     d_stream = cupy.cuda.Stream(non_blocking=True)
     upload = cupy.cuda.Stream(non_blocking=True)
     clips = {"720": Path(args.clip720), "1080": Path(args.clip1080)}
+    watch = RoundWatch()
     print(json.dumps({"ready": os.getpid(), "nvdec": nvdec}), flush=True)
     for line in sys.stdin:
         cmd = json.loads(line)
@@ -307,6 +338,7 @@ def worker_main(args: argparse.Namespace) -> None:
             now = time.perf_counter()
             if now >= t_end:
                 break
+            watch.begin()
             progressed = False
             marks = [now]
             # Every stream whose frame has arrived: decode it; those not already a frame late are
@@ -348,12 +380,13 @@ def worker_main(args: argparse.Namespace) -> None:
                 flush()
             reap()
             took = time.perf_counter() - now
+            stacks = watch.end()
             if took > STALL_S and len(stalls) < 20:
                 # Where a round's time went, for rounds far longer than a frame period.
                 stalls.append({"at_s": round(now - t0, 3), "round_ms": round(took * 1e3, 1),
                                "decode_ms": round((marks[1] - marks[0]) * 1e3, 1),
                                "analyse_ms": round((marks[2] - marks[1]) * 1e3, 1) if len(marks) > 2 else 0.0,
-                               "pending": len(pending), "streams": len(streams)})
+                               "pending": len(pending), "streams": len(streams), "stacks": stacks})
             if not progressed and not batch:
                 peak = max(peak, device_used_bytes()) if int(now * 10) % 10 == 0 else peak
                 time.sleep(0.0002)

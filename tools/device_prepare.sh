@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Builds, on the dev machine, the git-ignored folders that the `device` tool carries to the GPU
+# machine (which cannot download anything). Run once per fresh checkout, after `make models`:
+#   tools/device_prepare.sh
+# Each folder stays under the 64 MiB carry limit together with the ones it travels with:
+#   .whl-nvc  PyNvVideoCodec + the small pure-Python needs of the package (pydantic set, tflite)
+#   .whl-av   PyAV + LiteRT (the CPU analyser) + the same small set
+#   .whl-rtc  aiortc and its needs (it also needs PyAV: carry .whl-av in the same or an earlier call)
+#   .models   the built-in .tflite files (`swapstream setup` put them in the cache)
+#   .bench    the 720p30 and 1080p30 clips of tools/bench_streams.py and bench_pipeline.py
+# Versions are the ones the dev venv resolved from pyproject.toml, so both machines run the same.
+# The device keeps what an earlier call on a warm machine installed in /tmp/site, so two calls in
+# a row can carry different folders (tools/device_check.sh none installs without running anything).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+[[ -x $PY ]] || { echo "error: no .venv here; run 'make models' first" >&2; exit 2; }
+
+pin() {  # NAME -> NAME==VERSION as installed in the venv (pyproject's pins and their resolution)
+  local v
+  v=$($PY -m pip show "$1" 2>/dev/null | awk '/^Version:/{print $2}')
+  [[ -n $v ]] || { echo "error: $1 is not installed in .venv" >&2; exit 2; }
+  echo "$1==$v"
+}
+
+fetch() {  # DIR SPEC...: CPython 3.12 manylinux x86_64 wheels, without their dependencies
+  local dir=$1
+  shift
+  mkdir -p "$dir"
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$dir" "$@" 2>&1 | grep -v '^WARNING' || true
+}
+
+small=("$(pin pydantic)" "$(pin pydantic_core)" "$(pin annotated-types)" "$(pin typing-inspection)" "$(pin tflite)")
+fetch .whl-nvc pynvvideocodec==2.2.4 "${small[@]}"
+fetch .whl-av "$(pin av)" "$(pin ai-edge-litert)" "$(pin backports.strenum)" "${small[@]}"
+fetch .whl-rtc "$(pin aiortc)" "$(pin aioice)" "$(pin pyee)" "$(pin pylibsrtp)" "$(pin pyOpenSSL)" \
+  "$(pin cryptography)" "$(pin google-crc32c)" "$(pin dnspython)" "$(pin ifaddr)" "$(pin cffi)" "$(pin pycparser)"
+
+models=$($PY -c "from swapstream.engines.builtin import builtin_model_path as p; print(p('face_landmark.tflite', None).parent)")
+mkdir -p .models
+cp "$models"/*.tflite .models/
+
+if [[ ! -f .bench/streams_1080p30.mp4 || ! -f .bench/streams_720p30.mp4 ]]; then
+  $PY tools/make_bench_clips.py
+fi
+du -sh .whl-nvc .whl-av .whl-rtc .models .bench
