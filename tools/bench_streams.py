@@ -242,7 +242,6 @@ def worker_main(args: argparse.Namespace) -> None:
     # which stalled the first round of a run by 1.5 s on the H200; the per-size tables are built too.
     for wh in ((1280, 720), (1920, 1080)):
         disclosure.apply(cupy.zeros((wh[1], wh[0], 3), cupy.uint8), True)
-    marked_in_warm_up = disclosure.frames_marked
     cupy.cuda.Device().synchronize()
     nvdec = False
     if args.decode != "cpu":
@@ -282,6 +281,7 @@ def worker_main(args: argparse.Namespace) -> None:
         print(json.dumps({"armed": os.getpid()}), flush=True)
         cmd.update(json.loads(sys.stdin.readline()))
         sizes: Counter[int] = Counter()
+        marked0 = disclosure.frames_marked  # this configuration's count, not the warm-up's or earlier ones'
         period = 1.0 / FPS
         warm_until = cmd["start_at"] + 1.0  # one second to settle (first captures per stream)
         end = cmd["start_at"] + 1.0 + float(cmd["seconds"])
@@ -405,7 +405,7 @@ def worker_main(args: argparse.Namespace) -> None:
                "faces": sum(s.faces for s in streams), "latency_ms": enc_lat if args.sink == "x264" else lat,
                "batch_sizes": dict(sizes), "peak_gpu_bytes": peak, "seconds": float(cmd["seconds"]),
                "decode": "nvdec" if nvdec else "opencv + upload",
-               "marked": disclosure.frames_marked - marked_in_warm_up, "stalls": stalls}
+               "marked": disclosure.frames_marked - marked0, "stalls": stalls}
         print(json.dumps(res), flush=True)
     # Leave without running destructors: torch's cached stream objects wrap CuPy streams that may be
     # gone by then, and a destructor error at exit would read like a failed run.
