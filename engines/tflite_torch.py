@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -374,9 +375,27 @@ class TfliteTorchRunner:
         graph.replay()
         return static_out
 
+    def prepare(self, batches: Iterable[int]) -> list[int]:
+        """Capture the CUDA graphs of these batch sizes now; returns the sizes captured so far.
+
+        A batch size's first call costs seconds (cuDNN picks and builds kernels for the new shapes:
+        2-3 s for Face Mesh on the H200), so a live job captures every size it may use before its
+        first frame instead of relying on warm-up frames to reach each size."""
+        import torch
+
+        if self.cuda_graphs:
+            with torch.inference_mode(), _exact_fp32():
+                for n in batches:
+                    if not 1 <= n <= self.max_batch:
+                        raise ValueError(f"{self.path.name}: batch {n} is outside 1..{self.max_batch}")
+                    if n not in self._graphs:
+                        self._capture(n)
+        return sorted(self._graphs)
+
     def _capture(self, n: int) -> tuple[Any, Any, list[Any]]:
         import torch
 
+        t0 = time.perf_counter()
         static_in = torch.zeros((n, *self.input_shape[1:]), dtype=torch.float32, device=self.device)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
@@ -390,7 +409,9 @@ class TfliteTorchRunner:
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             static_out = self.module(static_in)
         self._graphs[n] = (graph, static_in, static_out)
-        log.debug("%s: captured a CUDA graph for batch %d", self.path.name, n)
+        # Info, not debug: a capture in the middle of a live stream is a stall worth seeing.
+        log.info("%s: captured a CUDA graph for batch %d in %.0f ms", self.path.name, n,
+                 (time.perf_counter() - t0) * 1e3)
         return self._graphs[n]
 
     def run(self, x: Any) -> list[np.ndarray]:

@@ -230,14 +230,16 @@ def worker_main(args: argparse.Namespace) -> None:
     for b in (1, 2, 3, 4):
         for _ in range(2):
             swapper.swap_many([(warm, face)] * b, [identity] * b)
-    # The landmark model at every batch size track_many may use (one CUDA graph each).
+    # The landmark model at every batch size track_many may use (one CUDA graph each). Warm-up
+    # frames did not do it: the swaps above scramble `warm`'s face (random weights), so no track
+    # started and each size was captured mid-run instead, 2-3 s each (the stalls of 6d2eca0).
     from swapstream.face.analyser import track_many
 
-    still = Frame(warm, 0, Fraction(1, 30), 0)
-    for b in range(1, MESH_BATCH + 1):
-        pairs = [(probe.tracker(), still) for _ in range(b)]
-        for _ in range(2):
-            track_many(pairs)
+    captured = probe.prepare()
+    still = Frame(cupy.asarray(src), 0, Fraction(1, 30), 0)
+    pairs = [(probe.tracker(), still) for _ in range(MESH_BATCH)]
+    for _ in range(2):  # detection, then tracking: the host-side paths and CuPy kernels of both
+        track_many(pairs)
     # The label and the watermark at both sizes: their CuPy kernels compile (NVRTC) at first use,
     # which stalled the first round of a run by 1.5 s on the H200; the per-size tables are built too.
     for wh in ((1280, 720), (1920, 1080)):
@@ -258,7 +260,8 @@ def worker_main(args: argparse.Namespace) -> None:
     upload = cupy.cuda.Stream(non_blocking=True)
     clips = {"720": Path(args.clip720), "1080": Path(args.clip1080)}
     watch = RoundWatch()
-    print(json.dumps({"ready": os.getpid(), "nvdec": nvdec}), flush=True)
+    graphs = probe._mesh.runner._graphs
+    print(json.dumps({"ready": os.getpid(), "nvdec": nvdec, "captured": captured}), flush=True)
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd.get("quit"):
@@ -281,6 +284,7 @@ def worker_main(args: argparse.Namespace) -> None:
         print(json.dumps({"armed": os.getpid()}), flush=True)
         cmd.update(json.loads(sys.stdin.readline()))
         sizes: Counter[int] = Counter()
+        graphs0 = len(graphs)  # a capture during the run would be a stall: report it
         marked0 = disclosure.frames_marked  # this configuration's count, not the warm-up's or earlier ones'
         period = 1.0 / FPS
         warm_until = cmd["start_at"] + 1.0  # one second to settle (first captures per stream)
@@ -405,7 +409,8 @@ def worker_main(args: argparse.Namespace) -> None:
                "faces": sum(s.faces for s in streams), "latency_ms": enc_lat if args.sink == "x264" else lat,
                "batch_sizes": dict(sizes), "peak_gpu_bytes": peak, "seconds": float(cmd["seconds"]),
                "decode": "nvdec" if nvdec else "opencv + upload",
-               "marked": disclosure.frames_marked - marked0, "stalls": stalls}
+               "marked": disclosure.frames_marked - marked0, "stalls": stalls,
+               "captures_in_run": len(graphs) - graphs0}
         print(json.dumps(res), flush=True)
     # Leave without running destructors: torch's cached stream objects wrap CuPy streams that may be
     # gone by then, and a destructor error at exit would read like a failed run.
@@ -499,6 +504,7 @@ def main() -> None:
                    "gpu_mem_gb": round(max(o["peak_gpu_bytes"] for o in outs) / 1e9, 2),
                    "batch_sizes": dict(sizes), "decode": outs[0]["decode"],
                    "frames_marked": sum(o["marked"] for o in outs),
+                   "captures_in_run": sum(o["captures_in_run"] for o in outs),
                    "stalls": [dict(x, worker=i) for i, o in enumerate(outs) for x in o.get("stalls", [])]}
             row["within_budget"] = bool(lat) and row["drop_rate"] <= MAX_DROP and row["latency_ms"]["p99"] <= BUDGET_MS
             print(json.dumps(row), flush=True)
@@ -518,7 +524,7 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     records = []
     for r in rows:
         cfg = {k: r[k] for k in ("res", "n", "workers", "frames", "dropped", "drop_rate", "gpu_util_mean", "gpu_mem_gb",
-                                 "batch_sizes", "decode", "within_budget", "frames_marked", "stalls") if k in r}
+                                 "batch_sizes", "decode", "within_budget", "frames_marked", "captures_in_run", "stalls") if k in r}
         records.append({"metric": f"streams_{args.sink}_{r['res']}p_n{r['n']}_faces_per_s", "value": r["faces_per_s"],
                         "unit": "faces/s", "stat": "mean", "config": cfg, **common})
         if r["latency_ms"]:

@@ -55,3 +55,15 @@ class GpuFaceAnalyser(FaceAnalyser):
         mesh = FaceMesh(TfliteTorchRunner(builtin_model_path("face_landmark.tflite", folder),
                                           device=self._device, max_batch=self._mesh_batch))
         return short, None, mesh
+
+    def prepare(self) -> dict[str, list[int]]:
+        """Capture every CUDA graph this analyser may use (the detector at batch 1, the landmark
+        model at 1..`mesh_batch`) before the first live frame; returns the captured sizes per model.
+
+        Warm-up frames alone do not reach every landmark batch size (they need that many tracked
+        faces at once, and a frame whose face the warm-up swap has scrambled finds none); each size
+        missed then cost a 2-3 s stall mid-stream on the H200 (docs/performance.md)."""
+        mesh, det = self._mesh.runner, self._short.runner
+        assert isinstance(mesh, TfliteTorchRunner) and isinstance(det, TfliteTorchRunner)  # _build_models
+        return {"landmarks": mesh.prepare(range(1, self._mesh_batch + 1)), "detector": det.prepare([1])}
+

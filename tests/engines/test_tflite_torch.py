@@ -153,3 +153,35 @@ def test_gpu_track_many_matches_one_stream_at_a_time(cuda: ModuleType) -> None:
                 np.testing.assert_allclose(g[0].landmarks, w[0].landmarks, rtol=0, atol=1e-3)
     finally:
         shared.close()
+
+
+@pytest.mark.gpu
+def test_gpu_analyser_prepare_captures_every_size_before_use(cuda: ModuleType) -> None:
+    # prepare() must leave nothing to capture mid-stream: after it, tracking up to mesh_batch faces
+    # at once adds no graph, and the prepared graphs give the same landmarks as capture-on-use.
+    from swapstream.face.analyser import track_many
+
+    cupy = cuda
+    cfg = load_config(overrides=["smoothing.enabled=false"])
+    prepared = GpuFaceAnalyser(cfg, mesh_batch=3)
+    lazy = GpuFaceAnalyser(cfg, mesh_batch=3)
+    try:
+        assert prepared.prepare() == {"landmarks": [1, 2, 3], "detector": [1]}
+        runner = prepared._mesh.runner
+        images = [grace_hopper(), astronaut(), grace_hopper()[:, ::-1].copy()]
+        frames = [cupy.asarray(img) for img in images]
+        mine = [prepared.tracker() for _ in images]
+        theirs = [lazy.tracker() for _ in images]
+        for i in range(3):
+            got = track_many([(a, Frame(f, i, Fraction(1, 30), i)) for a, f in zip(mine, frames)])
+            want = track_many([(a, Frame(f, i, Fraction(1, 30), i)) for a, f in zip(theirs, frames)])
+            for w, g in zip(want, got):
+                assert len(w) == len(g) == 1
+                # Same graphs and inputs on the same GPU: only cuDNN's choice may differ by run.
+                np.testing.assert_allclose(g[0].landmarks, w[0].landmarks, rtol=0, atol=1e-3)
+        assert sorted(runner._graphs) == [1, 2, 3]
+        with pytest.raises(ValueError, match="outside 1..3"):
+            runner.prepare([4])
+    finally:
+        prepared.close()
+        lazy.close()
