@@ -85,8 +85,9 @@ def cv2_frames(clip: Path, limit: int) -> Any:
         cap.release()
 
 
-def neural_config(models: Path) -> Any:
-    """A config for the full-size inswapper architecture (random weights) in a private models folder."""
+def neural_config(models: Path, max_batch: int = 1) -> Any:
+    """A config for the full-size inswapper architecture (random weights) in a private models folder.
+    `max_batch`: faces per model call (1 for one stream's latency; the multi-stream bench batches 4)."""
     sys.path.insert(0, str(TOOLS))
     import make_test_models as tm
 
@@ -106,7 +107,7 @@ def neural_config(models: Path) -> Any:
         path.write_bytes(model.SerializeToString())
         (models / f"{name}.hash").write_text(crc32_file(path))
     return load_config("live", [f"models_dir={models}", "swapper=inswapper_128", "neural.download=false",
-                                "neural.runner=auto", "neural.max_batch=1"])
+                                "neural.runner=auto", f"neural.max_batch={max_batch}"])
 
 
 def with_mark(cfg: Any, swap: Any, info: dict[str, Any]) -> Any:

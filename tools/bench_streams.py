@@ -213,7 +213,10 @@ def worker_main(args: argparse.Namespace) -> None:
     from swapstream.types import Frame
 
     tmp = Path(args.tmp)
-    cfg = neural_config(tmp / f"models{os.getpid()}")
+    # Batches of up to 4 faces per model call (the dynamic batcher's limit). Until this was set, the
+    # config said 1: every gathered batch ran as single-face calls, 1.33 ms per face instead of
+    # 0.78 (compiled, docs/benchmarks/swap_stage.md).
+    cfg = neural_config(tmp / f"models{os.getpid()}", max_batch=4)
     stages = NeuralStages(cfg)
     swapper = stages.swapper
     probe = GpuFaceAnalyser(cfg, mesh_batch=MESH_BATCH)
