@@ -303,9 +303,15 @@ def worker_main(args: argparse.Namespace) -> None:
         inflight: deque[tuple[Stream, Any, Any, float, Any, bool]] = deque()
         peak = device_used_bytes()
 
+        # Host seconds per stage over the whole run (warm-up second included), and frames decoded:
+        # where one process's time goes when it cannot keep up (ms per decoded frame in the result).
+        host: Counter[str] = Counter()
+        decoded = 0
+
         def flush() -> None:
             if not batch:
                 return
+            t_flush = time.perf_counter()
             with s_stream:
                 for (_s, _slot, _fr, _faces, _arr, analysed) in batch:
                     s_stream.wait_event(analysed)
@@ -334,6 +340,7 @@ def worker_main(args: argparse.Namespace) -> None:
                     else:
                         inflight.append((s, out, done, arrival, None, counted))
             batch.clear()
+            host["swap_mark_nv12"] += time.perf_counter() - t_flush
 
         def reap(block: bool = False) -> None:
             while inflight and (block or inflight[0][2].done):
@@ -363,6 +370,7 @@ def worker_main(args: argparse.Namespace) -> None:
                 s.due += period
                 slot = s.rgb.acquire()
                 ready = s.src.next_into(slot.buffer, upload)
+                decoded += 1
                 late = time.perf_counter() - arrival
                 counted = arrival >= t_warm
                 if late > period:  # the live policy: this frame would start over a frame late
@@ -374,6 +382,7 @@ def worker_main(args: argparse.Namespace) -> None:
                     s.frames += 1
                 pending.append((s, slot, arrival, ready))
             marks.append(time.perf_counter())  # decode done
+            host["decode"] += marks[1] - marks[0]
             if pending:
                 with a_stream:
                     for _s, _slot, _arr, ready in pending:
@@ -382,6 +391,7 @@ def worker_main(args: argparse.Namespace) -> None:
                                         for s, slot, _arr, _r in pending])
                     analysed = a_stream.record()
                 marks.append(time.perf_counter())  # analysis done
+                host["analyse"] += marks[2] - marks[1]
                 for (s, slot, arrival, _r), faces in zip(pending, found):
                     s.index += 1
                     batch.append((s, slot, None, faces, arrival, analysed))
@@ -390,7 +400,9 @@ def worker_main(args: argparse.Namespace) -> None:
                 progressed = True
             if batch and (not progressed or (time.perf_counter() - batch[0][4]) * 1e3 >= args.max_wait_ms):
                 flush()
+            t_reap = time.perf_counter()
             reap()
+            host["reap"] += time.perf_counter() - t_reap
             took = time.perf_counter() - now
             stacks = watch.end()
             if took > STALL_S and len(stalls) < 20:
@@ -401,7 +413,9 @@ def worker_main(args: argparse.Namespace) -> None:
                                "pending": len(pending), "streams": len(streams), "stacks": stacks})
             if not progressed and not batch:
                 peak = max(peak, device_used_bytes()) if int(now * 10) % 10 == 0 else peak
+                t_idle = time.perf_counter()
                 time.sleep(0.0002)
+                host["idle"] += time.perf_counter() - t_idle
         flush()
         reap(block=True)
         for s in streams:
@@ -413,7 +427,9 @@ def worker_main(args: argparse.Namespace) -> None:
                "batch_sizes": dict(sizes), "peak_gpu_bytes": peak, "seconds": float(cmd["seconds"]),
                "decode": "nvdec" if nvdec else "opencv + upload",
                "marked": disclosure.frames_marked - marked0, "stalls": stalls,
-               "captures_in_run": len(graphs) - graphs0}
+               "captures_in_run": len(graphs) - graphs0,
+               "host_ms_per_frame": {k: round(v * 1e3 / max(decoded, 1), 3) for k, v in host.items()},
+               "host_s": {k: round(v, 3) for k, v in host.items()}, "decoded": decoded}
         print(json.dumps(res), flush=True)
     # Leave without running destructors: torch's cached stream objects wrap CuPy streams that may be
     # gone by then, and a destructor error at exit would read like a failed run.
@@ -508,6 +524,7 @@ def main() -> None:
                    "batch_sizes": dict(sizes), "decode": outs[0]["decode"],
                    "frames_marked": sum(o["marked"] for o in outs),
                    "captures_in_run": sum(o["captures_in_run"] for o in outs),
+                   "host_ms_per_frame": [o["host_ms_per_frame"] for o in outs],
                    "stalls": [dict(x, worker=i) for i, o in enumerate(outs) for x in o.get("stalls", [])]}
             row["within_budget"] = bool(lat) and row["drop_rate"] <= MAX_DROP and row["latency_ms"]["p99"] <= BUDGET_MS
             print(json.dumps(row), flush=True)
@@ -527,7 +544,7 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     records = []
     for r in rows:
         cfg = {k: r[k] for k in ("res", "n", "workers", "frames", "dropped", "drop_rate", "gpu_util_mean", "gpu_mem_gb",
-                                 "batch_sizes", "decode", "within_budget", "frames_marked", "captures_in_run", "stalls") if k in r}
+                                 "batch_sizes", "decode", "within_budget", "frames_marked", "captures_in_run", "host_ms_per_frame", "stalls") if k in r}
         records.append({"metric": f"streams_{args.sink}_{r['res']}p_n{r['n']}_faces_per_s", "value": r["faces_per_s"],
                         "unit": "faces/s", "stat": "mean", "config": cfg, **common})
         if r["latency_ms"]:
