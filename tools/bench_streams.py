@@ -305,7 +305,7 @@ def worker_main(args: argparse.Namespace) -> None:
 
         # Host seconds per stage over the whole run (warm-up second included), and frames decoded:
         # where one process's time goes when it cannot keep up (ms per decoded frame in the result).
-        host: Counter[str] = Counter()
+        stage_s: Counter[str] = Counter()
         decoded = 0
 
         def flush() -> None:
@@ -340,7 +340,7 @@ def worker_main(args: argparse.Namespace) -> None:
                     else:
                         inflight.append((s, out, done, arrival, None, counted))
             batch.clear()
-            host["swap_mark_nv12"] += time.perf_counter() - t_flush
+            stage_s["swap_mark_nv12"] += time.perf_counter() - t_flush
 
         def reap(block: bool = False) -> None:
             while inflight and (block or inflight[0][2].done):
@@ -382,7 +382,7 @@ def worker_main(args: argparse.Namespace) -> None:
                     s.frames += 1
                 pending.append((s, slot, arrival, ready))
             marks.append(time.perf_counter())  # decode done
-            host["decode"] += marks[1] - marks[0]
+            stage_s["decode"] += marks[1] - marks[0]
             if pending:
                 with a_stream:
                     for _s, _slot, _arr, ready in pending:
@@ -391,7 +391,7 @@ def worker_main(args: argparse.Namespace) -> None:
                                         for s, slot, _arr, _r in pending])
                     analysed = a_stream.record()
                 marks.append(time.perf_counter())  # analysis done
-                host["analyse"] += marks[2] - marks[1]
+                stage_s["analyse"] += marks[2] - marks[1]
                 for (s, slot, arrival, _r), faces in zip(pending, found):
                     s.index += 1
                     batch.append((s, slot, None, faces, arrival, analysed))
@@ -402,7 +402,7 @@ def worker_main(args: argparse.Namespace) -> None:
                 flush()
             t_reap = time.perf_counter()
             reap()
-            host["reap"] += time.perf_counter() - t_reap
+            stage_s["reap"] += time.perf_counter() - t_reap
             took = time.perf_counter() - now
             stacks = watch.end()
             if took > STALL_S and len(stalls) < 20:
@@ -415,7 +415,7 @@ def worker_main(args: argparse.Namespace) -> None:
                 peak = max(peak, device_used_bytes()) if int(now * 10) % 10 == 0 else peak
                 t_idle = time.perf_counter()
                 time.sleep(0.0002)
-                host["idle"] += time.perf_counter() - t_idle
+                stage_s["idle"] += time.perf_counter() - t_idle
         flush()
         reap(block=True)
         for s in streams:
@@ -428,8 +428,8 @@ def worker_main(args: argparse.Namespace) -> None:
                "decode": "nvdec" if nvdec else "opencv + upload",
                "marked": disclosure.frames_marked - marked0, "stalls": stalls,
                "captures_in_run": len(graphs) - graphs0,
-               "host_ms_per_frame": {k: round(v * 1e3 / max(decoded, 1), 3) for k, v in host.items()},
-               "host_s": {k: round(v, 3) for k, v in host.items()}, "decoded": decoded}
+               "host_ms_per_frame": {k: round(v * 1e3 / max(decoded, 1), 3) for k, v in stage_s.items()},
+               "host_s": {k: round(v, 3) for k, v in stage_s.items()}, "decoded": decoded}
         print(json.dumps(res), flush=True)
     # Leave without running destructors: torch's cached stream objects wrap CuPy streams that may be
     # gone by then, and a destructor error at exit would read like a failed run.
