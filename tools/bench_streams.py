@@ -17,10 +17,15 @@ worker everything is on the GPU:
 - swap: faces of all the worker's streams gathered into model calls of up to 4, the oldest first,
   waiting at most `--max-wait-ms` for a fuller batch (the dynamic batcher's rule);
 - out: watermark and NV12 on the GPU; `null` drops the frame there, `x264` downloads it and encodes
-  it with PyAV in a thread per stream (needs PyAV, so it runs with host decode here).
+  it with PyAV in a thread per stream (PyAV and PyNvVideoCodec must both be installed for NVDEC
+  decode with this sink: docs/kernels.md says how they reach the GPU machine).
 Live policy: a frame that would start more than one frame period late is dropped (decoded, not
 swapped) and counted. Latency is arrival to encoder-ready (null) or to encoded (x264), host clock.
 A configuration is within budget when drops <= 1% and p99 <= 33 ms.
+Every landmark batch size is captured before the clock starts (`GpuFaceAnalyser.prepare`); each
+result says how many were captured during the run (`captures_in_run`, a stall each), where a
+process's host time went (`host_ms_per_frame`), and, for rounds over 250 ms, the worker's sampled
+stack (`stalls`).
 
 Writes streams{tag}.json, streams{tag}.md and streams{tag}.png.
 """
