@@ -167,6 +167,8 @@ def test_gpu_analyser_prepare_captures_every_size_before_use(cuda: ModuleType) -
     lazy = GpuFaceAnalyser(cfg, mesh_batch=3)
     try:
         assert prepared.prepare() == {"landmarks": [1, 2, 3], "detector": [1]}
+        # One face per frame at most: only batch 1; the tracking below captures 3 on use.
+        assert lazy.prepare(up_to=1) == {"landmarks": [1], "detector": [1]}
         runner = prepared._mesh.runner
         images = [grace_hopper(), astronaut(), grace_hopper()[:, ::-1].copy()]
         frames = [cupy.asarray(img) for img in images]
