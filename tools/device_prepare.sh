@@ -27,9 +27,15 @@ fetch() {  # DIR SPEC...: CPython 3.12 manylinux x86_64 wheels, without their de
   local dir=$1
   shift
   mkdir -p "$dir"
-  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64 \
-    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$dir" "$@" 2>&1 | grep -v '^WARNING' || true
+  local log
+  # pip's index warnings are noise here; a failed download must still stop the script.
+  if ! log=$(python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64 \
+      --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$dir" "$@" 2>&1); then
+    grep -v '^WARNING' <<<"$log" >&2
+    echo "error: could not download $* into $dir" >&2
+    exit 1
+  fi
 }
 
 small=("$(pin pydantic)" "$(pin pydantic_core)" "$(pin annotated-types)" "$(pin typing-inspection)" "$(pin tflite)")
