@@ -390,6 +390,11 @@ class TfliteTorchRunner:
                         raise ValueError(f"{self.path.name}: batch {n} is outside 1..{self.max_batch}")
                     if n not in self._graphs:
                         self._capture(n)
+        return self.captured
+
+    @property
+    def captured(self) -> list[int]:
+        """The batch sizes that have a CUDA graph (a growing list during a live run means stalls)."""
         return sorted(self._graphs)
 
     def _capture(self, n: int) -> tuple[Any, Any, list[Any]]:

@@ -35,12 +35,13 @@ class GpuFaceAnalyser(FaceAnalyser):
     (NumPy frames also work, and are uploaded per call)."""
 
     def __init__(self, config: Config, models_dir: Path | None = None, *, device: str = "cuda",
-                 mesh_batch: int = MAX_FACES_PER_CALL) -> None:
-        """`mesh_batch`: the most faces per landmark call; `face.analyser.track_many` over many
-        streams' trackers wants it as large as the faces it gathers (each size is a CUDA graph,
-        captured at its first use)."""
+                 mesh_batch: int | None = None) -> None:
+        """`mesh_batch`: the most faces per landmark call (each size is a CUDA graph: `prepare`).
+        By default as many as one frame can have, `detector.max_faces`, up to
+        MAX_FACES_PER_CALL; `face.analyser.track_many` over many streams' trackers wants it as
+        large as the faces it gathers."""
         self._device = device
-        self._mesh_batch = mesh_batch
+        self._mesh_batch = mesh_batch or min(MAX_FACES_PER_CALL, config.detector.max_faces)
         if config.detector.model == "full_range":
             log.warning("the full-range detector cannot run on the GPU (sparse weights); "
                         "using the short-range model")
@@ -56,16 +57,13 @@ class GpuFaceAnalyser(FaceAnalyser):
                                           device=self._device, max_batch=self._mesh_batch))
         return short, None, mesh
 
-    def prepare(self, up_to: int | None = None) -> dict[str, list[int]]:
+    def prepare(self) -> dict[str, list[int]]:
         """Capture every CUDA graph this analyser may use (the detector at batch 1, the landmark
-        model at 1..`mesh_batch`, or 1..`up_to` when fewer faces can come in one call: one
-        stream's `detector.max_faces`) before the first live frame; returns the captured sizes.
+        model at 1..`mesh_batch`) before the first live frame; returns the captured sizes.
 
         Warm-up frames alone do not reach every landmark batch size (they need that many tracked
         faces at once, and a frame whose face the warm-up swap has scrambled finds none); each size
         missed then cost a 2-3 s stall mid-stream on the H200 (docs/performance.md)."""
         mesh, det = self._mesh.runner, self._short.runner
         assert isinstance(mesh, TfliteTorchRunner) and isinstance(det, TfliteTorchRunner)  # _build_models
-        top = self._mesh_batch if up_to is None else max(1, min(up_to, self._mesh_batch))
-        return {"landmarks": mesh.prepare(range(1, top + 1)), "detector": det.prepare([1])}
-
+        return {"landmarks": mesh.prepare(range(1, self._mesh_batch + 1)), "detector": det.prepare([1])}

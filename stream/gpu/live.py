@@ -163,12 +163,12 @@ class GpuLiveJob(LiveJob, GpuFileJob):
         frame[y0:y0 + face.shape[0], x0:x0 + face.shape[1]] = face
         loop = self._swap_loop(width, height)
         with nvtx("warm-up"):
-            # Every landmark batch size one frame can need (up to detector.max_faces faces),
-            # whether or not the frames below show that many faces (GpuFaceAnalyser; a zoo
-            # detector has no graphs to capture). Each size costs up to seconds, once.
+            # Every landmark batch size one frame can need (GpuFaceAnalyser sizes them by
+            # detector.max_faces), whether or not the frames below show that many faces; a zoo
+            # detector has no graphs to capture. Each size costs up to seconds, once.
             prepare = getattr(self.analyser, "prepare", None)
             if prepare is not None:
-                log.info("GPU analysis graphs captured: %s", prepare(self.config.detector.max_faces))
+                log.info("GPU analysis graphs captured: %s", prepare())
             for i in range(3):  # detection, then tracking (landmarks only): both paths compile
                 slot = loop.rgb_slot(None)
                 slot.buffer.set(frame, stream=self._upload)

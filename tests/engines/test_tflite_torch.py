@@ -167,8 +167,6 @@ def test_gpu_analyser_prepare_captures_every_size_before_use(cuda: ModuleType) -
     lazy = GpuFaceAnalyser(cfg, mesh_batch=3)
     try:
         assert prepared.prepare() == {"landmarks": [1, 2, 3], "detector": [1]}
-        # One face per frame at most: only batch 1; the tracking below captures 3 on use.
-        assert lazy.prepare(up_to=1) == {"landmarks": [1], "detector": [1]}
         runner = prepared._mesh.runner
         images = [grace_hopper(), astronaut(), grace_hopper()[:, ::-1].copy()]
         frames = [cupy.asarray(img) for img in images]
@@ -181,9 +179,24 @@ def test_gpu_analyser_prepare_captures_every_size_before_use(cuda: ModuleType) -
                 assert len(w) == len(g) == 1
                 # Same graphs and inputs on the same GPU: only cuDNN's choice may differ by run.
                 np.testing.assert_allclose(g[0].landmarks, w[0].landmarks, rtol=0, atol=1e-3)
-        assert sorted(runner._graphs) == [1, 2, 3]
+        assert runner.captured == [1, 2, 3]
         with pytest.raises(ValueError, match="outside 1..3"):
             runner.prepare([4])
     finally:
         prepared.close()
         lazy.close()
+
+
+@pytest.mark.parametrize(("max_faces", "want"), [(1, 1), (2, 2), (4, 4), (8, 4)])
+def test_gpu_analyser_landmark_batch_follows_max_faces(max_faces: int, want: int) -> None:
+    # One frame never has more tracks than detector.max_faces, so the landmark batch (and the CUDA
+    # graphs prepare() captures) stops there, up to MAX_FACES_PER_CALL; an explicit size wins.
+    cfg = load_config(overrides=[f"detector.max_faces={max_faces}"])
+    a = GpuFaceAnalyser(cfg, device="cpu")
+    b = GpuFaceAnalyser(cfg, device="cpu", mesh_batch=16)
+    try:
+        assert a._mesh.max_batch == want and b._mesh.max_batch == 16
+        assert a.prepare() == {"landmarks": [], "detector": []}  # no CUDA graphs on the CPU
+    finally:
+        a.close()
+        b.close()
