@@ -4,8 +4,10 @@
 #   tools/device_prepare.sh
 # Each folder stays under the 64 MiB carry limit together with the ones it travels with:
 #   .whl-nvc  PyNvVideoCodec + the small pure-Python needs of the package (pydantic set, tflite)
-#   .whl-av   PyAV + LiteRT (the CPU analyser) + the same small set
+#   .whl-av   PyAV + the same small set
+#   .whl-litert  LiteRT (the CPU analyser, for the GPU tests that compare against it)
 #   .whl-rtc  aiortc and its needs (it also needs PyAV: carry .whl-av in the same or an earlier call)
+# PyAV and LiteRT are apart because .whl-av + .models + .bench + the tree must stay under 64 MiB.
 #   .models   the built-in .tflite files (`swapstream setup` put them in the cache)
 #   .bench    the 720p30 and 1080p30 clips of tools/bench_streams.py and bench_pipeline.py
 # Versions are the ones the dev venv resolved from pyproject.toml, so both machines run the same.
@@ -40,7 +42,8 @@ fetch() {  # DIR SPEC...: CPython 3.12 manylinux x86_64 wheels, without their de
 
 small=("$(pin pydantic)" "$(pin pydantic_core)" "$(pin annotated-types)" "$(pin typing-inspection)" "$(pin tflite)")
 fetch .whl-nvc pynvvideocodec==2.2.4 "${small[@]}"
-fetch .whl-av "$(pin av)" "$(pin ai-edge-litert)" "$(pin backports.strenum)" "${small[@]}"
+fetch .whl-av "$(pin av)" "${small[@]}"
+fetch .whl-litert "$(pin ai-edge-litert)" "$(pin backports.strenum)"
 fetch .whl-rtc "$(pin aiortc)" "$(pin aioice)" "$(pin pyee)" "$(pin pylibsrtp)" "$(pin pyOpenSSL)" \
   "$(pin cryptography)" "$(pin google-crc32c)" "$(pin dnspython)" "$(pin ifaddr)" "$(pin cffi)" "$(pin pycparser)"
 
@@ -51,4 +54,4 @@ cp "$models"/*.tflite .models/
 if [[ ! -f .bench/streams_1080p30.mp4 || ! -f .bench/streams_720p30.mp4 ]]; then
   $PY tools/make_bench_clips.py
 fi
-du -sh .whl-nvc .whl-av .whl-rtc .models .bench
+du -sh .whl-nvc .whl-av .whl-litert .whl-rtc .models .bench
