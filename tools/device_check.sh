@@ -5,8 +5,8 @@
 #   tools/device_check.sh pytest ARGS...    (pytest with ARGS, in the same environment)
 # Installs the carried wheels (.whl/, ignored by git), makes `swapstream` importable from this tree,
 # runs `pytest -m gpu`, then the benchmarks. Logs and JSON go to $OUT (or ./device_out locally).
-# Carry: .whl (ai-edge-litert, pydantic and their small deps for Python 3.12) and .models (the
-# built-in .tflite files, so nothing is downloaded there).
+# Carry the folders tools/device_prepare.sh builds (.whl-nvc, .whl-av, .whl-litert, .whl-rtc,
+# .models, .bench; docs/kernels.md says which go together), so nothing is downloaded there.
 # Benchmarks record $GIT_SHA as their commit: pass it from the dev machine (the device's copy of the
 # tree may carry a stale .git), e.g. GIT_SHA=abc1234 tools/device_check.sh bench.
 set -uo pipefail
@@ -16,10 +16,9 @@ OUT="${OUT:-$PWD/device_out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 
-# .whl/ holds PyAV and LiteRT; .whl-nvc/ holds PyNvVideoCodec. Both sets do not fit one 64 MiB carry,
-# so a run carries one of them (plus pydantic, tflite and flatbuffers in each).
-# A folder carried by an earlier call stays on a warm machine, so both may be there: install each
-# wheel once (the same file can be in both folders).
+# The wheel folders do not all fit one 64 MiB carry, so a run carries some of them; what an earlier
+# call on a warm machine installed stays in /tmp/site, and its folders may still be here too:
+# install each wheel once (the same file can be in several folders).
 if compgen -G ".whl*/*.whl" >/dev/null; then
   mapfile -t wheels < <(ls .whl*/*.whl | awk -F/ '!seen[$NF]++')
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
