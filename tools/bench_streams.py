@@ -358,6 +358,12 @@ def worker_main(args: argparse.Namespace) -> None:
                     lat.append((time.perf_counter() - arrival) * 1e3)
 
         stalls: list[dict[str, Any]] = []
+        prof = None
+        if args.profile_dir:
+            import cProfile
+
+            prof = cProfile.Profile()
+            prof.enable()
         while True:
             now = time.perf_counter()
             if now >= t_end:
@@ -423,6 +429,9 @@ def worker_main(args: argparse.Namespace) -> None:
                 stage_s["idle"] += time.perf_counter() - t_idle
         flush()
         reap(block=True)
+        if prof is not None:
+            prof.disable()
+            write_profile(prof, Path(args.profile_dir) / f"profile_{res}p_n{cmd['total']}_pid{os.getpid()}.txt")
         for s in streams:
             if s.encoder is not None:
                 s.encoder.close()
@@ -439,6 +448,19 @@ def worker_main(args: argparse.Namespace) -> None:
     # gone by then, and a destructor error at exit would read like a failed run.
     sys.stdout.flush()
     os._exit(0)
+
+
+def write_profile(prof: Any, path: Path) -> None:
+    """The run loop's functions by own time and by cumulative time (where a round's host time goes)."""
+    import io
+    import pstats
+
+    buf = io.StringIO()
+    st = pstats.Stats(prof, stream=buf)
+    st.sort_stats("tottime").print_stats(40)
+    st.sort_stats("cumulative").print_stats(40)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(buf.getvalue())
 
 
 # -- parent -------------------------------------------------------------------------------------
@@ -476,6 +498,7 @@ def main() -> None:
     ap.add_argument("--sink", choices=("null", "x264"), default="null")
     ap.add_argument("--decode", choices=("auto", "cpu"), default="auto")
     ap.add_argument("--tag", default="")
+    ap.add_argument("--profile-dir", help="write each worker's cProfile of each run loop here (slows the host)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tmp", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -487,6 +510,8 @@ def main() -> None:
     tmp = tempfile.mkdtemp()
     cmd = [sys.executable, __file__, "--worker", "--tmp", tmp, "--clip720", args.clip720, "--clip1080",
            args.clip1080, "--sink", args.sink, "--decode", args.decode, "--max-wait-ms", str(args.max_wait_ms)]
+    if args.profile_dir:
+        cmd += ["--profile-dir", args.profile_dir]
     procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
              for _ in range(args.workers)]
     hello = [json.loads(p.stdout.readline()) for p in procs]  # waits for model builds and compiles

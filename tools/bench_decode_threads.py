@@ -1,0 +1,107 @@
+"""Does NVDEC decode through PyNvVideoCodec run in parallel threads of one process?
+
+    python tools/bench_decode_threads.py --clip .bench/streams_720p30.mp4 [--sources 8] [--frames 150]
+        [--out DIR]                                (on the GPU machine)
+
+Decodes `--frames` frames from each of `--sources` NvdecSources of the same clip into RGB
+(`NvdecFrame.copy_to`, as the stream benchmark does), once from one thread taking the sources in
+turn and once with one thread per source. If the threaded run's frames/s are well above the
+sequential one's, the library releases the GIL while NVDEC works and decode can leave the main loop
+of a many-stream process. Also reports the host time per frame of the demux+decode call and of the
+conversion, from the sequential run. Writes decode_threads.json (and .md) under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import gpu_name, run_fields  # noqa: E402
+
+
+def decode_some(src: Any, it: Any, rgb: Any, frames: int, split: list[float] | None) -> None:
+    for _ in range(frames):
+        t0 = time.perf_counter()
+        fr = next(it)
+        t1 = time.perf_counter()
+        fr.copy_to(rgb).synchronize()
+        if split is not None:
+            split[0] += t1 - t0
+            split[1] += time.perf_counter() - t1
+
+
+def run(clip: Path, sources: int, frames: int, threaded: bool) -> dict[str, Any]:
+    import cupy
+
+    from swapstream.gpu.nvcodec import NvdecSource
+
+    srcs = [NvdecSource(clip, low_latency=True) for _ in range(sources)]
+    its = [iter(s) for s in srcs]
+    first = next(its[0])
+    h, w = first.height, first.width
+    rgbs = [cupy.empty((h, w, 3), cupy.uint8) for _ in srcs]
+    for it in its[1:]:
+        next(it)  # every decoder set up before the clock starts
+    cupy.cuda.Device().synchronize()
+    split = [0.0, 0.0]
+    t0 = time.perf_counter()
+    if threaded:
+        ths = [threading.Thread(target=decode_some, args=(s, it, rgb, frames, None))
+               for s, it, rgb in zip(srcs, its, rgbs)]
+        for th in ths:
+            th.start()
+        for th in ths:
+            th.join()
+    else:
+        for k in range(frames):
+            for s, it, rgb in zip(srcs, its, rgbs):
+                decode_some(s, it, rgb, 1, split)
+    wall = time.perf_counter() - t0
+    for s in srcs:
+        s.close()
+    n = sources * frames
+    row = {"res": f"{w}x{h}", "sources": sources, "threads": sources if threaded else 1,
+           "frames": n, "frames_per_s": round(n / wall, 1)}
+    if not threaded:
+        row["host_ms_decode_call"] = round(split[0] * 1e3 / n, 3)
+        row["host_ms_convert_and_wait"] = round(split[1] * 1e3 / n, 3)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clip", action="append", required=True)
+    ap.add_argument("--sources", type=int, default=8)
+    ap.add_argument("--frames", type=int, default=150)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    rows = []
+    for clip in args.clip:
+        for threaded in (False, True):
+            row = run(Path(clip), args.sources, args.frames, threaded)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    if args.out:
+        common = run_fields(gpu_name(), f"python tools/bench_decode_threads.py --sources {args.sources} "
+                                        f"--frames {args.frames}")
+        args.out.mkdir(parents=True, exist_ok=True)
+        recs = [{"metric": f"nvdec_{r['res']}_threads{r['threads']}_frames_per_s", "value": r["frames_per_s"],
+                 "unit": "frames/s", "stat": "mean", "config": r, **common} for r in rows]
+        (args.out / "decode_threads.json").write_text(json.dumps(recs, indent=1) + "\n")
+        lines = [f"# NVDEC decode from threads ({common['device']})", "",
+                 f"`{common['command']}`, commit {common['commit']}, {common['date']}.", "",
+                 "| res | sources | threads | frames/s | host ms/frame: decode call | host ms/frame: convert + wait |",
+                 "|---|---|---|---|---|---|"]
+        lines += [f"| {r['res']} | {r['sources']} | {r['threads']} | {r['frames_per_s']} | "
+                  f"{r.get('host_ms_decode_call', '')} | {r.get('host_ms_convert_and_wait', '')} |" for r in rows]
+        (args.out / "decode_threads.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
