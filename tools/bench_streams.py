@@ -9,8 +9,10 @@ across the frame period), one face each, swapped by the full-size inswapper-arch
 (random weights; speed and memory are the real model's). The streams are spread over `--workers`
 processes (Python runs one frame's host work at a time per process; the GPU is shared). Inside a
 worker everything is on the GPU:
-- decode: NVDEC per stream (PyNvVideoCodec) into an RGB ring, or, without it, OpenCV on the host
-  plus an upload (`decode` in the results says which);
+- decode: NVDEC per stream (PyNvVideoCodec) into RGB slots, or, without it, OpenCV on the host
+  plus an upload (`decode` in the results says which), in a feeder thread per stream that decodes
+  each frame at its arrival time (NVDEC's decode call releases the GIL) and queues it for the
+  worker's main loop, which does the rest;
 - analysis: the built-in networks on the GPU (GpuFaceAnalyser), one set per worker, one tracker
   per stream (`FaceAnalyser.tracker`); the frames of all streams that arrived since the last round
   go through the landmark model together (`track_many`: one call, one wait, up to 16 streams);
@@ -20,7 +22,7 @@ worker everything is on the GPU:
   it with PyAV in a thread per stream (PyAV and PyNvVideoCodec must both be installed for NVDEC
   decode with this sink: docs/kernels.md says how they reach the GPU machine).
 Live policy: a frame that would start more than one frame period late is dropped (decoded, not
-swapped) and counted. Latency is arrival to encoder-ready (null) or to encoded (x264), host clock.
+swapped) and counted, and so is a frame that finds every slot of its stream still held. Latency is arrival to encoder-ready (null) or to encoded (x264), host clock.
 A configuration is within budget when drops <= 1% and p99 <= 33 ms.
 Every landmark batch size is captured before the clock starts (`GpuFaceAnalyser.prepare`); each
 result says how many were captured during the run (`captures_in_run`, a stall each), where a
@@ -134,6 +136,19 @@ class Source:
             rgb.set(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), stream=upload)
             return upload.record()
 
+    def skip(self) -> None:
+        """Decode the next frame without keeping it (a decoder must see every frame)."""
+        if self.nvdec:
+            try:
+                next(self._it)
+            except StopIteration:
+                self._open()
+                next(self._it)
+        elif not self._src.grab():
+            self._src.release()
+            self._open()
+            self._src.grab()
+
     def close(self) -> None:
         if self.nvdec:
             self._src.close()
@@ -181,29 +196,69 @@ class Encoder(threading.Thread):
 
 
 class Stream:
-    def __init__(self, sid: int, clip: Path, nvdec: bool, analyser: Any, w: int, h: int, upload: Any) -> None:
+    """One live stream in a worker: its clip, tracker, RGB slots and NV12 ring, and its feeder thread.
+
+    The feeder decodes each frame when it arrives (its due time) and queues it for the worker's main
+    loop; NVDEC's decode call releases the GIL (docs/benchmarks/decode_threads.md: 8 threads decode
+    4x the frames of one), so decoding leaves the thread that analyses and swaps. The RGB slots go
+    round a free list: the feeder takes one (or, with none free, decodes the frame without keeping
+    it: a drop), the main loop gives it back with the event that ends its last use.
+    """
+
+    SLOTS = 6
+
+    def __init__(self, sid: int, clip: Path, nvdec: bool, analyser: Any, w: int, h: int) -> None:
         import cupy
 
         from swapstream.gpu.ring import Ring
 
         self.sid = sid
         self.src = Source(clip, nvdec)
+        self.upload = cupy.cuda.Stream(non_blocking=True)
         self.analyser = analyser
         analyser.reset()
-        self.rgb: Ring[Any] = Ring(4, lambda _i: cupy.empty((h, w, 3), cupy.uint8))
+        self.free: deque[tuple[Any, Any]] = deque((cupy.empty((h, w, 3), cupy.uint8), None) for _ in range(self.SLOTS))
         # Decode the first frame before the clock starts, as a live stream's warm-up does
-        # (gpu/live.py): a new decoder's set-up is not part of the measurement. (Suspected of the
-        # second-long stalls seen with 4+ streams per worker; they remained: docs/performance.md.)
-        slot = self.rgb.acquire()
-        ready = self.src.next_into(slot.buffer, upload)
-        ready.synchronize()
-        self.rgb.release(slot, ready)
+        # (gpu/live.py): a new decoder's set-up is not part of the measurement.
+        buf, _ev = self.free[0]
+        self.src.next_into(buf, self.upload).synchronize()
         self.nv12 = Ring(4, lambda _i: cupy.empty((h * 3 // 2, w), cupy.uint8))
         self.due = 0.0
         self.index = 0
         self.frames = self.dropped = self.faces = 0
+        self.feeder_drops = 0  # no free slot at arrival (counted frames only); written by the feeder
+        self.decode_s = 0.0  # the feeder's wall time in decode calls
+        self.decoded = 0
         self.encoder: Encoder | None = None
         self.pinned: list[Any] = []
+        self.thread: threading.Thread | None = None
+
+    def give_back(self, buf: Any, event: Any) -> None:
+        self.free.append((buf, event))
+
+    def feed(self, ready: queue.SimpleQueue[Any], period: float, t_warm: float, t_end: float) -> None:
+        """The feeder thread: at each due time decode a frame into a free slot and queue it."""
+        while True:
+            arrival = self.due
+            if arrival >= t_end:
+                break
+            self.due += period
+            wait = arrival - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            t0 = time.perf_counter()
+            if not self.free:
+                self.src.skip()  # the main loop holds every slot: this frame is lost (drop-oldest)
+                if arrival >= t_warm:
+                    self.feeder_drops += 1
+            else:
+                buf, event = self.free.popleft()
+                if event is not None:
+                    event.synchronize()  # the last use of this slot (normally long done)
+                ev = self.src.next_into(buf, self.upload)
+                ready.put((self, buf, arrival, ev))
+            self.decode_s += time.perf_counter() - t0
+            self.decoded += 1
 
 
 def worker_main(args: argparse.Namespace) -> None:
@@ -265,7 +320,9 @@ def worker_main(args: argparse.Namespace) -> None:
     a_stream = cupy.cuda.Stream(non_blocking=True)
     s_stream = cupy.cuda.Stream(non_blocking=True)
     d_stream = cupy.cuda.Stream(non_blocking=True)
-    upload = cupy.cuda.Stream(non_blocking=True)
+    # The feeders need the GIL for a moment after each decode; with Python's default 5 ms switch
+    # interval a feeder could wait that long behind the main loop, a sixth of a frame period.
+    sys.setswitchinterval(0.0005)
     clips = {"720": Path(args.clip720), "1080": Path(args.clip1080)}
     watch = RoundWatch()
     mesh_runner = probe._mesh.runner
@@ -280,7 +337,7 @@ def worker_main(args: argparse.Namespace) -> None:
             # One tracker per stream over the worker's one set of networks (and CUDA graphs, all
             # captured above): a new stream costs no model memory and no capture stall.
             analysers.append(probe.tracker())
-        streams = [Stream(i, clips[res], nvdec, analysers[i], w, h, upload) for i in range(k)]
+        streams = [Stream(i, clips[res], nvdec, analysers[i], w, h) for i in range(k)]
         lat: list[float] = []
         enc_lat: list[float] = []
         if args.sink == "x264":
@@ -300,48 +357,49 @@ def worker_main(args: argparse.Namespace) -> None:
         while time.time() < cmd["start_at"]:
             time.sleep(0.001)
         t0 = time.perf_counter()
-        for s in streams:
-            s.due = t0 + period * (s.sid + cmd["offset"]) / cmd["total"]
         t_end = t0 + (end - cmd["start_at"])
         t_warm = t0 + (warm_until - cmd["start_at"])
-        batch: list[tuple[Stream, Any, Any, list[Any], float, Any]] = []
+        ready: queue.SimpleQueue[tuple[Stream, Any, float, Any]] = queue.SimpleQueue()
+        for s in streams:
+            s.due = t0 + period * (s.sid + cmd["offset"]) / cmd["total"]
+            s.thread = threading.Thread(target=s.feed, args=(ready, period, t_warm, t_end), daemon=True)
+            s.thread.start()
+        batch: list[tuple[Stream, Any, list[Any], float, Any]] = []
         inflight: deque[tuple[Stream, Any, Any, float, Any, bool]] = deque()
         peak = device_used_bytes()
 
-        # Host seconds per stage over the whole run (warm-up second included), and frames decoded:
-        # where one process's time goes when it cannot keep up (ms per decoded frame in the result).
+        # Main-thread host seconds per stage over the whole run (warm-up second included): where
+        # one process's time goes when it cannot keep up (ms per frame taken in the result).
         stage_s: Counter[str] = Counter()
-        decoded = 0
+        taken = 0
 
         def flush() -> None:
             if not batch:
                 return
             t_flush = time.perf_counter()
             with s_stream:
-                for (_s, _slot, _fr, _faces, _arr, analysed) in batch:
+                for (_s, _buf, _faces, _arr, analysed) in batch:
                     s_stream.wait_event(analysed)
-                items = [(slot.buffer, f) for (_s, slot, _fr, faces, _a, _e) in batch for f in faces]
+                items = [(buf, f) for (_s, buf, faces, _a, _e) in batch for f in faces]
                 if items:
                     swapper.swap_many(items, [identity] * len(items))
                     sizes[len(items)] += 1
-                for (s, slot, _fr, faces, arrival, _e) in batch:
-                    disclosure.apply(slot.buffer, len(faces) > 0)
+                for (s, buf, faces, arrival, _e) in batch:
+                    disclosure.apply(buf, len(faces) > 0)
                     out = s.nv12.acquire()
-                    y = out.buffer[:h]
-                    uv = out.buffer[h:]
-                    rgb_to_nv12(slot.buffer, y, uv)
+                    rgb_to_nv12(buf, out.buffer[:h], out.buffer[h:])
                     done = s_stream.record()
-                    s.rgb.release(slot, done)
+                    s.give_back(buf, done)
                     counted = arrival >= t_warm
                     if counted:
                         s.faces += len(faces)
                     if s.encoder is not None:
-                        host = s.pinned[s.index % len(s.pinned)]
+                        pin = s.pinned[s.index % len(s.pinned)]
                         with d_stream:
                             d_stream.wait_event(done)
-                            out.buffer.get(stream=d_stream, out=host, blocking=False)
+                            out.buffer.get(stream=d_stream, out=pin, blocking=False)
                             done = d_stream.record()
-                        inflight.append((s, out, done, arrival, host, counted))
+                        inflight.append((s, out, done, arrival, pin, counted))
                     else:
                         inflight.append((s, out, done, arrival, None, counted))
             batch.clear()
@@ -349,11 +407,11 @@ def worker_main(args: argparse.Namespace) -> None:
 
         def reap(block: bool = False) -> None:
             while inflight and (block or inflight[0][2].done):
-                s, out, done, arrival, host, counted = inflight.popleft()
+                s, out, done, arrival, pin, counted = inflight.popleft()
                 done.synchronize()
                 s.nv12.release(out, done)
-                if host is not None and s.encoder is not None:
-                    s.encoder.q.put((host, arrival))
+                if pin is not None and s.encoder is not None:
+                    s.encoder.q.put((pin, arrival))
                 elif counted:
                     lat.append((time.perf_counter() - arrival) * 1e3)
 
@@ -366,50 +424,51 @@ def worker_main(args: argparse.Namespace) -> None:
             prof.enable()
         while True:
             now = time.perf_counter()
-            if now >= t_end:
+            if now >= t_end and ready.empty() and not any(s.thread.is_alive() for s in streams):
                 break
             watch.begin()
-            progressed = False
             marks = [now]
-            # Every stream whose frame has arrived: decode it; those not already a frame late are
-            # analysed together (one landmark call, one wait for all: track_many).
+            # The frames that arrived (decoded by the feeders) since the last round; those not
+            # already a frame period late are analysed together (one landmark call: track_many).
             pending = []
-            for s in streams:
-                if now < s.due or len(pending) >= MESH_BATCH:
-                    continue
-                arrival = s.due
-                s.due += period
-                slot = s.rgb.acquire()
-                ready = s.src.next_into(slot.buffer, upload)
-                decoded += 1
-                late = time.perf_counter() - arrival
+            idle = not batch
+            while len(pending) < MESH_BATCH:
+                try:
+                    # Nothing to swap: wait for a frame (briefly while outputs are still to reap,
+                    # whose latency is taken when the loop sees them done) instead of spinning,
+                    # which would hold the GIL the feeders need.
+                    item = ready.get(timeout=0.0005 if inflight else 0.002) if idle and not pending \
+                        else ready.get_nowait()
+                except queue.Empty:
+                    break
+                s, buf, arrival, ev = item
+                taken += 1
                 counted = arrival >= t_warm
-                if late > period:  # the live policy: this frame would start over a frame late
-                    s.rgb.release(slot, ready)
+                if time.perf_counter() - arrival > period:  # the live policy: it would start over a frame late
+                    s.give_back(buf, ev)
                     if counted:
                         s.dropped += 1
                     continue
                 if counted:
                     s.frames += 1
-                pending.append((s, slot, arrival, ready))
-            marks.append(time.perf_counter())  # decode done
-            stage_s["decode"] += marks[1] - marks[0]
+                pending.append(item)
+            marks.append(time.perf_counter())
+            stage_s["take" if pending else "idle"] += marks[1] - marks[0]
             if pending:
                 with a_stream:
-                    for _s, _slot, _arr, ready in pending:
-                        a_stream.wait_event(ready)
-                    found = track_many([(s.analyser, Frame(slot.buffer, s.index, Fraction(1, 30), s.index))
-                                        for s, slot, _arr, _r in pending])
+                    for _s, _buf, _arr, ev in pending:
+                        a_stream.wait_event(ev)
+                    found = track_many([(s.analyser, Frame(buf, s.index, Fraction(1, 30), s.index))
+                                        for s, buf, _arr, _e in pending])
                     analysed = a_stream.record()
                 marks.append(time.perf_counter())  # analysis done
                 stage_s["analyse"] += marks[2] - marks[1]
-                for (s, slot, arrival, _r), faces in zip(pending, found):
+                for (s, buf, arrival, _e), faces in zip(pending, found):
                     s.index += 1
-                    batch.append((s, slot, None, faces, arrival, analysed))
-                    if sum(len(b[3]) for b in batch) >= 4:
+                    batch.append((s, buf, faces, arrival, analysed))
+                    if sum(len(b[2]) for b in batch) >= 4:
                         flush()
-                progressed = True
-            if batch and (not progressed or (time.perf_counter() - batch[0][4]) * 1e3 >= args.max_wait_ms):
+            if batch and (not pending or (time.perf_counter() - batch[0][3]) * 1e3 >= args.max_wait_ms):
                 flush()
             t_reap = time.perf_counter()
             reap()
@@ -419,14 +478,11 @@ def worker_main(args: argparse.Namespace) -> None:
             if took > STALL_S and len(stalls) < 20:
                 # Where a round's time went, for rounds far longer than a frame period.
                 stalls.append({"at_s": round(now - t0, 3), "round_ms": round(took * 1e3, 1),
-                               "decode_ms": round((marks[1] - marks[0]) * 1e3, 1),
+                               "take_ms": round((marks[1] - marks[0]) * 1e3, 1),
                                "analyse_ms": round((marks[2] - marks[1]) * 1e3, 1) if len(marks) > 2 else 0.0,
                                "pending": len(pending), "streams": len(streams), "stacks": stacks})
-            if not progressed and not batch:
-                peak = max(peak, device_used_bytes()) if int(now * 10) % 10 == 0 else peak
-                t_idle = time.perf_counter()
-                time.sleep(0.0002)
-                stage_s["idle"] += time.perf_counter() - t_idle
+            if idle and not pending and int(now * 10) % 10 == 0:
+                peak = max(peak, device_used_bytes())
         flush()
         reap(block=True)
         if prof is not None:
@@ -436,13 +492,18 @@ def worker_main(args: argparse.Namespace) -> None:
             if s.encoder is not None:
                 s.encoder.close()
             s.src.close()
-        res = {"frames": sum(s.frames for s in streams), "dropped": sum(s.dropped for s in streams),
+        decoded = sum(s.decoded for s in streams)
+        host = {k: round(v * 1e3 / max(taken, 1), 3) for k, v in stage_s.items()}
+        # The feeders' decode time is their own threads' wall time (NVDEC waits without the GIL).
+        host["decode_in_feeders"] = round(sum(s.decode_s for s in streams) * 1e3 / max(decoded, 1), 3)
+        res = {"frames": sum(s.frames for s in streams),
+               "dropped": sum(s.dropped + s.feeder_drops for s in streams),
                "faces": sum(s.faces for s in streams), "latency_ms": enc_lat if args.sink == "x264" else lat,
                "batch_sizes": dict(sizes), "peak_gpu_bytes": peak, "seconds": float(cmd["seconds"]),
-               "decode": "nvdec" if nvdec else "opencv + upload",
+               "decode": ("nvdec" if nvdec else "opencv + upload") + ", a feeder thread per stream",
                "marked": disclosure.frames_marked - marked0, "stalls": stalls,
                "captures_in_run": len(mesh_runner.captured) - graphs0,
-               "host_ms_per_frame": {k: round(v * 1e3 / max(decoded, 1), 3) for k, v in stage_s.items()}}
+               "host_ms_per_frame": host}
         print(json.dumps(res), flush=True)
     # Leave without running destructors: torch's cached stream objects wrap CuPy streams that may be
     # gone by then, and a destructor error at exit would read like a failed run.
