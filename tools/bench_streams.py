@@ -10,9 +10,9 @@ across the frame period), one face each, swapped by the full-size inswapper-arch
 processes (Python runs one frame's host work at a time per process; the GPU is shared). Inside a
 worker everything is on the GPU:
 - decode: NVDEC per stream (PyNvVideoCodec) into RGB slots, or, without it, OpenCV on the host
-  plus an upload (`decode` in the results says which), in a feeder thread per stream that decodes
-  each frame at its arrival time (NVDEC's decode call releases the GIL) and queues it for the
-  worker's main loop, which does the rest;
+  plus an upload (`decode` in the results says which), in feeder threads (`--feeders`: per worker;
+  0 = one per stream) that decode each frame at its arrival time (NVDEC's decode call releases the
+  GIL) and queue it for the worker's main loop, which does the rest;
 - analysis: the built-in networks on the GPU (GpuFaceAnalyser), one set per worker, one tracker
   per stream (`FaceAnalyser.tracker`); the frames of all streams that arrived since the last round
   go through the landmark model together (`track_many`: one call, one wait, up to 16 streams);
@@ -196,13 +196,13 @@ class Encoder(threading.Thread):
 
 
 class Stream:
-    """One live stream in a worker: its clip, tracker, RGB slots and NV12 ring, and its feeder thread.
+    """One live stream in a worker: its clip, tracker, RGB slots and NV12 ring.
 
-    The feeder decodes each frame when it arrives (its due time) and queues it for the worker's main
-    loop; NVDEC's decode call releases the GIL (docs/benchmarks/decode_threads.md: 8 threads decode
-    4x the frames of one), so decoding leaves the thread that analyses and swaps. The RGB slots go
-    round a free list: the feeder takes one (or, with none free, decodes the frame without keeping
-    it: a drop), the main loop gives it back with the event that ends its last use.
+    A feeder thread (`feed`) decodes each frame when it arrives (its due time) and queues it for the
+    worker's main loop; NVDEC's decode call releases the GIL (docs/benchmarks/decode_threads.md:
+    8 threads decode 4x the frames of one), so decoding leaves the thread that analyses and swaps.
+    The RGB slots go round a free list: the feeder takes one (or, with none free, decodes the frame
+    without keeping it: a drop), the main loop gives it back with the event that ends its last use.
     """
 
     SLOTS = 6
@@ -231,34 +231,39 @@ class Stream:
         self.decoded = 0
         self.encoder: Encoder | None = None
         self.pinned: list[Any] = []
-        self.thread: threading.Thread | None = None
 
     def give_back(self, buf: Any, event: Any) -> None:
         self.free.append((buf, event))
 
-    def feed(self, ready: queue.SimpleQueue[Any], period: float, t_warm: float, t_end: float) -> None:
-        """The feeder thread: at each due time decode a frame into a free slot and queue it."""
-        while True:
-            arrival = self.due
-            if arrival >= t_end:
-                break
-            self.due += period
-            wait = arrival - time.perf_counter()
-            if wait > 0:
-                time.sleep(wait)
-            t0 = time.perf_counter()
-            if not self.free:
-                self.src.skip()  # the main loop holds every slot: this frame is lost (drop-oldest)
-                if arrival >= t_warm:
-                    self.feeder_drops += 1
-            else:
-                buf, event = self.free.popleft()
-                if event is not None:
-                    event.synchronize()  # the last use of this slot (normally long done)
-                ev = self.src.next_into(buf, self.upload)
-                ready.put((self, buf, arrival, ev))
-            self.decode_s += time.perf_counter() - t0
-            self.decoded += 1
+    def step(self, ready: queue.SimpleQueue[Any], period: float, t_warm: float) -> None:
+        """Decode the frame due now into a free slot and queue it (with no slot free: a drop)."""
+        arrival = self.due
+        self.due += period
+        t0 = time.perf_counter()
+        if not self.free:
+            self.src.skip()  # the main loop holds every slot: this frame is lost (drop-oldest)
+            if arrival >= t_warm:
+                self.feeder_drops += 1
+        else:
+            buf, event = self.free.popleft()
+            if event is not None:
+                event.synchronize()  # the last use of this slot (normally long done)
+            ev = self.src.next_into(buf, self.upload)
+            ready.put((self, buf, arrival, ev))
+        self.decode_s += time.perf_counter() - t0
+        self.decoded += 1
+
+
+def feed(streams: list[Stream], ready: queue.SimpleQueue[Any], period: float, t_warm: float, t_end: float) -> None:
+    """A feeder thread: decodes its streams' frames as they fall due, the earliest first."""
+    while True:
+        s = min(streams, key=lambda x: x.due)
+        if s.due >= t_end:
+            break
+        wait = s.due - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        s.step(ready, period, t_warm)
 
 
 def worker_main(args: argparse.Namespace) -> None:
@@ -362,8 +367,11 @@ def worker_main(args: argparse.Namespace) -> None:
         ready: queue.SimpleQueue[tuple[Stream, Any, float, Any]] = queue.SimpleQueue()
         for s in streams:
             s.due = t0 + period * (s.sid + cmd["offset"]) / cmd["total"]
-            s.thread = threading.Thread(target=s.feed, args=(ready, period, t_warm, t_end), daemon=True)
-            s.thread.start()
+        nf = min(int(cmd.get("feeders") or k), k)
+        feeders = [threading.Thread(target=feed, args=(streams[i::nf], ready, period, t_warm, t_end), daemon=True)
+                   for i in range(nf)]
+        for th in feeders:
+            th.start()
         batch: list[tuple[Stream, Any, list[Any], float, Any]] = []
         inflight: deque[tuple[Stream, Any, Any, float, Any, bool]] = deque()
         peak = device_used_bytes()
@@ -424,7 +432,7 @@ def worker_main(args: argparse.Namespace) -> None:
             prof.enable()
         while True:
             now = time.perf_counter()
-            if now >= t_end and ready.empty() and not any(s.thread.is_alive() for s in streams):
+            if now >= t_end and ready.empty() and not any(th.is_alive() for th in feeders):
                 break
             watch.begin()
             marks = [now]
@@ -500,7 +508,7 @@ def worker_main(args: argparse.Namespace) -> None:
                "dropped": sum(s.dropped + s.feeder_drops for s in streams),
                "faces": sum(s.faces for s in streams), "latency_ms": enc_lat if args.sink == "x264" else lat,
                "batch_sizes": dict(sizes), "peak_gpu_bytes": peak, "seconds": float(cmd["seconds"]),
-               "decode": ("nvdec" if nvdec else "opencv + upload") + ", a feeder thread per stream",
+               "decode": ("nvdec" if nvdec else "opencv + upload") + f", {nf} feeder threads",
                "marked": disclosure.frames_marked - marked0, "stalls": stalls,
                "captures_in_run": len(mesh_runner.captured) - graphs0,
                "host_ms_per_frame": host}
@@ -556,6 +564,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--max-wait-ms", type=float, default=4.0)
+    ap.add_argument("--feeders", default="0", help="decode threads per worker, a list to compare (0: one per stream)")
     ap.add_argument("--sink", choices=("null", "x264"), default="null")
     ap.add_argument("--decode", choices=("auto", "cpu"), default="auto")
     ap.add_argument("--tag", default="")
@@ -578,47 +587,48 @@ def main() -> None:
     hello = [json.loads(p.stdout.readline()) for p in procs]  # waits for model builds and compiles
     print(f"{len(procs)} workers ready: {hello}", flush=True)
     rows = []
-    for res in args.res.split(","):
-        for n in (int(x) for x in args.ns.split(",")):
-            per = [n // args.workers + (1 if i < n % args.workers else 0) for i in range(args.workers)]
-            offset = 0
-            for p, k in zip(procs, per):
-                p.stdin.write(json.dumps({"n": k, "res": res, "seconds": args.seconds,
-                                          "offset": offset, "total": n}) + "\n")
-                p.stdin.flush()
-                offset += k
-            armed = [read_reply(p, i) for i, p in enumerate(procs)]  # streams built and warmed
-            start_at = time.time() + 0.5
-            for p in procs:
-                p.stdin.write(json.dumps({"start_at": start_at}) + "\n")
-                p.stdin.flush()
-            print(f"{res}p N={n}: armed {len(armed)} workers", flush=True)
-            util: list[float] = []
-            stop = threading.Event()
-            th = threading.Thread(target=gpu_util_sampler, args=(stop, util), daemon=True)
-            th.start()
-            outs = [read_reply(p, i) for i, p in enumerate(procs)]
-            stop.set()
-            lat = [x for o in outs for x in o["latency_ms"]]
-            frames = sum(o["frames"] for o in outs)
-            dropped = sum(o["dropped"] for o in outs)
-            sizes: Counter[str] = Counter()
-            for o in outs:
-                sizes.update(o["batch_sizes"])
-            row = {"res": res, "n": n, "workers": args.workers, "frames": frames, "dropped": dropped,
-                   "drop_rate": round(dropped / max(frames + dropped, 1), 4),
-                   "faces_per_s": round(sum(o["faces"] for o in outs) / args.seconds, 1),
-                   "latency_ms": pcts(lat) if lat else None,
-                   "gpu_util_mean": round(float(np.mean(util)), 1) if util else None,
-                   "gpu_mem_gb": round(max(o["peak_gpu_bytes"] for o in outs) / 1e9, 2),
-                   "batch_sizes": dict(sizes), "decode": outs[0]["decode"],
-                   "frames_marked": sum(o["marked"] for o in outs),
-                   "captures_in_run": sum(o["captures_in_run"] for o in outs),
-                   "host_ms_per_frame": [o["host_ms_per_frame"] for o in outs],
-                   "stalls": [dict(x, worker=i) for i, o in enumerate(outs) for x in o.get("stalls", [])]}
-            row["within_budget"] = bool(lat) and row["drop_rate"] <= MAX_DROP and row["latency_ms"]["p99"] <= BUDGET_MS
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+    configs = [(res, int(n), int(f)) for res in args.res.split(",") for n in args.ns.split(",")
+               for f in args.feeders.split(",")]
+    for res, n, feeders in configs:
+        per = [n // args.workers + (1 if i < n % args.workers else 0) for i in range(args.workers)]
+        offset = 0
+        for p, k in zip(procs, per):
+            p.stdin.write(json.dumps({"n": k, "res": res, "seconds": args.seconds, "feeders": feeders,
+                                      "offset": offset, "total": n}) + "\n")
+            p.stdin.flush()
+            offset += k
+        armed = [read_reply(p, i) for i, p in enumerate(procs)]  # streams built and warmed
+        start_at = time.time() + 0.5
+        for p in procs:
+            p.stdin.write(json.dumps({"start_at": start_at}) + "\n")
+            p.stdin.flush()
+        print(f"{res}p N={n}: armed {len(armed)} workers", flush=True)
+        util: list[float] = []
+        stop = threading.Event()
+        th = threading.Thread(target=gpu_util_sampler, args=(stop, util), daemon=True)
+        th.start()
+        outs = [read_reply(p, i) for i, p in enumerate(procs)]
+        stop.set()
+        lat = [x for o in outs for x in o["latency_ms"]]
+        frames = sum(o["frames"] for o in outs)
+        dropped = sum(o["dropped"] for o in outs)
+        sizes: Counter[str] = Counter()
+        for o in outs:
+            sizes.update(o["batch_sizes"])
+        row = {"res": res, "n": n, "workers": args.workers, "feeders": feeders, "frames": frames, "dropped": dropped,
+               "drop_rate": round(dropped / max(frames + dropped, 1), 4),
+               "faces_per_s": round(sum(o["faces"] for o in outs) / args.seconds, 1),
+               "latency_ms": pcts(lat) if lat else None,
+               "gpu_util_mean": round(float(np.mean(util)), 1) if util else None,
+               "gpu_mem_gb": round(max(o["peak_gpu_bytes"] for o in outs) / 1e9, 2),
+               "batch_sizes": dict(sizes), "decode": outs[0]["decode"],
+               "frames_marked": sum(o["marked"] for o in outs),
+               "captures_in_run": sum(o["captures_in_run"] for o in outs),
+               "host_ms_per_frame": [o["host_ms_per_frame"] for o in outs],
+               "stalls": [dict(x, worker=i) for i, o in enumerate(outs) for x in o.get("stalls", [])]}
+        row["within_budget"] = bool(lat) and row["drop_rate"] <= MAX_DROP and row["latency_ms"]["p99"] <= BUDGET_MS
+        print(json.dumps(row), flush=True)
+        rows.append(row)
     for p in procs:
         p.stdin.write(json.dumps({"quit": True}) + "\n")
         p.stdin.flush()
@@ -629,17 +639,18 @@ def main() -> None:
 
 def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     common = run_fields(gpu_name(), f"python tools/bench_streams.py --ns {args.ns} --seconds {args.seconds} "
-                                    f"--workers {args.workers} --sink {args.sink} --max-wait-ms {args.max_wait_ms}")
+                                    f"--workers {args.workers} --feeders {args.feeders} --sink {args.sink} --max-wait-ms {args.max_wait_ms}")
     args.out.mkdir(parents=True, exist_ok=True)
     records = []
     for r in rows:
-        cfg = {k: r[k] for k in ("res", "n", "workers", "frames", "dropped", "drop_rate", "gpu_util_mean", "gpu_mem_gb",
+        cfg = {k: r[k] for k in ("res", "n", "workers", "feeders", "frames", "dropped", "drop_rate", "gpu_util_mean", "gpu_mem_gb",
                                  "batch_sizes", "decode", "within_budget", "frames_marked", "captures_in_run", "host_ms_per_frame", "stalls") if k in r}
-        records.append({"metric": f"streams_{args.sink}_{r['res']}p_n{r['n']}_faces_per_s", "value": r["faces_per_s"],
+        f = f"_f{r['feeders']}" if r.get("feeders") else ""  # several feeder counts in one run
+        records.append({"metric": f"streams_{args.sink}_{r['res']}p_n{r['n']}{f}_faces_per_s", "value": r["faces_per_s"],
                         "unit": "faces/s", "stat": "mean", "config": cfg, **common})
         if r["latency_ms"]:
             for stat in ("p50", "p99"):
-                records.append({"metric": f"streams_{args.sink}_{r['res']}p_n{r['n']}_latency",
+                records.append({"metric": f"streams_{args.sink}_{r['res']}p_n{r['n']}{f}_latency",
                                 "value": r["latency_ms"][stat], "unit": "ms", "stat": stat, **common})
     (args.out / f"streams{args.tag}.json").write_text(json.dumps(records, indent=1) + "\n")
     lines = [f"# Concurrent live streams on one GPU, {args.sink} sink ({common['device']})", "",
@@ -664,10 +675,11 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(6, 4))
-        for res in sorted({r["res"] for r in rows}):
-            rr = [r for r in rows if r["res"] == res and r["latency_ms"]]
-            ax.plot([r["n"] for r in rr], [r["latency_ms"]["p99"] for r in rr], "o-", label=f"{res}p p99")
-            ax.plot([r["n"] for r in rr], [r["latency_ms"]["p50"] for r in rr], "x--", label=f"{res}p p50")
+        for res, fd in sorted({(r["res"], r.get("feeders", 0)) for r in rows}):
+            rr = [r for r in rows if r["res"] == res and r.get("feeders", 0) == fd and r["latency_ms"]]
+            name = f"{res}p" + (f", {fd} feeders" if fd else "")
+            ax.plot([r["n"] for r in rr], [r["latency_ms"]["p99"] for r in rr], "o-", label=f"{name} p99")
+            ax.plot([r["n"] for r in rr], [r["latency_ms"]["p50"] for r in rr], "x--", label=f"{name} p50")
         ax.axhline(BUDGET_MS, color="k", lw=0.8, ls=":")
         ax.set(xlabel="concurrent streams N", ylabel="latency ms", yscale="log", title=f"{args.sink} sink")
         ax.legend()
