@@ -8,7 +8,13 @@ Decodes `--frames` frames from each of `--sources` NvdecSources of the same clip
 turn and once with one thread per source. If the threaded run's frames/s are well above the
 sequential one's, the library releases the GIL while NVDEC works and decode can leave the main loop
 of a many-stream process. Also reports the host time per frame of the demux+decode call and of the
-conversion, from the sequential run. Writes decode_threads.json (and .md) under --out.
+conversion, from the sequential run.
+
+`--gil` also measures how much of each decode holds the GIL: a pure-Python counting loop runs in
+the main thread for two seconds, alone and then beside one thread decoding `--sources` streams at
+30 fps each (paced, as live frames arrive); the loop's lost share, spread over the frames decoded,
+is the GIL time per frame. It is measured with the frame's pts read (`getPTS`) and without.
+Writes decode_threads.json (and .md) under --out.
 """
 
 from __future__ import annotations
@@ -74,14 +80,81 @@ def run(clip: Path, sources: int, frames: int, threaded: bool) -> dict[str, Any]
     return row
 
 
+def count_for(seconds: float) -> int:
+    """Iterations of a pure-Python loop in `seconds` (it runs only while it holds the GIL)."""
+    n = 0
+    end = time.perf_counter() + seconds
+    while True:
+        for _ in range(1000):
+            n += 1
+        if time.perf_counter() >= end:
+            return n
+
+
+def gil_probe(clip: Path, sources: int, read_pts: bool, seconds: float = 2.0) -> dict[str, Any]:
+    import cupy
+
+    from swapstream.gpu import nvcodec
+
+    sys.setswitchinterval(0.0005)  # as tools/bench_streams.py runs its workers
+    srcs = [nvcodec.NvdecSource(clip, low_latency=True) for _ in range(sources)]
+    its = [iter(s) for s in srcs]
+    first = next(its[0])
+    rgbs = [cupy.empty((first.height, first.width, 3), cupy.uint8) for _ in srcs]
+    for it in its[1:]:
+        next(it)
+    cupy.cuda.Device().synchronize()
+    alone = count_for(seconds)
+    stop = time.perf_counter() + seconds
+    decoded = [0]
+    real = nvcodec._frame_pts
+
+    def paced() -> None:
+        period = 1.0 / (30.0 * sources)
+        due = time.perf_counter()
+        k = 0
+        while due < stop:
+            wait = due - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            next(its[k % sources]).copy_to(rgbs[k % sources]).synchronize()
+            decoded[0] += 1
+            k += 1
+            due += period
+
+    if not read_pts:
+        nvcodec._frame_pts = lambda frame: None  # type: ignore[assignment]  # the probe's variant only
+    try:
+        th = threading.Thread(target=paced)
+        th.start()
+        beside = count_for(seconds)
+        th.join()
+    finally:
+        nvcodec._frame_pts = real  # type: ignore[assignment]
+    for s in srcs:
+        s.close()
+    lost = max(0.0, 1.0 - beside / alone)
+    return {"res": f"{first.width}x{first.height}", "sources": sources, "read_pts": read_pts,
+            "frames": decoded[0], "loop_share_lost": round(lost, 3),
+            "gil_ms_per_frame": round(lost * seconds * 1e3 / max(decoded[0], 1), 3)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clip", action="append", required=True)
     ap.add_argument("--sources", type=int, default=8)
     ap.add_argument("--frames", type=int, default=150)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--gil", action="store_true")
     args = ap.parse_args()
     rows = []
+    gil = []
+    if args.gil:
+        for clip in args.clip:
+            for read_pts in (True, False):
+                g = gil_probe(Path(clip), args.sources, read_pts)
+                print(json.dumps(g), flush=True)
+                gil.append(g)
     for clip in args.clip:
         for threaded in (False, True):
             row = run(Path(clip), args.sources, args.frames, threaded)
@@ -93,6 +166,8 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         recs = [{"metric": f"nvdec_{r['res']}_threads{r['threads']}_frames_per_s", "value": r["frames_per_s"],
                  "unit": "frames/s", "stat": "mean", "config": r, **common} for r in rows]
+        recs += [{"metric": f"nvdec_{g['res']}_gil_ms_per_frame{'' if g['read_pts'] else '_no_pts'}",
+                  "value": g["gil_ms_per_frame"], "unit": "ms", "stat": "mean", "config": g, **common} for g in gil]
         (args.out / "decode_threads.json").write_text(json.dumps(recs, indent=1) + "\n")
         lines = [f"# NVDEC decode from threads ({common['device']})", "",
                  f"`{common['command']}`, commit {common['commit']}, {common['date']}.", "",
@@ -100,6 +175,12 @@ def main() -> None:
                  "|---|---|---|---|---|---|"]
         lines += [f"| {r['res']} | {r['sources']} | {r['threads']} | {r['frames_per_s']} | "
                   f"{r.get('host_ms_decode_call', '')} | {r.get('host_ms_convert_and_wait', '')} |" for r in rows]
+        if gil:
+            lines += ["", "GIL held per decoded frame (a Python loop beside one paced decode thread):", "",
+                      "| res | streams at 30 fps | pts read | frames | loop share lost | GIL ms per frame |",
+                      "|---|---|---|---|---|---|"]
+            lines += [f"| {g['res']} | {g['sources']} | {g['read_pts']} | {g['frames']} | {g['loop_share_lost']} "
+                      f"| {g['gil_ms_per_frame']} |" for g in gil]
         (args.out / "decode_threads.md").write_text("\n".join(lines) + "\n")
 
 

@@ -528,6 +528,8 @@ def write_profile(prof: Any, path: Path) -> None:
     st = pstats.Stats(prof, stream=buf)
     st.sort_stats("tottime").print_stats(40)
     st.sort_stats("cumulative").print_stats(40)
+    st.print_callers("grad_mode.py|method 'cpu'")  # where torch's context exits and host copies come from
+    st.print_callees("grad_mode.py")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(buf.getvalue())
 
