@@ -48,8 +48,19 @@ def load_module(source: str, defines: dict[str, Any] | None = None) -> Any:
 
 
 def kernel(source: str, name: str, defines: dict[str, Any] | None = None) -> Any:
-    """One kernel function from `load_module(source, defines)`."""
-    return load_module(source, defines).get_function(name)
+    """One kernel function from `load_module(source, defines)`, looked up once per device."""
+    import cupy
+
+    key_defs = tuple(sorted((k, str(v)) for k, v in defines.items())) if defines else ()
+    return _function(cupy.cuda.runtime.getDevice(), source, name, key_defs)
+
+
+@functools.cache
+def _function(device: int, source: str, name: str, key_defs: tuple[tuple[str, str], ...]) -> Any:
+    # A launch looked its function up through the module memo and RawModule.get_function each time,
+    # ~10 us of host time per launch (docs/performance.md, many streams); functions are immutable.
+    # `device` is part of the key because modules, and so their functions, are per device.
+    return _builder()(source, key_defs).get_function(name)
 
 
 def require_cupy(name: str, a: Any, *, ndim: int | None = None, dtype: Any = None,

@@ -20,6 +20,7 @@ import cv2
 import numpy as np
 
 from .config import Config, DisclosureConfig
+from .kernels.label import blend_patch
 from .watermark import PRODUCT_SWAPSTREAM, Payload, Watermarker
 
 log = logging.getLogger(__name__)
@@ -99,12 +100,9 @@ def render_label(height: int, width: int, cfg: DisclosureConfig) -> LabelPatch |
 
 def draw_label(frame: Any, patch: LabelPatch) -> None:
     """Blend a label patch into an RGB uint8 frame in place (NumPy or CuPy, same integer result):
-    out = (x (255 - a) + p 255 + 127) // 255."""
+    out = (x (255 - a) + p 255 + 127) // 255 (kernels/label.py)."""
     h, w = patch.alpha.shape
-    region = frame[patch.y0:patch.y0 + h, patch.x0:patch.x0 + w]
-    a = patch.alpha[..., None].astype("int32")
-    v = (region.astype("int32") * (255 - a) + patch.premul.astype("int32") * 255 + 127) // 255
-    region[...] = v.astype("uint8")
+    blend_patch(frame[patch.y0:patch.y0 + h, patch.x0:patch.x0 + w], patch.alpha, patch.premul)
 
 
 class Disclosure:

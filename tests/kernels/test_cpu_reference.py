@@ -254,3 +254,18 @@ def test_validation_names_the_argument() -> None:
                        np.zeros((2, 2, 3), np.uint8))
     with pytest.raises(ValueError, match="dst_to_src"):
         warp_affine(np.zeros((4, 4, 3), np.uint8), np.eye(3), np.zeros((2, 2, 3), np.uint8))
+
+
+def test_label_blend_reference_is_the_integer_formula_and_checks_its_arguments() -> None:
+    from swapstream.kernels.label import blend_patch
+
+    rng = np.random.default_rng()
+    region = rng.integers(0, 256, (5, 7, 3), dtype=np.uint8)
+    alpha = rng.integers(0, 256, (5, 7), dtype=np.uint8)
+    premul = rng.integers(0, 256, (5, 7, 1), dtype=np.uint8)
+    want = (region.astype(int) * (255 - alpha[..., None].astype(int)) + premul.astype(int) * 255 + 127) // 255
+    got = region.copy()
+    blend_patch(got, alpha, premul)
+    assert np.array_equal(got, want.astype(np.uint8))
+    with pytest.raises(ValueError, match="alpha must have shape 5x7"):
+        blend_patch(region, alpha[:4], premul)
