@@ -135,38 +135,11 @@ def _inswapper_class() -> type:
                                       nn.Conv2d(4 * w, 2 * w, 3, padding=1),
                                       nn.Conv2d(2 * w, w, 3, padding=1), nn.Conv2d(w, 3, 7)])
 
-            self.in_pad = 0
-            """Zero channels appended to the RGB input (see align_rgb_channels)."""
-
-        def align_rgb_channels(self, channels: int = 8) -> None:
-            """Give the two RGB-facing 7x7 convolutions `channels` channels instead of 3, the extra
-            weights zero (the output is the same function). cuDNN's fp16 tensor-core convolutions
-            want channel counts that are multiples of 8: with 3 it ran slow "indexed" sm80 kernels,
-            ~7% of a batch-4 call on the H200 (docs/benchmarks/swap_variants.md)."""
-            e0, d3 = self.enc[0], self.dec[3]
-            if e0.in_channels != 3 or d3.out_channels != 3:
-                return
-            enc = nn.Conv2d(channels, e0.out_channels, 7).to(e0.weight.device, e0.weight.dtype)
-            dec = nn.Conv2d(d3.in_channels, channels, 7).to(d3.weight.device, d3.weight.dtype)
-            with torch.no_grad():
-                enc.weight.zero_()
-                enc.weight[:, :3] = e0.weight
-                enc.bias.copy_(e0.bias)
-                dec.weight.zero_()
-                dec.bias.zero_()
-                dec.weight[:3] = d3.weight
-                dec.bias[:3] = d3.bias
-            self.enc[0], self.dec[3] = enc, dec
-            self.in_pad = channels - 3
-
         def forward(self, target: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
             dt = self.enc[0].weight.dtype
             x = target.to(dt)
             latent = source.to(dt)
-            x = F.pad(x, (3, 3, 3, 3), mode="reflect")
-            if self.in_pad:
-                x = F.pad(x, (0, 0, 0, 0, 0, self.in_pad))  # zero channels after RGB
-            x = F.leaky_relu(self.enc[0](nhwc(x)), 0.2)
+            x = F.leaky_relu(self.enc[0](nhwc(F.pad(x, (3, 3, 3, 3), mode="reflect"))), 0.2)
             for conv in self.enc[1:]:
                 x = F.leaky_relu(conv(x), 0.2)
             for blk in self.blocks:
@@ -175,7 +148,7 @@ def _inswapper_class() -> type:
                 x = F.interpolate(x, scale_factor=2.0, mode="bilinear", align_corners=False)
                 x = F.leaky_relu(conv(x), 0.2)
             x = F.leaky_relu(self.dec[2](x), 0.2)
-            x = torch.tanh(self.dec[3](nhwc(F.pad(x, (3, 3, 3, 3), mode="reflect"))))[:, :3]
+            x = torch.tanh(self.dec[3](nhwc(F.pad(x, (3, 3, 3, 3), mode="reflect"))))
             return ((x + 1.0) * 0.5).float()
 
     return InSwapper

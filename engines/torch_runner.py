@@ -93,8 +93,6 @@ class TorchRunner(Runner):
         inits = onnx_initializers(model)
         if is_inswapper(inits):
             module = build_inswapper(inits)
-            if dev != "cpu":
-                module.align_rgb_channels()  # tensor-core friendly 7x7 convolutions, same function
             self.architecture = "inswapper"
         else:
             module = self._fallback(model)

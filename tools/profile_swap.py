@@ -9,9 +9,7 @@ with CUDA events (median of 50 replays), as the torch runner runs it:
 - compile: torch.compile(fullgraph=True) with Inductor's defaults (what the runner does);
 - freeze: the same with `torch._inductor.config.freezing` (weights become constants: Inductor may
   fold them and pick convolution layouts ahead of time);
-- autotune: mode="max-autotune-no-cudagraphs" (Inductor benchmarks kernel configurations; minutes);
-- pad8: compile, with the RGB-facing 7x7 convolutions given 8 channels (`align_rgb_channels`, as
-  the torch runner builds it on the GPU).
+- autotune: mode="max-autotune-no-cudagraphs" (Inductor benchmarks kernel configurations; minutes).
 `--profile VARIANT` prints the kernels of that variant's largest batch by share of GPU time.
 Writes swap_variants.json (and .md) under --out.
 """
@@ -40,8 +38,6 @@ def variant(name: str, base: Any) -> Any:
     import torch._inductor.config as ic
 
     m = copy.deepcopy(base)
-    if name == "pad8":
-        m.align_rgb_channels()
     if name == "eager":
         return m
     ic.freezing = name == "freeze"
