@@ -85,9 +85,10 @@ def cv2_frames(clip: Path, limit: int) -> Any:
         cap.release()
 
 
-def neural_config(models: Path, max_batch: int = 1) -> Any:
+def neural_config(models: Path, max_batch: int = 1, overrides: list[str] | None = None) -> Any:
     """A config for the full-size inswapper architecture (random weights) in a private models folder.
-    `max_batch`: faces per model call (1 for one stream's latency; the multi-stream bench batches 4)."""
+    `max_batch`: faces per model call (1 for one stream's latency; the multi-stream bench batches 4);
+    `overrides`: more KEY=VALUE settings on top of the `live` preset."""
     sys.path.insert(0, str(TOOLS))
     import make_test_models as tm
 
@@ -107,7 +108,7 @@ def neural_config(models: Path, max_batch: int = 1) -> Any:
         path.write_bytes(model.SerializeToString())
         (models / f"{name}.hash").write_text(crc32_file(path))
     return load_config("live", [f"models_dir={models}", "swapper=inswapper_128", "neural.download=false",
-                                "neural.runner=auto", f"neural.max_batch={max_batch}"])
+                                "neural.runner=auto", f"neural.max_batch={max_batch}", *(overrides or [])])
 
 
 def with_mark(cfg: Any, swap: Any, info: dict[str, Any]) -> Any:

@@ -1,7 +1,8 @@
 """Many live streams on one GPU (issue 7): the largest N kept within budget, and swapped faces per second.
 
     python tools/bench_streams.py --clip720 C720.mp4 --clip1080 C1080.mp4 --out DIR
-        [--ns 4,8,16,24,32] [--seconds 8] [--workers 4] [--sink null|x264] [--tag _nvdec]
+        [--ns 4,8,16,24,32] [--seconds 8] [--workers 4] [--feeders 0] [--sink null|x264] [--tag _nvdec]
+        [--set detector.detect_every=10 ...]   (config settings on top of the `live` preset)
     (on the GPU machine, through tools/device_check.sh streams)
 
 N streams play 30 fps clips at real-time pace (each frame "arrives" at its time, streams staggered
@@ -281,7 +282,7 @@ def worker_main(args: argparse.Namespace) -> None:
     # Batches of up to 4 faces per model call (the dynamic batcher's limit). Until this was set, the
     # config said 1: every gathered batch ran as single-face calls, 1.33 ms per face instead of
     # 0.78 (compiled, docs/benchmarks/swap_stage.md).
-    cfg = neural_config(tmp / f"models{os.getpid()}", max_batch=4)
+    cfg = neural_config(tmp / f"models{os.getpid()}", max_batch=4, overrides=args.set)
     stages = NeuralStages(cfg)
     swapper = stages.swapper
     probe = GpuFaceAnalyser(cfg, mesh_batch=MESH_BATCH)
@@ -570,6 +571,8 @@ def main() -> None:
     ap.add_argument("--sink", choices=("null", "x264"), default="null")
     ap.add_argument("--decode", choices=("auto", "cpu"), default="auto")
     ap.add_argument("--tag", default="")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="config setting on top of the live preset, e.g. detector.detect_every=10")
     ap.add_argument("--profile-dir", help="write each worker's cProfile of each run loop here (slows the host)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tmp", help=argparse.SUPPRESS)
@@ -584,6 +587,8 @@ def main() -> None:
            args.clip1080, "--sink", args.sink, "--decode", args.decode, "--max-wait-ms", str(args.max_wait_ms)]
     if args.profile_dir:
         cmd += ["--profile-dir", args.profile_dir]
+    for kv in args.set:
+        cmd += ["--set", kv]
     procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
              for _ in range(args.workers)]
     hello = [json.loads(p.stdout.readline()) for p in procs]  # waits for model builds and compiles
@@ -641,7 +646,8 @@ def main() -> None:
 
 def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     common = run_fields(gpu_name(), f"python tools/bench_streams.py --ns {args.ns} --seconds {args.seconds} "
-                                    f"--workers {args.workers} --feeders {args.feeders} --sink {args.sink} --max-wait-ms {args.max_wait_ms}")
+                                    f"--workers {args.workers} --feeders {args.feeders} --sink {args.sink} --max-wait-ms {args.max_wait_ms}"
+                                    + "".join(f" --set {kv}" for kv in args.set))
     args.out.mkdir(parents=True, exist_ok=True)
     records = []
     for r in rows:
