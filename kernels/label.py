@@ -4,9 +4,9 @@
 
 `a` is the patch's coverage (0..255) and `p` its colour already multiplied by coverage. The NumPy
 reference (`blend_patch_ref`) spells the formula with array ops; on the GPU one CuPy elementwise
-kernel does the same integer arithmetic per element (the array-op version launched about eight
-kernels and three dtype conversions per frame, ~0.2 ms of host time per frame in a many-stream
-process: docs/performance.md). Both give the same integers: there is no rounding to differ.
+kernel does the same integer arithmetic per element (the array-op version launched about ten
+kernels, three of them dtype conversions, per frame: 0.2-0.3 ms of host time per frame under
+cProfile in a many-stream worker, docs/performance.md). Both give the same integers: there is no rounding to differ.
 """
 
 from __future__ import annotations
