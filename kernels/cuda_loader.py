@@ -57,9 +57,9 @@ def kernel(source: str, name: str, defines: dict[str, Any] | None = None) -> Any
 
 @functools.cache
 def _function(device: int, source: str, name: str, key_defs: tuple[tuple[str, str], ...]) -> Any:
-    # A launch looked its function up through the module memo and RawModule.get_function each time,
-    # 10-15 us of host time per launch under cProfile (docs/performance.md, many streams); functions are immutable.
-    # `device` is part of the key because modules, and so their functions, are per device.
+    # A launch looked its function up through the module memo and RawModule.get_function each
+    # time, 10-15 us of host time per launch under cProfile (docs/performance.md, many streams).
+    # Functions are immutable; `device` is in the key because modules are per device.
     return _builder()(source, key_defs).get_function(name)
 
 
