@@ -90,10 +90,12 @@ if [[ "$what" == bench || "$what" == pipeline || "$what" == all ]]; then
   python3 tools/bench_pipeline.py --clip "$clip" --out "$OUT" --tag "$tag" 2>&1 | tee "$OUT/bench_pipeline$tag.log" || rc=1
 fi
 if [[ "$what" == streams || "$what" == all ]]; then
-  # Each sink and worker count in STREAMS_SINKS / STREAMS_WORKERS (defaults: both sinks, 4 workers),
-  # decoding with NVDEC where PyNvVideoCodec is carried (the x264 sink needs PyAV too: carry both).
+  # Each sink and worker count in STREAMS_SINKS / STREAMS_WORKERS (defaults: both sinks, 6 workers,
+  # the count with the most faces/s and the most streams within budget so far: docs/performance.md),
+  # decoding with NVDEC in feeder threads where PyNvVideoCodec is carried (the x264 sink needs PyAV
+  # too: carry both). STREAMS_ARGS adds options, e.g. "--ns 16,24 --res 720 --seconds 3".
   for sink in ${STREAMS_SINKS:-null x264}; do
-    for w in ${STREAMS_WORKERS:-4}; do
+    for w in ${STREAMS_WORKERS:-6}; do
       python3 tools/bench_streams.py --clip720 .bench/streams_720p30.mp4 --clip1080 .bench/streams_1080p30.mp4 \
         --out "$OUT" --sink "$sink" --workers "$w" --tag "_${sink}_w${w}" ${STREAMS_ARGS:-} \
         2>&1 | tee "$OUT/bench_streams_${sink}_w${w}.log" || rc=1
