@@ -31,15 +31,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import gpu_name, run_fields  # noqa: E402
 
 
-def decode_some(src: Any, it: Any, rgb: Any, frames: int, split: list[float] | None) -> None:
-    for _ in range(frames):
-        t0 = time.perf_counter()
-        fr = next(it)
-        t1 = time.perf_counter()
-        fr.copy_to(rgb).synchronize()
-        if split is not None:
-            split[0] += t1 - t0
-            split[1] += time.perf_counter() - t1
+def decode_some(src: Any, it: Any, rgb: Any, frames: int, split: list[float] | None,
+                done: list[int], errors: list[BaseException]) -> None:
+    """Decode `frames` frames into `rgb`; counts them in `done`, and an error goes to `errors` (a
+    thread that died must not leave its frames counted as decoded)."""
+    try:
+        for _ in range(frames):
+            t0 = time.perf_counter()
+            fr = next(it)
+            t1 = time.perf_counter()
+            fr.copy_to(rgb).synchronize()
+            done.append(1)
+            if split is not None:
+                split[0] += t1 - t0
+                split[1] += time.perf_counter() - t1
+    except BaseException as e:  # noqa: BLE001 - reported by the caller
+        errors.append(e)
 
 
 def run(clip: Path, sources: int, frames: int, threaded: bool) -> dict[str, Any]:
@@ -56,9 +63,11 @@ def run(clip: Path, sources: int, frames: int, threaded: bool) -> dict[str, Any]
         next(it)  # every decoder set up before the clock starts
     cupy.cuda.Device().synchronize()
     split = [0.0, 0.0]
+    done: list[int] = []
+    errors: list[BaseException] = []
     t0 = time.perf_counter()
     if threaded:
-        ths = [threading.Thread(target=decode_some, args=(s, it, rgb, frames, None))
+        ths = [threading.Thread(target=decode_some, args=(s, it, rgb, frames, None, done, errors))
                for s, it, rgb in zip(srcs, its, rgbs)]
         for th in ths:
             th.start()
@@ -67,11 +76,14 @@ def run(clip: Path, sources: int, frames: int, threaded: bool) -> dict[str, Any]
     else:
         for k in range(frames):
             for s, it, rgb in zip(srcs, its, rgbs):
-                decode_some(s, it, rgb, 1, split)
+                decode_some(s, it, rgb, 1, split, done, errors)
     wall = time.perf_counter() - t0
     for s in srcs:
         s.close()
-    n = sources * frames
+    if errors:
+        raise SystemExit(f"error: decoding '{clip}' failed: {errors[0]!r} (is the clip longer than "
+                         f"--frames {frames}?)")
+    n = len(done)
     row = {"res": f"{w}x{h}", "sources": sources, "threads": sources if threaded else 1,
            "frames": n, "frames_per_s": round(n / wall, 1)}
     if not threaded:
@@ -143,7 +155,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clip", action="append", required=True)
     ap.add_argument("--sources", type=int, default=8)
-    ap.add_argument("--frames", type=int, default=150)
+    ap.add_argument("--frames", type=int, default=150, help="per source; the clip must be longer")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--gil", action="store_true")
     args = ap.parse_args()

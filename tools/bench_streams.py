@@ -242,7 +242,7 @@ class Stream:
         self.due += period
         t0 = time.perf_counter()
         if not self.free:
-            self.src.skip()  # the main loop holds every slot: this frame is lost (drop-oldest)
+            self.src.skip()  # the main loop holds every slot: this frame, the newest, is lost
             if arrival >= t_warm:
                 self.feeder_drops += 1
         else:
@@ -255,16 +255,83 @@ class Stream:
         self.decoded += 1
 
 
-def feed(streams: list[Stream], ready: queue.SimpleQueue[Any], period: float, t_warm: float, t_end: float) -> None:
-    """A feeder thread: decodes its streams' frames as they fall due, the earliest first."""
-    while True:
-        s = min(streams, key=lambda x: x.due)
-        if s.due >= t_end:
-            break
-        wait = s.due - time.perf_counter()
-        if wait > 0:
-            time.sleep(wait)
-        s.step(ready, period, t_warm)
+class Intake:
+    """The main loop's side of the feeders' queue. Each `round` takes what has arrived, in order:
+    a frame already more than one frame period late is dropped (its slot given back) and counted;
+    a second frame of a stream already in the round waits for the next round (a tracker follows
+    its stream frame by frame); the others, at most `limit`, are the round's frames.
+
+    Items are (stream, buffer, arrival, event); a stream has `sid`, `frames`, `dropped` and
+    `give_back(buffer, event)`. Counting starts with frames that arrive at `t_warm` or later."""
+
+    def __init__(self, ready: queue.SimpleQueue[Any], period: float, t_warm: float, limit: int) -> None:
+        self.ready, self.period, self.t_warm, self.limit = ready, period, t_warm, limit
+        self.held: deque[tuple[Any, Any, float, Any]] = deque()
+        self.taken = 0
+        """Frames taken off the queue (each once, held or not)."""
+
+    def empty(self) -> bool:
+        return not self.held and self.ready.empty()
+
+    def round(self, block_s: float) -> tuple[list[tuple[Any, Any, float, Any]], float]:
+        """This round's frames, and the seconds spent waiting: with nothing else to do the caller
+        passes `block_s` > 0 to wait that long for a first frame instead of spinning (which would
+        hold the GIL the feeders need)."""
+        pending: list[tuple[Any, Any, float, Any]] = []
+        in_round: set[int] = set()
+        later: list[tuple[Any, Any, float, Any]] = []
+
+        def consider(item: tuple[Any, Any, float, Any]) -> None:
+            s, buf, arrival, ev = item
+            counted = arrival >= self.t_warm
+            if time.perf_counter() - arrival > self.period:  # the live policy: it would start over a frame late
+                s.give_back(buf, ev)
+                if counted:
+                    s.dropped += 1
+            elif s.sid in in_round:
+                later.append(item)
+            else:
+                in_round.add(s.sid)
+                if counted:
+                    s.frames += 1
+                pending.append(item)
+
+        while self.held and len(pending) < self.limit:
+            consider(self.held.popleft())
+        waited = 0.0
+        while len(pending) < self.limit:
+            try:
+                if block_s > 0 and not pending and not later:
+                    t0 = time.perf_counter()
+                    try:
+                        item = self.ready.get(timeout=block_s)
+                    finally:
+                        waited += time.perf_counter() - t0
+                else:
+                    item = self.ready.get_nowait()
+            except queue.Empty:
+                break
+            self.taken += 1
+            consider(item)
+        self.held = deque(later + list(self.held))  # older first: a stream's frames stay in order
+        return pending, waited
+
+
+def feed(streams: list[Stream], ready: queue.SimpleQueue[Any], period: float, t_warm: float, t_end: float,
+         errors: list[BaseException]) -> None:
+    """A feeder thread: decodes its streams' frames as they fall due, the earliest first. An error
+    goes to `errors` for the main loop to raise: a dead feeder must not read as a quiet stream."""
+    try:
+        while True:
+            s = min(streams, key=lambda x: x.due)
+            if s.due >= t_end:
+                break
+            wait = s.due - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            s.step(ready, period, t_warm)
+    except BaseException as e:  # noqa: BLE001 - handed to the main loop, which raises it
+        errors.append(e)
 
 
 def worker_main(args: argparse.Namespace) -> None:
@@ -369,18 +436,19 @@ def worker_main(args: argparse.Namespace) -> None:
         for s in streams:
             s.due = t0 + period * (s.sid + cmd["offset"]) / cmd["total"]
         nf = min(int(cmd.get("feeders") or k), k)
-        feeders = [threading.Thread(target=feed, args=(streams[i::nf], ready, period, t_warm, t_end), daemon=True)
-                   for i in range(nf)]
+        feed_errors: list[BaseException] = []
+        feeders = [threading.Thread(target=feed, args=(streams[i::nf], ready, period, t_warm, t_end, feed_errors),
+                                    daemon=True) for i in range(nf)]
         for th in feeders:
             th.start()
         batch: list[tuple[Stream, Any, list[Any], float, Any]] = []
+        intake = Intake(ready, period, t_warm, MESH_BATCH)
         inflight: deque[tuple[Stream, Any, Any, float, Any, bool]] = deque()
         peak = device_used_bytes()
 
         # Main-thread host seconds per stage over the whole run (warm-up second included): where
         # one process's time goes when it cannot keep up (ms per frame taken in the result).
         stage_s: Counter[str] = Counter()
-        taken = 0
 
         def flush() -> None:
             if not batch:
@@ -433,36 +501,19 @@ def worker_main(args: argparse.Namespace) -> None:
             prof.enable()
         while True:
             now = time.perf_counter()
-            if now >= t_end and ready.empty() and not any(th.is_alive() for th in feeders):
+            if feed_errors:
+                raise RuntimeError(f"a feeder thread failed: {feed_errors[0]!r}") from feed_errors[0]
+            # Feeders first: one may queue its last frame between the two checks the other way round.
+            if now >= t_end and not any(th.is_alive() for th in feeders) and intake.empty():
                 break
             watch.begin()
             marks = [now]
-            # The frames that arrived (decoded by the feeders) since the last round; those not
-            # already a frame period late are analysed together (one landmark call: track_many).
-            pending = []
-            idle = not batch
-            while len(pending) < MESH_BATCH:
-                try:
-                    # Nothing to swap: wait for a frame (briefly while outputs are still to reap,
-                    # whose latency is taken when the loop sees them done) instead of spinning,
-                    # which would hold the GIL the feeders need.
-                    item = ready.get(timeout=0.0005 if inflight else 0.002) if idle and not pending \
-                        else ready.get_nowait()
-                except queue.Empty:
-                    break
-                s, buf, arrival, ev = item
-                taken += 1
-                counted = arrival >= t_warm
-                if time.perf_counter() - arrival > period:  # the live policy: it would start over a frame late
-                    s.give_back(buf, ev)
-                    if counted:
-                        s.dropped += 1
-                    continue
-                if counted:
-                    s.frames += 1
-                pending.append(item)
+            # The frames the feeders queued since the last round, one per stream, those already a
+            # frame period late dropped (Intake); they are analysed together (one landmark call).
+            pending, waited = intake.round((0.0005 if inflight else 0.002) if not batch else 0.0)
             marks.append(time.perf_counter())
-            stage_s["take" if pending else "idle"] += marks[1] - marks[0]
+            stage_s["idle"] += waited
+            stage_s["take"] += marks[1] - marks[0] - waited
             if pending:
                 with a_stream:
                     for _s, _buf, _arr, ev in pending:
@@ -490,19 +541,19 @@ def worker_main(args: argparse.Namespace) -> None:
                                "take_ms": round((marks[1] - marks[0]) * 1e3, 1),
                                "analyse_ms": round((marks[2] - marks[1]) * 1e3, 1) if len(marks) > 2 else 0.0,
                                "pending": len(pending), "streams": len(streams), "stacks": stacks})
-            if idle and not pending and int(now * 10) % 10 == 0:
+            if not pending and not batch and int(now * 10) % 10 == 0:
                 peak = max(peak, device_used_bytes())
         flush()
         reap(block=True)
         if prof is not None:
             prof.disable()
-            write_profile(prof, Path(args.profile_dir) / f"profile_{res}p_n{cmd['total']}_pid{os.getpid()}.txt")
+            write_profile(prof, Path(args.profile_dir) / f"profile_{res}p_n{cmd['total']}_f{nf}_pid{os.getpid()}.txt")
         for s in streams:
             if s.encoder is not None:
                 s.encoder.close()
             s.src.close()
         decoded = sum(s.decoded for s in streams)
-        host = {k: round(v * 1e3 / max(taken, 1), 3) for k, v in stage_s.items()}
+        host = {k: round(v * 1e3 / max(intake.taken, 1), 3) for k, v in stage_s.items()}
         # The feeders' decode time is their own threads' wall time (NVDEC waits without the GIL).
         host["decode_in_feeders"] = round(sum(s.decode_s for s in streams) * 1e3 / max(decoded, 1), 3)
         res = {"frames": sum(s.frames for s in streams),
@@ -510,6 +561,7 @@ def worker_main(args: argparse.Namespace) -> None:
                "faces": sum(s.faces for s in streams), "latency_ms": enc_lat if args.sink == "x264" else lat,
                "batch_sizes": dict(sizes), "peak_gpu_bytes": peak, "seconds": float(cmd["seconds"]),
                "decode": ("nvdec" if nvdec else "opencv + upload") + f", {nf} feeder threads",
+               "feeder_threads": nf,
                "marked": disclosure.frames_marked - marked0, "stalls": stalls,
                "captures_in_run": len(mesh_runner.captured) - graphs0,
                "host_ms_per_frame": host}
@@ -622,7 +674,8 @@ def main() -> None:
         sizes: Counter[str] = Counter()
         for o in outs:
             sizes.update(o["batch_sizes"])
-        row = {"res": res, "n": n, "workers": args.workers, "feeders": feeders, "frames": frames, "dropped": dropped,
+        row = {"res": res, "n": n, "workers": args.workers, "feeders": feeders,
+               "feeder_threads": [o.get("feeder_threads") for o in outs], "frames": frames, "dropped": dropped,
                "drop_rate": round(dropped / max(frames + dropped, 1), 4),
                "faces_per_s": round(sum(o["faces"] for o in outs) / args.seconds, 1),
                "latency_ms": pcts(lat) if lat else None,
@@ -651,7 +704,7 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     records = []
     for r in rows:
-        cfg = {k: r[k] for k in ("res", "n", "workers", "feeders", "frames", "dropped", "drop_rate", "gpu_util_mean", "gpu_mem_gb",
+        cfg = {k: r[k] for k in ("res", "n", "workers", "feeders", "feeder_threads", "frames", "dropped", "drop_rate", "gpu_util_mean", "gpu_mem_gb",
                                  "batch_sizes", "decode", "within_budget", "frames_marked", "captures_in_run", "host_ms_per_frame", "stalls") if k in r}
         f = f"_f{r['feeders']}" if r.get("feeders") else ""  # several feeder counts in one run
         records.append({"metric": f"streams_{args.sink}_{r['res']}p_n{r['n']}{f}_faces_per_s", "value": r["faces_per_s"],
@@ -671,11 +724,13 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         lines.append(f"| {r['res']}p | {r['n']} | {r['workers']} | {r['decode']} | {r['faces_per_s']} | {100 * r['drop_rate']:.1f}% "
                      f"| {la['p50']:.1f} | {la['p99']:.1f} | {r['gpu_util_mean']} | {r['gpu_mem_gb']} "
                      f"| {r['batch_sizes']} | {'yes' if r['within_budget'] else 'no'} |")
-    for res in sorted({r["res"] for r in rows}):
-        ok = [r["n"] for r in rows if r["res"] == res and r["within_budget"]]
-        best = max((r["faces_per_s"] for r in rows if r["res"] == res), default=0)
+    for res, fd in sorted({(r["res"], r.get("feeders", 0)) for r in rows}):
+        rr = [r for r in rows if r["res"] == res and r.get("feeders", 0) == fd]
+        ok = [r["n"] for r in rr if r["within_budget"]]
+        best = max((r["faces_per_s"] for r in rr), default=0)
+        which = f"{res}p" + (f", --feeders {fd}" if len(args.feeders.split(",")) > 1 else "")
         lines.append("")
-        lines.append(f"{res}p: largest N within budget: {max(ok) if ok else 'none'}; most faces/s: {best}.")
+        lines.append(f"{which}: largest N within budget: {max(ok) if ok else 'none'}; most faces/s: {best}.")
     try:
         import matplotlib
 

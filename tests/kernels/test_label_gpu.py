@@ -31,6 +31,9 @@ def test_blend_matches_reference(cp: ModuleType, frame_hw: tuple[int, int], patc
     alpha[0, :] = 0
     alpha[-1, :] = 255
     premul = (rng.integers(0, 256, (ph, pw, 1)) * alpha[..., None] // 255).astype(np.uint8)
+    # Also colours above their coverage (no label renders them), where the result passes 255 and
+    # both sides wrap it the same way (a C cast to unsigned char, NumPy's astype(uint8)).
+    premul[ph // 2:] = rng.integers(0, 256, (ph - ph // 2, pw, 1), dtype=np.uint8)
     y0, x0 = int(rng.integers(0, h - ph + 1)), int(rng.integers(0, w - pw + 1))
     want = frame.copy()
     blend_patch_ref(want[y0:y0 + ph, x0:x0 + pw], alpha, premul)

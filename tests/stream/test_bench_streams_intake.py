@@ -1,0 +1,93 @@
+"""The many-stream benchmark's intake rule (tools/bench_streams.py `Intake`), on the CPU.
+
+The benchmark itself needs the GPU machine; this is the part of its main loop that decides which
+decoded frames a round analyses, which are dropped as late, and which wait for the next round, run
+here against a real queue with plain stream records."""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+from bench_streams import Intake  # noqa: E402
+
+PERIOD = 1 / 30
+
+
+class FakeStream:
+    """What Intake reads and writes of a stream: its id, counters and the slot it gives back."""
+
+    def __init__(self, sid: int) -> None:
+        self.sid = sid
+        self.frames = self.dropped = 0
+        self.given_back: list[Any] = []
+
+    def give_back(self, buf: Any, event: Any) -> None:
+        self.given_back.append(buf)
+
+
+def _queue(items: list[tuple[FakeStream, str, float]]) -> queue.SimpleQueue[Any]:
+    q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    for s, buf, arrival in items:
+        q.put((s, buf, arrival, None))
+    return q
+
+
+def test_one_frame_per_stream_per_round_in_order() -> None:
+    a, b = FakeStream(0), FakeStream(1)
+    now = time.perf_counter()
+    q = _queue([(a, "a0", now), (a, "a1", now), (b, "b0", now), (a, "a2", now)])
+    intake = Intake(q, PERIOD, t_warm=0.0, limit=16)
+    rounds = []
+    while not intake.empty():
+        pending, _waited = intake.round(0.0)
+        rounds.append([buf for _s, buf, _a, _e in pending])
+    # A stream's second frame waits for the next round, and its frames keep their order.
+    assert rounds == [["a0", "b0"], ["a1"], ["a2"]]
+    assert (a.frames, b.frames, a.dropped) == (3, 1, 0)
+    assert intake.taken == 4
+
+
+def test_late_frames_are_dropped_counted_and_their_slots_given_back() -> None:
+    s = FakeStream(0)
+    now = time.perf_counter()
+    q = _queue([(s, "warmup_late", now - 3 * PERIOD), (s, "late", now - 2 * PERIOD), (s, "fresh", now)])
+    intake = Intake(q, PERIOD, t_warm=now - 2.5 * PERIOD, limit=16)
+    pending, _ = intake.round(0.0)
+    assert [buf for _s, buf, _a, _e in pending] == ["fresh"]
+    assert s.given_back == ["warmup_late", "late"]
+    # Only frames that arrive after the warm-up count, as drops or as frames.
+    assert (s.dropped, s.frames) == (1, 1)
+
+
+def test_a_round_takes_at_most_limit_frames() -> None:
+    streams = [FakeStream(i) for i in range(5)]
+    now = time.perf_counter()
+    q = _queue([(s, f"f{s.sid}", now) for s in streams])
+    intake = Intake(q, PERIOD, t_warm=0.0, limit=3)
+    first, _ = intake.round(0.0)
+    second, _ = intake.round(0.0)
+    assert [b for _s, b, _a, _e in first] == ["f0", "f1", "f2"]
+    assert [b for _s, b, _a, _e in second] == ["f3", "f4"]
+    assert intake.empty()
+
+
+def test_an_idle_round_waits_for_the_first_frame_and_reports_the_wait() -> None:
+    s = FakeStream(0)
+    q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    intake = Intake(q, PERIOD, t_warm=0.0, limit=16)
+    pending, waited = intake.round(0.02)
+    assert pending == [] and waited >= 0.015
+    threading.Timer(0.01, lambda: q.put((s, "late_arrival", time.perf_counter(), None))).start()
+    pending, waited = intake.round(0.5)
+    assert [b for _s, b, _a, _e in pending] == ["late_arrival"]
+    assert 0.005 <= waited < 0.4
+    # With work in hand the round does not block.
+    t0 = time.perf_counter()
+    assert intake.round(0.0) == ([], 0.0)
+    assert time.perf_counter() - t0 < 0.01
