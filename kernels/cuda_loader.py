@@ -40,19 +40,22 @@ def _builder() -> Any:
     return cupy.memoize(for_each_device=True)(_build)
 
 
+def _key_defs(defines: dict[str, Any] | None) -> tuple[tuple[str, str], ...]:
+    """The defines as a hashable key, in a fixed order (the same code for the same defines)."""
+    return tuple(sorted((k, str(v)) for k, v in defines.items())) if defines else ()
+
+
 def load_module(source: str, defines: dict[str, Any] | None = None) -> Any:
     """The `RawModule` for `kernels/cuda/<source>` with `defines`, compiled once per device and
     keyed on the source name and every define."""
-    key_defs = tuple(sorted((k, str(v)) for k, v in (defines or {}).items()))
-    return _builder()(source, key_defs)
+    return _builder()(source, _key_defs(defines))
 
 
 def kernel(source: str, name: str, defines: dict[str, Any] | None = None) -> Any:
     """One kernel function from `load_module(source, defines)`, looked up once per device."""
     import cupy
 
-    key_defs = tuple(sorted((k, str(v)) for k, v in defines.items())) if defines else ()
-    return _function(cupy.cuda.runtime.getDevice(), source, name, key_defs)
+    return _function(cupy.cuda.runtime.getDevice(), source, name, _key_defs(defines))
 
 
 @functools.cache
