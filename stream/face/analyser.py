@@ -122,6 +122,12 @@ class FaceAnalyser:
 
     # -- video ----------------------------------------------------------------------------------
 
+    def prepare(self) -> dict[str, list[int]]:
+        """Build, before a live stream's first frame, what a first use would otherwise build in
+        the middle of it; returns what was built, by model. The CPU analyser has nothing to build
+        (GpuFaceAnalyser captures its CUDA graphs here)."""
+        return {}
+
     def reset(self) -> None:
         """Forget all tracks (e.g. at a cut or a new stream)."""
         self._tracks = []

@@ -164,11 +164,9 @@ class GpuLiveJob(LiveJob, GpuFileJob):
         loop = self._swap_loop(width, height)
         with nvtx("warm-up"):
             # Every landmark batch size one frame can need (GpuFaceAnalyser sizes them by
-            # detector.max_faces), whether or not the frames below show that many faces; a zoo
-            # detector has no graphs to capture. Each size costs up to seconds, once.
-            prepare = getattr(self.analyser, "prepare", None)
-            if prepare is not None:
-                log.info("GPU analysis graphs captured: %s", prepare())
+            # detector.max_faces), whether or not the frames below show that many faces. Each
+            # size costs up to seconds, once.
+            log.info("analysis prepared: %s", self.analyser.prepare())
             for i in range(3):  # detection, then tracking (landmarks only): both paths compile
                 slot = loop.rgb_slot(None)
                 slot.buffer.set(frame, stream=self._upload)

@@ -65,6 +65,11 @@ class DetectorAnalyser:
         faces.sort(key=lambda f: -f.size)
         return faces
 
+    def prepare(self) -> dict[str, list[int]]:
+        """As `FaceAnalyser.prepare`: the detector's runner was activated (its model loaded or
+        its engine built) before this analyser was made, so there is nothing left to build."""
+        return {}
+
     def track(self, frame: Frame) -> list[Face]:
         n = self._seen
         self._seen += 1

@@ -210,3 +210,21 @@ def test_nms() -> None:
     # Equal scores keep input order.
     assert nms(np.array([[0, 0, 1, 1], [5, 5, 6, 6]], float), np.array([0.5, 0.5]), 0.4).tolist() == [0, 1]
     assert nms(np.zeros((0, 4)), np.zeros(0), 0.4).tolist() == []
+
+
+def test_analysers_without_graphs_prepare_nothing(mtm: ModuleType) -> None:
+    # A live job calls prepare() on whichever analyser it has before its first frame; only the GPU
+    # analyser has something to build there (its CUDA graphs: tests/engines/test_tflite_torch.py).
+    from swapstream.config import load_config
+    from swapstream.engines.ort_runner import OnnxRuntimeRunner
+    from swapstream.face.analyser import FaceAnalyser
+    from swapstream.neural.analyser import DetectorAnalyser
+
+    faces, _kept = planted_faces(mtm, for_yolo=False)
+    with OnnxRuntimeRunner(mtm.scrfd_synthetic(SIZE, mtm.plant_scrfd(SIZE, faces)).SerializeToString()) as runner:
+        assert DetectorAnalyser(runner, "scrfd", SIZE).prepare() == {}
+    cpu = FaceAnalyser(load_config())
+    try:
+        assert cpu.prepare() == {}
+    finally:
+        cpu.close()
