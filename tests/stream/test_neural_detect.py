@@ -221,7 +221,8 @@ def test_analysers_without_graphs_prepare_nothing(mtm: ModuleType) -> None:
     from swapstream.neural.analyser import DetectorAnalyser
 
     faces, _kept = planted_faces(mtm, for_yolo=False)
-    with OnnxRuntimeRunner(mtm.scrfd_synthetic(SIZE, mtm.plant_scrfd(SIZE, faces)).SerializeToString()) as runner:
+    model = mtm.scrfd_synthetic(SIZE, mtm.plant_scrfd(SIZE, faces))
+    with OnnxRuntimeRunner(model.SerializeToString()) as runner:
         assert DetectorAnalyser(runner, "scrfd", SIZE).prepare() == {}
     cpu = FaceAnalyser(load_config())
     try:
