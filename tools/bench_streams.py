@@ -23,7 +23,9 @@ worker everything is on the GPU:
   it with PyAV in a thread per stream (PyAV and PyNvVideoCodec must both be installed for NVDEC
   decode with this sink: docs/kernels.md says how they reach the GPU machine).
 Live policy: a frame that would start more than one frame period late is dropped (decoded, not
-swapped) and counted, and so is a frame that finds every slot of its stream still held. Latency is arrival to encoder-ready (null) or to encoded (x264), host clock.
+swapped) and counted, and so is a frame that finds every slot of its stream still held; a round
+takes at most one frame per stream (`Intake`). Latency is arrival to encoder-ready (null) or to
+encoded (x264), host clock.
 A configuration is within budget when drops <= 1% and p99 <= 33 ms.
 Every landmark batch size is captured before the clock starts (`GpuFaceAnalyser.prepare`); each
 result says how many were captured during the run (`captures_in_run`, a stall each), where a
@@ -95,6 +97,7 @@ class RoundWatch(threading.Thread):
                     stack = traceback.format_stack(frame)[-8:]
                     self.samples.append([ln.strip().replace("\n", " | ") for ln in stack])
 
+
 class Source:
     """Frames of one looping clip into the RGB slots of a stream: NVDEC or OpenCV + upload."""
 
@@ -108,8 +111,6 @@ class Source:
         if self.nvdec:
             from swapstream.gpu.nvcodec import NvdecSource
 
-            if self._src is not None:
-                self._src.close()
             self._src = NvdecSource(self.clip, low_latency=True)
             self._it = iter(self._src)
         else:
@@ -117,38 +118,39 @@ class Source:
 
             self._src = cv2.VideoCapture(str(self.clip))
 
+    def _next(self, keep: bool) -> Any:
+        """The next frame, from the start again at the clip's end: an NvdecFrame, or with OpenCV
+        the BGR image (None when not `keep`: grabbed, not converted)."""
+        for again in (False, True):
+            if again:
+                self.close()
+                self._open()
+            if self.nvdec:
+                fr = next(self._it, None)
+                if fr is not None:
+                    return fr
+            elif keep:
+                ok, bgr = self._src.read()
+                if ok:
+                    return bgr
+            elif self._src.grab():
+                return None
+        raise RuntimeError(f"'{self.clip}' gave no frame after reopening")
+
     def next_into(self, rgb: Any, upload: Any) -> Any:
         """Decode the next frame into `rgb`; returns the event that marks it complete."""
+        frame = self._next(keep=True)
         if self.nvdec:
-            try:
-                fr = next(self._it)
-            except StopIteration:
-                self._open()
-                fr = next(self._it)
-            return fr.copy_to(rgb)
+            return frame.copy_to(rgb)
         import cv2
 
-        ok, bgr = self._src.read()
-        if not ok:
-            self._src.release()
-            self._open()
-            ok, bgr = self._src.read()
         with upload:
-            rgb.set(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), stream=upload)
+            rgb.set(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB), stream=upload)
             return upload.record()
 
     def skip(self) -> None:
         """Decode the next frame without keeping it (a decoder must see every frame)."""
-        if self.nvdec:
-            try:
-                next(self._it)
-            except StopIteration:
-                self._open()
-                next(self._it)
-        elif not self._src.grab():
-            self._src.release()
-            self._open()
-            self._src.grab()
+        self._next(keep=False)
 
     def close(self) -> None:
         if self.nvdec:
@@ -354,15 +356,15 @@ def worker_main(args: argparse.Namespace) -> None:
     swapper = stages.swapper
     probe = GpuFaceAnalyser(cfg, mesh_batch=MESH_BATCH)
     src = astronaut()
-    identity = swapper.identity(src, source_face(probe.analyse_image(src), "astronaut"))
-    swapper.set_source(src, source_face(probe.analyse_image(src), "astronaut"))
+    face = source_face(probe.analyse_image(src), "astronaut")
+    identity = swapper.identity(src, face)
+    swapper.set_source(src, face)
     from swapstream.disclosure import Disclosure
 
     # What every live output frame gets: the label and the invisible watermark, on the GPU.
     disclosure = Disclosure(cfg, live=True)
     # Compile and capture every batch size before reporting ready, so no round pays for it.
     warm = cupy.asarray(src)
-    face = source_face(probe.analyse_image(src), "astronaut")
     for b in (1, 2, 3, 4):
         for _ in range(2):
             swapper.swap_many([(warm, face)] * b, [identity] * b)
@@ -381,14 +383,9 @@ def worker_main(args: argparse.Namespace) -> None:
     for wh in ((1280, 720), (1920, 1080)):
         disclosure.apply(cupy.zeros((wh[1], wh[0], 3), cupy.uint8), True)
     cupy.cuda.Device().synchronize()
-    nvdec = False
-    if args.decode != "cpu":
-        try:
-            import PyNvVideoCodec  # noqa: F401  (present: decode with NVDEC)
+    import importlib.util
 
-            nvdec = True
-        except ImportError:
-            nvdec = False
+    nvdec = args.decode != "cpu" and importlib.util.find_spec("PyNvVideoCodec") is not None
     analysers: list[Any] = [probe]
     a_stream = cupy.cuda.Stream(non_blocking=True)
     s_stream = cupy.cuda.Stream(non_blocking=True)
@@ -581,8 +578,6 @@ def write_profile(prof: Any, path: Path) -> None:
     st = pstats.Stats(prof, stream=buf)
     st.sort_stats("tottime").print_stats(40)
     st.sort_stats("cumulative").print_stats(40)
-    st.print_callers("grad_mode.py|method 'cpu'")  # where torch's context exits and host copies come from
-    st.print_callees("grad_mode.py")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(buf.getvalue())
 
