@@ -31,7 +31,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import gpu_name, run_fields  # noqa: E402
 
 
-def decode_some(src: Any, it: Any, rgb: Any, frames: int, split: list[float] | None,
+def open_sources(clip: Path, sources: int) -> tuple[list[Any], list[Any], list[Any]]:
+    """`sources` NVDEC decoders of `clip`, each past its first frame (set-up is not timed), their
+    frame iterators, and an RGB buffer for each."""
+    import cupy
+
+    from swapstream.gpu import nvcodec
+
+    srcs = [nvcodec.NvdecSource(clip, low_latency=True) for _ in range(sources)]
+    its = [iter(s) for s in srcs]
+    first = next(its[0])
+    rgbs = [cupy.empty((first.height, first.width, 3), cupy.uint8) for _ in srcs]
+    for it in its[1:]:
+        next(it)
+    cupy.cuda.Device().synchronize()
+    return srcs, its, rgbs
+
+
+def decode_some(it: Any, rgb: Any, frames: int, split: list[float] | None,
                 done: list[int], errors: list[BaseException]) -> None:
     """Decode `frames` frames into `rgb`; counts them in `done`, and an error goes to `errors` (a
     thread that died must not leave its frames counted as decoded)."""
@@ -50,33 +67,23 @@ def decode_some(src: Any, it: Any, rgb: Any, frames: int, split: list[float] | N
 
 
 def run(clip: Path, sources: int, frames: int, threaded: bool) -> dict[str, Any]:
-    import cupy
-
-    from swapstream.gpu.nvcodec import NvdecSource
-
-    srcs = [NvdecSource(clip, low_latency=True) for _ in range(sources)]
-    its = [iter(s) for s in srcs]
-    first = next(its[0])
-    h, w = first.height, first.width
-    rgbs = [cupy.empty((h, w, 3), cupy.uint8) for _ in srcs]
-    for it in its[1:]:
-        next(it)  # every decoder set up before the clock starts
-    cupy.cuda.Device().synchronize()
+    srcs, its, rgbs = open_sources(clip, sources)
+    h, w = rgbs[0].shape[:2]
     split = [0.0, 0.0]
     done: list[int] = []
     errors: list[BaseException] = []
     t0 = time.perf_counter()
     if threaded:
-        ths = [threading.Thread(target=decode_some, args=(s, it, rgb, frames, None, done, errors))
-               for s, it, rgb in zip(srcs, its, rgbs)]
+        ths = [threading.Thread(target=decode_some, args=(it, rgb, frames, None, done, errors))
+               for it, rgb in zip(its, rgbs)]
         for th in ths:
             th.start()
         for th in ths:
             th.join()
     else:
-        for k in range(frames):
-            for s, it, rgb in zip(srcs, its, rgbs):
-                decode_some(s, it, rgb, 1, split, done, errors)
+        for _ in range(frames):
+            for it, rgb in zip(its, rgbs):
+                decode_some(it, rgb, 1, split, done, errors)
     wall = time.perf_counter() - t0
     for s in srcs:
         s.close()
@@ -104,18 +111,10 @@ def count_for(seconds: float) -> int:
 
 
 def gil_probe(clip: Path, sources: int, read_pts: bool, seconds: float = 2.0) -> dict[str, Any]:
-    import cupy
-
     from swapstream.gpu import nvcodec
 
     sys.setswitchinterval(0.0005)  # as tools/bench_streams.py runs its workers
-    srcs = [nvcodec.NvdecSource(clip, low_latency=True) for _ in range(sources)]
-    its = [iter(s) for s in srcs]
-    first = next(its[0])
-    rgbs = [cupy.empty((first.height, first.width, 3), cupy.uint8) for _ in srcs]
-    for it in its[1:]:
-        next(it)
-    cupy.cuda.Device().synchronize()
+    srcs, its, rgbs = open_sources(clip, sources)
     alone = count_for(seconds)
     stop = time.perf_counter() + seconds
     decoded = [0]
@@ -146,7 +145,7 @@ def gil_probe(clip: Path, sources: int, read_pts: bool, seconds: float = 2.0) ->
     for s in srcs:
         s.close()
     lost = max(0.0, 1.0 - beside / alone)
-    return {"res": f"{first.width}x{first.height}", "sources": sources, "read_pts": read_pts,
+    return {"res": f"{rgbs[0].shape[1]}x{rgbs[0].shape[0]}", "sources": sources, "read_pts": read_pts,
             "frames": decoded[0], "loop_share_lost": round(lost, 3),
             "gil_ms_per_frame": round(lost * seconds * 1e3 / max(decoded[0], 1), 3)}
 
