@@ -24,7 +24,7 @@ from typing import Any
 import cv2
 import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import gpu_name, run_fields  # noqa: E402
+from benchlib import gpu_name, median_ms, run_fields  # noqa: E402
 
 W, H = 1920, 1080
 
@@ -32,18 +32,7 @@ W, H = 1920, 1080
 
 def gpu_time_us(cp: Any, fn: Callable[[], Any], reps: int = 200, warm: int = 10) -> float:
     """Median time of `fn` between CUDA events on the current stream, in microseconds."""
-    for _ in range(warm):
-        fn()
-    cp.cuda.Device().synchronize()
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    times = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, stop) * 1e3)
-    return float(np.median(times))
+    return median_ms(cp, fn, cp.cuda.get_current_stream(), reps, warm) * 1e3
 
 
 def graph_time_us(cp: Any, fn: Callable[[], Any], reps: int = 200) -> float | None:

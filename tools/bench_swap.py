@@ -22,26 +22,11 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import run_fields  # noqa: E402
+from benchlib import median_ms, run_fields  # noqa: E402
 from make_test_models import inswapper  # noqa: E402
 
 from swapstream.engines.torch_models import build_inswapper, onnx_initializers  # noqa: E402
 from swapstream.engines.torch_runner import TorchRunner  # noqa: E402
-
-
-def median_ms(cp: Any, fn: Any, stream: Any, reps: int = 50, warm: int = 10) -> float:
-    for _ in range(warm):
-        fn()
-    stream.synchronize()
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    times = []
-    for _ in range(reps):
-        start.record(stream)
-        fn()
-        stop.record(stream)
-        stop.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, stop))
-    return float(np.median(times))
 
 
 def main() -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Callable
+from typing import Any
 
 
 def git_sha() -> str:
@@ -40,3 +42,23 @@ def run_fields(device: str, command: str) -> dict[str, str]:
     import datetime as dt
 
     return {"device": device, "commit": git_sha(), "date": dt.date.today().isoformat(), "command": command}
+
+
+def median_ms(cp: Any, fn: Callable[[], Any], stream: Any, reps: int = 50, warm: int = 10) -> float:
+    """Median time of `fn` between CUDA events recorded on `stream` (CuPy's), in milliseconds,
+    after `warm` untimed calls. `fn` must queue its work on `stream` (or on the legacy default
+    stream when `stream` is CuPy's null stream, as torch does by default)."""
+    import numpy as np
+
+    for _ in range(warm):
+        fn()
+    stream.synchronize()
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    times = []
+    for _ in range(reps):
+        start.record(stream)
+        fn()
+        stop.record(stream)
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop))
+    return float(np.median(times))

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import gpu_name, run_fields  # noqa: E402
+from benchlib import gpu_name, median_ms, run_fields  # noqa: E402
 from make_test_models import inswapper  # noqa: E402
 
 from swapstream.engines.torch_models import build_inswapper, onnx_initializers  # noqa: E402
@@ -48,6 +48,7 @@ def variant(name: str, base: Any) -> Any:
 
 def time_graph(fn: Any, t: Any, s: Any, reps: int = 50) -> tuple[float, Any]:
     """Median ms per call of `fn(t, s)` replayed from a CUDA graph, and the graph."""
+    import cupy
     import torch
 
     side = torch.cuda.Stream()
@@ -60,19 +61,8 @@ def time_graph(fn: Any, t: Any, s: Any, reps: int = 50) -> tuple[float, Any]:
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         fn(t, s)
-    for _ in range(5):
-        g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2], g
+    # Replays go to torch's current stream, the legacy default stream: CuPy's null stream.
+    return median_ms(cupy, g.replay, cupy.cuda.Stream.null, reps, warm=5), g
 
 
 def kernel_table(g: Any) -> str:
