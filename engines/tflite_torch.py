@@ -310,6 +310,20 @@ def _on_cupy_stream(x: Any, cache: dict[int, Any]) -> Iterator[None]:
         yield
 
 
+class PendingOutputs:
+    """A batch's outputs on their way to host memory (`TfliteTorchRunner.run_async`)."""
+
+    def __init__(self, host: list[Any], done: Any) -> None:
+        self._host = host
+        self._done = done  # a torch.cuda.Event recorded after the copies; None on the CPU
+
+    def result(self) -> list[np.ndarray]:
+        """The outputs as NumPy arrays, once their copies are done (the wait happens here)."""
+        if self._done is not None:
+            self._done.synchronize()
+        return [t.numpy() for t in self._host]
+
+
 class TfliteTorchRunner:
     """LiteRTRunner's interface (`input_shape`, `run`, `close`) over a `.tflite` file executed by torch.
 
@@ -421,13 +435,28 @@ class TfliteTorchRunner:
 
     def run(self, x: Any) -> list[np.ndarray]:
         """Run one batch; outputs in the model's declared order, as NumPy copies."""
+        return self.run_async(x).result()
+
+    def run_async(self, x: Any) -> PendingOutputs:
+        """`run` without the wait: the model and the copies of its outputs to (pinned) host memory
+        are queued, and `result()` waits for them. A caller with other work to launch meanwhile
+        (the next streams' swaps) does it before `result()` instead of idling in the copy."""
         import torch
 
         self._check(x)
         # The copies to the host must be ordered on the stream the model ran on (CuPy's, for CuPy
-        # input), so they happen inside the same stream context.
+        # input), so they happen inside the same stream context. non_blocking makes torch copy
+        # into pinned memory and return at once; the event marks when the copies are done. They
+        # are queued right after the replay, so the graph's static outputs are read before any
+        # later replay can overwrite them.
         with torch.inference_mode(), _exact_fp32(), _on_cupy_stream(x, self._streams):
-            return [o.detach().cpu().numpy() for o in self._run(x)]
+            outs = self._run(x)
+            if self.device.type != "cuda":
+                return PendingOutputs([o.detach().cpu() for o in outs], None)
+            host = [o.detach().to("cpu", non_blocking=True) for o in outs]
+            done = torch.cuda.Event()
+            done.record()
+        return PendingOutputs(host, done)
 
     def close(self) -> None:
         self._graphs.clear()

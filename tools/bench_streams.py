@@ -1,7 +1,7 @@
 """Many live streams on one GPU (issue 7): the largest N kept within budget, and swapped faces per second.
 
     python tools/bench_streams.py --clip720 C720.mp4 --clip1080 C1080.mp4 --out DIR
-        [--ns 4,8,16,24,32] [--seconds 8] [--workers 4] [--feeders 0] [--sink null|x264] [--tag _nvdec]
+        [--ns 4,8,16,24,32] [--seconds 8] [--workers 4] [--feeders 0] [--pipeline 0,1] [--sink null|x264] [--tag _nvdec]
         [--set detector.detect_every=10 ...]   (config settings on top of the `live` preset)
     (on the GPU machine, through tools/device_check.sh streams)
 
@@ -18,7 +18,9 @@ worker everything is on the GPU:
   per stream (`FaceAnalyser.tracker`); the frames of all streams that arrived since the last round
   go through the landmark model together (`track_many`: one call, one wait, up to 16 streams);
 - swap: faces of all the worker's streams gathered into model calls of up to 4, the oldest first,
-  waiting at most `--max-wait-ms` for a fuller batch (the dynamic batcher's rule);
+  waiting at most `--max-wait-ms` for a fuller batch (the dynamic batcher's rule); with
+  `--pipeline 1` a round's swaps are launched while the next round's landmark model runs
+  (`PendingTracks`), so the host launches work instead of waiting for the landmarks;
 - out: watermark and NV12 on the GPU; `null` drops the frame there, `x264` downloads it and encodes
   it with PyAV in a thread per stream (PyAV and PyNvVideoCodec must both be installed for NVDEC
   decode with this sink: docs/kernels.md says how they reach the GPU machine).
@@ -371,7 +373,7 @@ def worker_main(args: argparse.Namespace) -> None:
     # The landmark model at every batch size track_many may use (one CUDA graph each). Warm-up
     # frames did not do it: the swaps above scramble `warm`'s face (random weights), so no track
     # started and each size was captured mid-run instead, 2-3 s each (the stalls of 6d2eca0).
-    from swapstream.face.analyser import track_many
+    from swapstream.face.analyser import PendingTracks, track_many
 
     captured = probe.prepare()
     still = Frame(cupy.asarray(src), 0, Fraction(1, 30), 0)
@@ -402,6 +404,7 @@ def worker_main(args: argparse.Namespace) -> None:
         if cmd.get("quit"):
             break
         k, res = int(cmd["n"]), cmd["res"]
+        pipelined = bool(cmd.get("pipeline"))
         w, h = (1280, 720) if res == "720" else (1920, 1080)
         while len(analysers) < k:
             # One tracker per stream over the worker's one set of networks (and CUDA graphs, all
@@ -515,17 +518,28 @@ def worker_main(args: argparse.Namespace) -> None:
                 with a_stream:
                     for _s, _buf, _arr, ev in pending:
                         a_stream.wait_event(ev)
-                    found = track_many([(s.analyser, Frame(buf, s.index, Fraction(1, 30), s.index))
-                                        for s, buf, _arr, _e in pending])
+                    tracks = PendingTracks([(s.analyser, Frame(buf, s.index, Fraction(1, 30), s.index))
+                                            for s, buf, _arr, _e in pending])
+                if pipelined and batch and (sum(len(b[2]) for b in batch) >= 4
+                                            or (time.perf_counter() - batch[0][3]) * 1e3 >= args.max_wait_ms):
+                    # The previous rounds' swaps are launched while this round's landmarks run
+                    # (on another CUDA stream): the host works instead of waiting for them.
+                    t_overlap = time.perf_counter()
+                    flush()
+                    marks[1] += time.perf_counter() - t_overlap  # counted as swap, not analysis
+                with a_stream:
+                    found = tracks.finish()
                     analysed = a_stream.record()
                 marks.append(time.perf_counter())  # analysis done
                 stage_s["analyse"] += marks[2] - marks[1]
                 for (s, buf, arrival, _e), faces in zip(pending, found):
                     s.index += 1
                     batch.append((s, buf, faces, arrival, analysed))
-                    if sum(len(b[2]) for b in batch) >= 4:
+                    if not pipelined and sum(len(b[2]) for b in batch) >= 4:
                         flush()
-            if batch and (not pending or (time.perf_counter() - batch[0][3]) * 1e3 >= args.max_wait_ms):
+            # Pipelined, a round's faces wait for the next round's landmark launch (or for a round
+            # with nothing new) to be swapped: that is the overlap.
+            if batch and (not pending or (not pipelined and (time.perf_counter() - batch[0][3]) * 1e3 >= args.max_wait_ms)):
                 flush()
             t_reap = time.perf_counter()
             reap()
@@ -615,6 +629,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--max-wait-ms", type=float, default=4.0)
     ap.add_argument("--feeders", default="0", help="decode threads per worker, a list to compare (0: one per stream)")
+    ap.add_argument("--pipeline", default="0",
+                    help="1: launch the last round's swaps while this round's landmarks run; a list (0,1) compares")
     ap.add_argument("--sink", choices=("null", "x264"), default="null")
     ap.add_argument("--decode", choices=("auto", "cpu"), default="auto")
     ap.add_argument("--tag", default="")
@@ -641,14 +657,14 @@ def main() -> None:
     hello = [json.loads(p.stdout.readline()) for p in procs]  # waits for model builds and compiles
     print(f"{len(procs)} workers ready: {hello}", flush=True)
     rows = []
-    configs = [(res, int(n), int(f)) for res in args.res.split(",") for n in args.ns.split(",")
-               for f in args.feeders.split(",")]
-    for res, n, feeders in configs:
+    configs = [(res, int(n), int(f), int(pl)) for res in args.res.split(",") for n in args.ns.split(",")
+               for f in args.feeders.split(",") for pl in args.pipeline.split(",")]
+    for res, n, feeders, pipeline in configs:
         per = [n // args.workers + (1 if i < n % args.workers else 0) for i in range(args.workers)]
         offset = 0
         for p, k in zip(procs, per):
             p.stdin.write(json.dumps({"n": k, "res": res, "seconds": args.seconds, "feeders": feeders,
-                                      "offset": offset, "total": n}) + "\n")
+                                      "pipeline": pipeline, "offset": offset, "total": n}) + "\n")
             p.stdin.flush()
             offset += k
         armed = [read_reply(p, i) for i, p in enumerate(procs)]  # streams built and warmed
@@ -656,7 +672,7 @@ def main() -> None:
         for p in procs:
             p.stdin.write(json.dumps({"start_at": start_at}) + "\n")
             p.stdin.flush()
-        print(f"{res}p N={n}: armed {len(armed)} workers", flush=True)
+        print(f"{res}p N={n}{' pipelined' if pipeline else ''}: armed {len(armed)} workers", flush=True)
         util: list[float] = []
         stop = threading.Event()
         th = threading.Thread(target=gpu_util_sampler, args=(stop, util), daemon=True)
@@ -669,7 +685,7 @@ def main() -> None:
         sizes: Counter[str] = Counter()
         for o in outs:
             sizes.update(o["batch_sizes"])
-        row = {"res": res, "n": n, "workers": args.workers, "feeders": feeders,
+        row = {"res": res, "n": n, "workers": args.workers, "feeders": feeders, "pipeline": pipeline,
                "feeder_threads": [o.get("feeder_threads") for o in outs], "frames": frames, "dropped": dropped,
                "drop_rate": round(dropped / max(frames + dropped, 1), 4),
                "faces_per_s": round(sum(o["faces"] for o in outs) / args.seconds, 1),
@@ -692,16 +708,29 @@ def main() -> None:
         write(rows, args)
 
 
+def _variant(row: dict[str, Any]) -> tuple[str, int, int]:
+    """What separates the series of a run: resolution, feeder count, loop kind."""
+    return row["res"], row.get("feeders", 0), row.get("pipeline", 0)
+
+
+def _variant_name(key: tuple[str, int, int], args: argparse.Namespace) -> str:
+    res, fd, pl = key
+    return (f"{res}p" + (f", --feeders {fd}" if len(args.feeders.split(",")) > 1 else "")
+            + (", pipelined" if pl else ""))
+
+
 def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     common = run_fields(gpu_name(), f"python tools/bench_streams.py --ns {args.ns} --seconds {args.seconds} "
-                                    f"--workers {args.workers} --feeders {args.feeders} --sink {args.sink} --max-wait-ms {args.max_wait_ms}"
+                                    f"--workers {args.workers} --feeders {args.feeders} --pipeline {args.pipeline} "
+                                    f"--sink {args.sink} --max-wait-ms {args.max_wait_ms}"
                                     + "".join(f" --set {kv}" for kv in args.set))
     args.out.mkdir(parents=True, exist_ok=True)
     records = []
     for r in rows:
-        cfg = {k: r[k] for k in ("res", "n", "workers", "feeders", "feeder_threads", "frames", "dropped", "drop_rate", "gpu_util_mean", "gpu_mem_gb",
+        cfg = {k: r[k] for k in ("res", "n", "workers", "feeders", "pipeline", "feeder_threads", "frames", "dropped", "drop_rate", "gpu_util_mean", "gpu_mem_gb",
                                  "batch_sizes", "decode", "within_budget", "frames_marked", "captures_in_run", "host_ms_per_frame", "stalls") if k in r}
-        f = f"_f{r['feeders']}" if r.get("feeders") else ""  # several feeder counts in one run
+        # Several feeder counts or loop kinds in one run get their own metric names.
+        f = (f"_f{r['feeders']}" if r.get("feeders") else "") + ("_pipelined" if r.get("pipeline") else "")
         records.append({"metric": f"streams_{args.sink}_{r['res']}p_n{r['n']}{f}_faces_per_s", "value": r["faces_per_s"],
                         "unit": "faces/s", "stat": "mean", "config": cfg, **common})
         if r["latency_ms"]:
@@ -712,18 +741,18 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     lines = [f"# Concurrent live streams on one GPU, {args.sink} sink ({common['device']})", "",
              f"`{common['command']}`, commit {common['commit']}, {common['date']}. One face per stream, full-size "
              "inswapper architecture, 30 fps real-time pace. Budget: drops ≤ 1% and p99 ≤ 33 ms.", "",
-             "| res | N | workers | decode | faces/s | drops | p50 ms | p99 ms | GPU util % | GPU mem GB (device) | batch sizes | within budget |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| res | N | workers | loop | decode | faces/s | drops | p50 ms | p99 ms | GPU util % | GPU mem GB (device) | batch sizes | within budget |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         la = r["latency_ms"] or {"p50": float("nan"), "p99": float("nan")}
-        lines.append(f"| {r['res']}p | {r['n']} | {r['workers']} | {r['decode']} | {r['faces_per_s']} | {100 * r['drop_rate']:.1f}% "
+        lines.append(f"| {r['res']}p | {r['n']} | {r['workers']} | {'pipelined' if r.get('pipeline') else 'plain'} | {r['decode']} | {r['faces_per_s']} | {100 * r['drop_rate']:.1f}% "
                      f"| {la['p50']:.1f} | {la['p99']:.1f} | {r['gpu_util_mean']} | {r['gpu_mem_gb']} "
                      f"| {r['batch_sizes']} | {'yes' if r['within_budget'] else 'no'} |")
-    for res, fd in sorted({(r["res"], r.get("feeders", 0)) for r in rows}):
-        rr = [r for r in rows if r["res"] == res and r.get("feeders", 0) == fd]
+    for key in sorted({_variant(r) for r in rows}):
+        rr = [r for r in rows if _variant(r) == key]
         ok = [r["n"] for r in rr if r["within_budget"]]
         best = max((r["faces_per_s"] for r in rr), default=0)
-        which = f"{res}p" + (f", --feeders {fd}" if len(args.feeders.split(",")) > 1 else "")
+        which = _variant_name(key, args)
         lines.append("")
         lines.append(f"{which}: largest N within budget: {max(ok) if ok else 'none'}; most faces/s: {best}.")
     try:
@@ -733,9 +762,9 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(6, 4))
-        for res, fd in sorted({(r["res"], r.get("feeders", 0)) for r in rows}):
-            rr = [r for r in rows if r["res"] == res and r.get("feeders", 0) == fd and r["latency_ms"]]
-            name = f"{res}p" + (f", {fd} feeders" if fd else "")
+        for key in sorted({_variant(r) for r in rows}):
+            rr = [r for r in rows if _variant(r) == key and r["latency_ms"]]
+            name = _variant_name(key, args)
             ax.plot([r["n"] for r in rr], [r["latency_ms"]["p99"] for r in rr], "o-", label=f"{name} p99")
             ax.plot([r["n"] for r in rr], [r["latency_ms"]["p50"] for r in rr], "x--", label=f"{name} p50")
         ax.axhline(BUDGET_MS, color="k", lw=0.8, ls=":")

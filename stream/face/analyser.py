@@ -51,6 +51,7 @@ class FaceAnalyser:
         self._next_id = 0
         self._frames_seen = 0
         self._owns_models = True
+        self._in_flight = False  # a PendingTracks round not yet finished (it owns the tracks)
 
     def tracker(self) -> FaceAnalyser:
         """Another analyser over the same networks, with tracks of its own: one per stream, one set
@@ -62,6 +63,7 @@ class FaceAnalyser:
         other._next_id = 0
         other._frames_seen = 0
         other._owns_models = False
+        other._in_flight = False
         return other
 
     def _build_models(self, folder: Path) -> tuple[BlazeFaceDetector, BlazeFaceDetector | None, FaceMesh]:
@@ -135,6 +137,8 @@ class FaceAnalyser:
 
     def track(self, frame: Frame) -> list[Face]:
         """Faces of the next video frame, with stable track ids and smoothed landmarks."""
+        if self._in_flight:
+            raise ValueError("a tracker can follow one frame at a time: finish its last round first")
         rois = self._follow_rois()
         return self._track_rest(frame, self._mesh.many(frame.data, rois) if rois else [])
 
@@ -205,11 +209,42 @@ def track_many(pairs: list[tuple[FaceAnalyser, Frame]]) -> list[list[Face]]:
     every frame (`FaceMesh.many_frames`): one batch and one wait for many streams. The analysers
     must share their networks (`FaceAnalyser.tracker`); each keeps its own tracks. Detection, on
     its cadence, still runs per frame."""
-    if not pairs:
-        return []
-    mesh = pairs[0][0]._mesh
-    if any(a._mesh is not mesh for a, _f in pairs):
-        raise ValueError("track_many needs trackers of one analyser (FaceAnalyser.tracker)")
-    rois = [a._follow_rois() for a, _f in pairs]
-    followed = mesh.many_frames([(f.data, r) for (_a, f), r in zip(pairs, rois)])
-    return [a._track_rest(f, fol) for (a, f), fol in zip(pairs, followed)]
+    return PendingTracks(pairs).finish()
+
+
+class PendingTracks:
+    """`track_many` in two halves, so that a caller can launch other work (the previous round's
+    swaps) while the landmark model runs: constructing it queues the landmark model for every
+    track of every frame, `finish()` waits for the landmarks and does the rest of `track`.
+
+    A tracker has at most one round in flight: its next round's regions of interest come from
+    this round's landmarks."""
+
+    def __init__(self, pairs: list[tuple[FaceAnalyser, Frame]]) -> None:
+        self._pairs = pairs
+        self._finished = not pairs
+        if not pairs:
+            return
+        mesh = pairs[0][0]._mesh
+        if any(a._mesh is not mesh for a, _f in pairs):
+            raise ValueError("track_many needs trackers of one analyser (FaceAnalyser.tracker)")
+        if len({id(a) for a, _f in pairs}) != len(pairs) or any(a._in_flight for a, _f in pairs):
+            raise ValueError("a tracker can follow one frame at a time: finish its last round first")
+        rois = [a._follow_rois() for a, _f in pairs]
+        for a, _f in pairs:
+            a._in_flight = True
+        self._landmarks = mesh.start_frames([(f.data, r) for (_a, f), r in zip(pairs, rois)])
+
+    def finish(self) -> list[list[Face]]:
+        """Each frame's faces, as `track` gives them."""
+        if self._finished:
+            if self._pairs:
+                raise RuntimeError("PendingTracks.finish called twice")
+            return []
+        self._finished = True
+        try:
+            followed = self._landmarks.result()
+        finally:
+            for a, _f in self._pairs:
+                a._in_flight = False
+        return [a._track_rest(f, fol) for (a, f), fol in zip(self._pairs, followed)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -56,6 +56,34 @@ def roi_from_landmarks(landmarks: np.ndarray, scale: float = 1.5) -> Roi:
     return _roi_from_points(box, xy[IMAGE_LEFT_EYE_OUTER], xy[IMAGE_RIGHT_EYE_OUTER], scale)
 
 
+class PendingLandmarks:
+    """Landmarks on their way (`FaceMesh.start_frames`); `result()` waits for them."""
+
+    def __init__(self, finish: Callable[[], list[list[tuple[np.ndarray, float]]]]) -> None:
+        self._finish = finish
+
+    def result(self) -> list[list[tuple[np.ndarray, float]]]:
+        return self._finish()
+
+
+def _gather(chunks: list[tuple[int, Any]]) -> list[tuple[np.ndarray, float]]:
+    """Per face, the flat coordinates and the presence logit, from the chunks' pending outputs."""
+    res: list[tuple[np.ndarray, float]] = []
+    for n, pending in chunks:
+        coords, flags = pending.result()
+        res += [(coords[i].reshape(-1), float(flags.reshape(n, -1)[i, 0])) for i in range(n)]
+    return res
+
+
+def _split(flat: list[Any], idx: list[list[Any]]) -> list[list[Any]]:
+    """`flat` cut into runs as long as the lists of `idx` (one run per frame)."""
+    out, at = [], 0
+    for ii in idx:
+        out.append(flat[at:at + len(ii)])
+        at += len(ii)
+    return out
+
+
 class FaceMesh:
     """Runs the landmark model on square ROIs of an RGB uint8 frame."""
 
@@ -83,26 +111,35 @@ class FaceMesh:
         """`many` for the ROIs of several frames (several streams) at once: on the GPU every face of
         every frame goes into the same model calls of up to `max_batch`, with one wait for the
         results, instead of one call and one wait per frame."""
+        return self.start_frames(items).result()
+
+    def start_frames(self, items: list[tuple[Any, list[Roi]]]) -> PendingLandmarks:
+        """`many_frames` in two halves: on the GPU the crops, the model and the copies of its
+        outputs are queued now, and `result()` waits for them and maps the landmarks into the
+        frames. On the CPU the work is done here."""
         mats = [[roi.crop_to_frame() for roi in rois] for _rgb, rois in items]
         # Crop pixel index u has continuous coordinate u + 0.5.
         idx = [[np.hstack([m[:, :2], (m[:, 2] + m[:, :2] @ np.array([0.5, 0.5]))[:, None]]) for m in ms]
                for ms in mats]
         if items and all(type(rgb).__module__.startswith("cupy") for rgb, _r in items):
-            flat = self._run_gpu([(rgb, i) for (rgb, _r), ii in zip(items, idx) for i in ii])
-            raws, at = [], 0
-            for ii in idx:
-                raws.append(flat[at:at + len(ii)])
-                at += len(ii)
-        else:
-            raws = []
-            for (rgb, _r), ii in zip(items, idx):
-                raw = []
-                for m_idx in ii:
-                    warp_affine(rgb, m_idx, self._crop, border="replicate")
-                    np.multiply(self._crop, np.float32(1.0 / 255.0), out=self._input[0], casting="unsafe")
-                    coords, flag = self.runner.run(self._input)
-                    raw.append((coords.reshape(-1), float(flag.reshape(-1)[0])))
-                raws.append(raw)
+            chunks = self._launch_gpu([(rgb, i) for (rgb, _r), ii in zip(items, idx) for i in ii])
+            return PendingLandmarks(lambda: self._to_frames(mats, items, _split(_gather(chunks), idx)))
+        raws = []
+        for (rgb, _r), ii in zip(items, idx):
+            raw = []
+            for m_idx in ii:
+                warp_affine(rgb, m_idx, self._crop, border="replicate")
+                np.multiply(self._crop, np.float32(1.0 / 255.0), out=self._input[0], casting="unsafe")
+                coords, flag = self.runner.run(self._input)
+                raw.append((coords.reshape(-1), float(flag.reshape(-1)[0])))
+            raws.append(raw)
+        done = self._to_frames(mats, items, raws)
+        return PendingLandmarks(lambda: done)
+
+    @staticmethod
+    def _to_frames(mats: list[list[np.ndarray]], items: list[tuple[Any, list[Roi]]],
+                   raws: list[list[tuple[np.ndarray, float]]]) -> list[list[tuple[np.ndarray, float]]]:
+        """The model's crop-space outputs as frame-space landmarks and presence probabilities."""
         results = []
         for ms, (_rgb, rois), raw in zip(mats, items, raws):
             out = []
@@ -116,21 +153,24 @@ class FaceMesh:
             results.append(out)
         return results
 
-    def _run_gpu(self, crops: list[tuple[Any, np.ndarray]]) -> list[tuple[np.ndarray, float]]:
+    def _launch_gpu(self, crops: list[tuple[Any, np.ndarray]]) -> list[tuple[int, Any]]:
         """(frame, crop matrix) pairs, possibly of different frames: crops in one buffer, then the
-        model in chunks of `max_batch`."""
+        model in chunks of `max_batch`; returns each chunk's size and pending outputs
+        (`TfliteTorchRunner.run_async`)."""
         import cupy
 
         from ..kernels.crop import crop_batch
 
-        res: list[tuple[np.ndarray, float]] = []
+        chunks: list[tuple[int, Any]] = []
         for start in range(0, len(crops), self.max_batch):
             chunk = crops[start:start + self.max_batch]
             n = len(chunk)
             if self._gpu_input is None or self._gpu_input.shape[0] < n:
                 self._gpu_input = cupy.empty((self.max_batch, 3, INPUT_SIZE, INPUT_SIZE), cupy.float32)
             # One launch per frame crops all of its faces, as x/255 in float32 (the CPU path rounds
-            # the crop to uint8 first; the difference is below half a grey level).
+            # the crop to uint8 first; the difference is below half a grey level). Reusing the one
+            # input buffer for the next chunk is safe: the runner copies it into its graph's input
+            # on the same stream before the next crop is written.
             at = 0
             while at < n:
                 rgb = chunk[at][0]
@@ -141,9 +181,8 @@ class FaceMesh:
                            self._gpu_input[at:end])
                 at = end
             batch = self._gpu_input[:n]
-            coords, flags = self.runner.run(batch.transpose(0, 2, 3, 1))
-            res += [(coords[i].reshape(-1), float(flags.reshape(n, -1)[i, 0])) for i in range(n)]
-        return res
+            chunks.append((n, self.runner.run_async(batch.transpose(0, 2, 3, 1))))  # type: ignore[attr-defined]
+        return chunks
 
     def close(self) -> None:
         self.runner.close()

@@ -128,6 +128,27 @@ def test_gpu_executor_matches_litert(cuda: ModuleType, name: str) -> None:
 
 
 @pytest.mark.gpu
+def test_gpu_run_async_keeps_each_calls_outputs(cuda: ModuleType) -> None:
+    # Two calls of one batch size replay one CUDA graph into the same static outputs. Each
+    # run_async queues its host copy before the next replay, so both results must survive being
+    # read after the second call, in either order.
+    cupy = cuda
+    path = builtin_model_path("face_landmark.tflite", load_config().models_dir)
+    ref = LiteRTRunner(path)
+    ours = TfliteTorchRunner(path, device="cuda", max_batch=2)
+    rng = np.random.default_rng()
+    xs = [rng.uniform(0, 1, (2, *ref.input_shape[1:])).astype(np.float32) for _ in range(2)]
+    ours.run(cupy.asarray(xs[0]))  # capture outside the comparison
+    pending = [ours.run_async(cupy.asarray(x)) for x in xs]
+    for x, p in reversed(list(zip(xs, pending))):
+        got = p.result()
+        for b in range(2):
+            for g, w in zip(got, ref.run(x[b:b + 1])):
+                # As in test_gpu_executor_matches_litert: fp32, other summation orders than XNNPACK.
+                np.testing.assert_allclose(g[b:b + 1], w, rtol=0, atol=5e-5 * max(1.0, float(np.abs(w).max())))
+
+
+@pytest.mark.gpu
 def test_gpu_track_many_matches_one_stream_at_a_time(cuda: ModuleType) -> None:
     # Four streams' landmark crops in one model call (cropped from four CuPy frames) against each
     # stream tracked alone: same faces, same ids, landmarks within fp32 noise of the batch size.

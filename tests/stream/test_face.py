@@ -9,7 +9,7 @@ import pytest
 
 from swapstream.config import load_config
 from swapstream.demo import render_target_frame
-from swapstream.face.analyser import FaceAnalyser, track_many
+from swapstream.face.analyser import FaceAnalyser, PendingTracks, track_many
 from swapstream.face.blazeface import FULL_RANGE, SHORT_RANGE, ssd_anchor_centres
 from swapstream.types import Frame
 
@@ -102,6 +102,26 @@ def test_trackers_share_the_networks_and_keep_their_own_tracks(portraits: dict[s
         for n, faces in zip(names, outs):
             assert [f.track_id for f in faces] == [f.track_id for f in alone[n][i]]
             np.testing.assert_array_equal(faces[0].landmarks, alone[n][i][0].landmarks)
+    # PendingTracks: the same frames in two halves give the same faces; a tracker takes one round
+    # at a time, and a round finishes once.
+    halves = {name: shared.tracker() for name in streams}
+    for i in range(12):
+        names = list(streams)
+        pending = PendingTracks([(halves[n], streams[n][i]) for n in names])
+        with pytest.raises(ValueError, match="one frame at a time"):
+            PendingTracks([(halves[names[0]], streams[names[0]][i])])
+        with pytest.raises(ValueError, match="one frame at a time"):
+            halves[names[0]].track(streams[names[0]][i])
+        outs = pending.finish()
+        with pytest.raises(RuntimeError, match="twice"):
+            pending.finish()
+        for n, faces in zip(names, outs):
+            assert [f.track_id for f in faces] == [f.track_id for f in alone[n][i]]
+            np.testing.assert_array_equal(faces[0].landmarks, alone[n][i][0].landmarks)
+    n0 = next(iter(streams))
+    with pytest.raises(ValueError, match="one frame at a time"):
+        PendingTracks([(halves[n0], streams[n0][0]), (halves[n0], streams[n0][1])])
+    assert PendingTracks([]).finish() == []
     other = FaceAnalyser(cfg)
     with pytest.raises(ValueError, match="tracker"):
         track_many([(batched["astronaut"], streams["astronaut"][0]), (other, streams["astronaut"][0])])
