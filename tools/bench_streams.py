@@ -1,7 +1,8 @@
 """Many live streams on one GPU (issue 7): the largest N kept within budget, and swapped faces per second.
 
     python tools/bench_streams.py --clip720 C720.mp4 --clip1080 C1080.mp4 --out DIR
-        [--ns 4,8,16,24,32] [--seconds 8] [--workers 4] [--feeders 0] [--pipeline 0,1] [--sink null|x264] [--tag _nvdec]
+        [--ns 4,8,16,24,32] [--seconds 8] [--workers 4] [--feeders 0] [--pipeline 0,1] [--gather-ms 0,4]
+        [--sink null,x264] [--tag _nvdec]
         [--set detector.detect_every=10 ...]   (config settings on top of the `live` preset)
     (on the GPU machine, through tools/device_check.sh streams)
 
@@ -268,8 +269,14 @@ class Intake:
     Items are (stream, buffer, arrival, event); a stream has `sid`, `frames`, `dropped` and
     `give_back(buffer, event)`. Counting starts with frames that arrive at `t_warm` or later."""
 
-    def __init__(self, ready: queue.SimpleQueue[Any], period: float, t_warm: float, limit: int) -> None:
+    def __init__(self, ready: queue.SimpleQueue[Any], period: float, t_warm: float, limit: int,
+                 gather_s: float = 0.0) -> None:
         self.ready, self.period, self.t_warm, self.limit = ready, period, t_warm, limit
+        self.gather_s = gather_s
+        """The dynamic batcher's wait, at the round's start: with fewer than `limit` frames in hand,
+        wait for more until the oldest arrived this long ago. Bigger rounds mean bigger landmark
+        and swap batches (the swap costs 1.33 ms per face alone and 0.78 in fours:
+        docs/benchmarks/swap_stage.md)."""
         self.held: deque[tuple[Any, Any, float, Any]] = deque()
         self.taken = 0
         """Frames taken off the queue (each once, held or not)."""
@@ -304,21 +311,33 @@ class Intake:
             consider(self.held.popleft())
         waited = 0.0
         while len(pending) < self.limit:
-            try:
-                if block_s > 0 and not pending and not later:
-                    t0 = time.perf_counter()
-                    try:
-                        item = self.ready.get(timeout=block_s)
-                    finally:
-                        waited += time.perf_counter() - t0
-                else:
-                    item = self.ready.get_nowait()
-            except queue.Empty:
+            item, blocked = self._next(block_s if not pending and not later else 0.0, pending)
+            waited += blocked
+            if item is None:
                 break
             self.taken += 1
             consider(item)
         self.held = deque(later + list(self.held))  # older first: a stream's frames stay in order
         return pending, waited
+
+    def _next(self, block_s: float, pending: list[tuple[Any, Any, float, Any]]) -> tuple[Any, float]:
+        """The next queued frame (None if none comes) and the seconds spent blocked for it: up to
+        `block_s` for a round's first frame, or, with frames in hand, until the gather window of
+        the oldest closes."""
+        try:
+            return self.ready.get_nowait(), 0.0
+        except queue.Empty:
+            pass
+        timeout = block_s
+        if pending and self.gather_s > 0:
+            timeout = min(a for _s, _b, a, _e in pending) + self.gather_s - time.perf_counter()
+        if timeout <= 0:
+            return None, 0.0
+        t0 = time.perf_counter()
+        try:
+            return self.ready.get(timeout=timeout), time.perf_counter() - t0
+        except queue.Empty:
+            return None, time.perf_counter() - t0
 
 
 def feed(streams: list[Stream], ready: queue.SimpleQueue[Any], period: float, t_warm: float, t_end: float,
@@ -413,7 +432,8 @@ def worker_main(args: argparse.Namespace) -> None:
         streams = [Stream(i, clips[res], nvdec, analysers[i], w, h) for i in range(k)]
         lat: list[float] = []
         enc_lat: list[float] = []
-        if args.sink == "x264":
+        sink = cmd.get("sink", "null")
+        if sink == "x264":
             for s in streams:
                 s.encoder = Encoder(w, h, enc_lat)
                 # Download buffers, reused round-robin: more than the encoder's queue can hold.
@@ -442,7 +462,7 @@ def worker_main(args: argparse.Namespace) -> None:
         for th in feeders:
             th.start()
         batch: list[tuple[Stream, Any, list[Any], float, Any]] = []
-        intake = Intake(ready, period, t_warm, MESH_BATCH)
+        intake = Intake(ready, period, t_warm, MESH_BATCH, gather_s=float(cmd.get("gather_ms") or 0.0) / 1e3)
         inflight: deque[tuple[Stream, Any, Any, float, Any, bool]] = deque()
         peak = device_used_bytes()
 
@@ -569,7 +589,7 @@ def worker_main(args: argparse.Namespace) -> None:
         host["decode_in_feeders"] = round(sum(s.decode_s for s in streams) * 1e3 / max(decoded, 1), 3)
         res = {"frames": sum(s.frames for s in streams),
                "dropped": sum(s.dropped + s.feeder_drops for s in streams),
-               "faces": sum(s.faces for s in streams), "latency_ms": enc_lat if args.sink == "x264" else lat,
+               "faces": sum(s.faces for s in streams), "latency_ms": enc_lat if sink == "x264" else lat,
                "batch_sizes": dict(sizes), "peak_gpu_bytes": peak, "seconds": float(cmd["seconds"]),
                "decode": ("nvdec" if nvdec else "opencv + upload") + f", {nf} feeder threads",
                "feeder_threads": nf,
@@ -629,9 +649,11 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--max-wait-ms", type=float, default=4.0)
     ap.add_argument("--feeders", default="0", help="decode threads per worker, a list to compare (0: one per stream)")
+    ap.add_argument("--gather-ms", default="0",
+                    help="a round waits up to this long (from its oldest frame's arrival) for more frames; a list compares")
     ap.add_argument("--pipeline", default="0",
                     help="1: launch the last round's swaps while this round's landmarks run; a list (0,1) compares")
-    ap.add_argument("--sink", choices=("null", "x264"), default="null")
+    ap.add_argument("--sink", default="null", help="null or x264, or a list (null,x264) to compare in one run")
     ap.add_argument("--decode", choices=("auto", "cpu"), default="auto")
     ap.add_argument("--tag", default="")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -647,7 +669,7 @@ def main() -> None:
 
     tmp = tempfile.mkdtemp()
     cmd = [sys.executable, __file__, "--worker", "--tmp", tmp, "--clip720", args.clip720, "--clip1080",
-           args.clip1080, "--sink", args.sink, "--decode", args.decode, "--max-wait-ms", str(args.max_wait_ms)]
+           args.clip1080, "--decode", args.decode, "--max-wait-ms", str(args.max_wait_ms)]
     if args.profile_dir:
         cmd += ["--profile-dir", args.profile_dir]
     for kv in args.set:
@@ -657,14 +679,19 @@ def main() -> None:
     hello = [json.loads(p.stdout.readline()) for p in procs]  # waits for model builds and compiles
     print(f"{len(procs)} workers ready: {hello}", flush=True)
     rows = []
-    configs = [(res, int(n), int(f), int(pl)) for res in args.res.split(",") for n in args.ns.split(",")
-               for f in args.feeders.split(",") for pl in args.pipeline.split(",")]
-    for res, n, feeders, pipeline in configs:
+    sinks = args.sink.split(",")
+    if not set(sinks) <= {"null", "x264"}:
+        sys.exit(f"error: --sink {args.sink}: each sink must be null or x264")
+    configs = [(sink, res, int(n), int(f), int(pl), float(g)) for sink in sinks for res in args.res.split(",")
+               for n in args.ns.split(",") for f in args.feeders.split(",") for pl in args.pipeline.split(",")
+               for g in args.gather_ms.split(",")]
+    for sink, res, n, feeders, pipeline, gather in configs:
         per = [n // args.workers + (1 if i < n % args.workers else 0) for i in range(args.workers)]
         offset = 0
         for p, k in zip(procs, per):
             p.stdin.write(json.dumps({"n": k, "res": res, "seconds": args.seconds, "feeders": feeders,
-                                      "pipeline": pipeline, "offset": offset, "total": n}) + "\n")
+                                      "pipeline": pipeline, "gather_ms": gather, "sink": sink, "offset": offset,
+                                      "total": n}) + "\n")
             p.stdin.flush()
             offset += k
         armed = [read_reply(p, i) for i, p in enumerate(procs)]  # streams built and warmed
@@ -672,7 +699,7 @@ def main() -> None:
         for p in procs:
             p.stdin.write(json.dumps({"start_at": start_at}) + "\n")
             p.stdin.flush()
-        print(f"{res}p N={n}{' pipelined' if pipeline else ''}: armed {len(armed)} workers", flush=True)
+        print(f"{sink} {res}p N={n}{' pipelined' if pipeline else ''} gather {gather} ms: armed {len(armed)} workers", flush=True)
         util: list[float] = []
         stop = threading.Event()
         th = threading.Thread(target=gpu_util_sampler, args=(stop, util), daemon=True)
@@ -685,7 +712,7 @@ def main() -> None:
         sizes: Counter[str] = Counter()
         for o in outs:
             sizes.update(o["batch_sizes"])
-        row = {"res": res, "n": n, "workers": args.workers, "feeders": feeders, "pipeline": pipeline,
+        row = {"sink": sink, "res": res, "n": n, "workers": args.workers, "feeders": feeders, "pipeline": pipeline, "gather_ms": gather,
                "feeder_threads": [o.get("feeder_threads") for o in outs], "frames": frames, "dropped": dropped,
                "drop_rate": round(dropped / max(frames + dropped, 1), 4),
                "faces_per_s": round(sum(o["faces"] for o in outs) / args.seconds, 1),
@@ -708,44 +735,46 @@ def main() -> None:
         write(rows, args)
 
 
-def _variant(row: dict[str, Any]) -> tuple[str, int, int]:
-    """What separates the series of a run: resolution, feeder count, loop kind."""
-    return row["res"], row.get("feeders", 0), row.get("pipeline", 0)
+def _variant(row: dict[str, Any]) -> tuple[str, str, int, int, float]:
+    """What separates the series of a run: sink, resolution, feeder count, loop kind, gather window."""
+    return row["sink"], row["res"], row.get("feeders", 0), row.get("pipeline", 0), row.get("gather_ms", 0.0)
 
 
-def _variant_name(key: tuple[str, int, int], args: argparse.Namespace) -> str:
-    res, fd, pl = key
-    return (f"{res}p" + (f", --feeders {fd}" if len(args.feeders.split(",")) > 1 else "")
-            + (", pipelined" if pl else ""))
+def _variant_name(key: tuple[str, str, int, int, float], args: argparse.Namespace) -> str:
+    sink, res, fd, pl, g = key
+    return ((f"{sink}, " if "," in args.sink else "") + f"{res}p"
+            + (f", --feeders {fd}" if len(args.feeders.split(",")) > 1 else "")
+            + (", pipelined" if pl else "") + (f", gather {g:g} ms" if g else ""))
 
 
 def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     common = run_fields(gpu_name(), f"python tools/bench_streams.py --ns {args.ns} --seconds {args.seconds} "
-                                    f"--workers {args.workers} --feeders {args.feeders} --pipeline {args.pipeline} "
+                                    f"--workers {args.workers} --feeders {args.feeders} --pipeline {args.pipeline} --gather-ms {args.gather_ms} "
                                     f"--sink {args.sink} --max-wait-ms {args.max_wait_ms}"
                                     + "".join(f" --set {kv}" for kv in args.set))
     args.out.mkdir(parents=True, exist_ok=True)
     records = []
     for r in rows:
-        cfg = {k: r[k] for k in ("res", "n", "workers", "feeders", "pipeline", "feeder_threads", "frames", "dropped", "drop_rate", "gpu_util_mean", "gpu_mem_gb",
+        cfg = {k: r[k] for k in ("sink", "res", "n", "workers", "feeders", "pipeline", "gather_ms", "feeder_threads", "frames", "dropped", "drop_rate", "gpu_util_mean", "gpu_mem_gb",
                                  "batch_sizes", "decode", "within_budget", "frames_marked", "captures_in_run", "host_ms_per_frame", "stalls") if k in r}
         # Several feeder counts or loop kinds in one run get their own metric names.
-        f = (f"_f{r['feeders']}" if r.get("feeders") else "") + ("_pipelined" if r.get("pipeline") else "")
-        records.append({"metric": f"streams_{args.sink}_{r['res']}p_n{r['n']}{f}_faces_per_s", "value": r["faces_per_s"],
+        f = ((f"_f{r['feeders']}" if r.get("feeders") else "") + ("_pipelined" if r.get("pipeline") else "")
+             + (f"_gather{r['gather_ms']:g}" if r.get("gather_ms") else ""))
+        records.append({"metric": f"streams_{r['sink']}_{r['res']}p_n{r['n']}{f}_faces_per_s", "value": r["faces_per_s"],
                         "unit": "faces/s", "stat": "mean", "config": cfg, **common})
         if r["latency_ms"]:
             for stat in ("p50", "p99"):
-                records.append({"metric": f"streams_{args.sink}_{r['res']}p_n{r['n']}{f}_latency",
+                records.append({"metric": f"streams_{r['sink']}_{r['res']}p_n{r['n']}{f}_latency",
                                 "value": r["latency_ms"][stat], "unit": "ms", "stat": stat, **common})
     (args.out / f"streams{args.tag}.json").write_text(json.dumps(records, indent=1) + "\n")
     lines = [f"# Concurrent live streams on one GPU, {args.sink} sink ({common['device']})", "",
              f"`{common['command']}`, commit {common['commit']}, {common['date']}. One face per stream, full-size "
              "inswapper architecture, 30 fps real-time pace. Budget: drops ≤ 1% and p99 ≤ 33 ms.", "",
-             "| res | N | workers | loop | decode | faces/s | drops | p50 ms | p99 ms | GPU util % | GPU mem GB (device) | batch sizes | within budget |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| sink | res | N | workers | loop | gather ms | decode | faces/s | drops | p50 ms | p99 ms | GPU util % | GPU mem GB (device) | batch sizes | within budget |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         la = r["latency_ms"] or {"p50": float("nan"), "p99": float("nan")}
-        lines.append(f"| {r['res']}p | {r['n']} | {r['workers']} | {'pipelined' if r.get('pipeline') else 'plain'} | {r['decode']} | {r['faces_per_s']} | {100 * r['drop_rate']:.1f}% "
+        lines.append(f"| {r['sink']} | {r['res']}p | {r['n']} | {r['workers']} | {'pipelined' if r.get('pipeline') else 'plain'} | {r.get('gather_ms', 0):g} | {r['decode']} | {r['faces_per_s']} | {100 * r['drop_rate']:.1f}% "
                      f"| {la['p50']:.1f} | {la['p99']:.1f} | {r['gpu_util_mean']} | {r['gpu_mem_gb']} "
                      f"| {r['batch_sizes']} | {'yes' if r['within_budget'] else 'no'} |")
     for key in sorted({_variant(r) for r in rows}):

@@ -90,16 +90,17 @@ if [[ "$what" == bench || "$what" == pipeline || "$what" == all ]]; then
   python3 tools/bench_pipeline.py --clip "$clip" --out "$OUT" --tag "$tag" 2>&1 | tee "$OUT/bench_pipeline$tag.log" || rc=1
 fi
 if [[ "$what" == streams || "$what" == all ]]; then
-  # Each sink and worker count in STREAMS_SINKS / STREAMS_WORKERS (defaults: both sinks, 6 workers,
-  # the count with the most faces/s and the most streams within budget so far: docs/performance.md),
-  # decoding with NVDEC in feeder threads where PyNvVideoCodec is carried (the x264 sink needs PyAV
-  # too: carry both). STREAMS_ARGS adds options, e.g. "--ns 16,24 --res 720 --seconds 3".
-  for sink in ${STREAMS_SINKS:-null x264}; do
-    for w in ${STREAMS_WORKERS:-6}; do
-      python3 tools/bench_streams.py --clip720 .bench/streams_720p30.mp4 --clip1080 .bench/streams_1080p30.mp4 \
-        --out "$OUT" --sink "$sink" --workers "$w" --tag "_${sink}_w${w}" ${STREAMS_ARGS:-} \
-        2>&1 | tee "$OUT/bench_streams_${sink}_w${w}.log" || rc=1
-    done
+  # Each stage's GPU time per stream frame, on a quiet GPU (what a frame costs at most).
+  python3 tools/bench_frame_gpu.py --out "$OUT" 2>&1 | tee "$OUT/bench_frame_gpu.log" || rc=1
+  # Both sinks (STREAMS_SINKS, a comma list) in one run per worker count in STREAMS_WORKERS
+  # (default 6: the count with the most faces/s and the most streams within budget so far,
+  # docs/performance.md), decoding with NVDEC in feeder threads where PyNvVideoCodec is carried
+  # (the x264 sink needs PyAV too: carry both). STREAMS_ARGS adds options, e.g.
+  # "--ns 16,24 --res 720 --seconds 3 --gather-ms 0,4".
+  for w in ${STREAMS_WORKERS:-6}; do
+    python3 tools/bench_streams.py --clip720 .bench/streams_720p30.mp4 --clip1080 .bench/streams_1080p30.mp4 \
+      --out "$OUT" --sink "${STREAMS_SINKS:-null,x264}" --workers "$w" --tag "_w${w}" ${STREAMS_ARGS:-} \
+      2>&1 | tee "$OUT/bench_streams_w${w}.log" || rc=1
   done
 fi
 # The device tool brings back a limited number of files: pack the logs into one.

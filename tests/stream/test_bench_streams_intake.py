@@ -91,3 +91,31 @@ def test_an_idle_round_waits_for_the_first_frame_and_reports_the_wait() -> None:
     t0 = time.perf_counter()
     assert intake.round(0.0) == ([], 0.0)
     assert time.perf_counter() - t0 < 0.01
+
+
+def test_the_gather_window_waits_for_more_frames_from_the_oldest_arrival() -> None:
+    a, b, c = FakeStream(0), FakeStream(1), FakeStream(2)
+    q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    intake = Intake(q, PERIOD, t_warm=0.0, limit=16, gather_s=0.08)
+    t0 = time.perf_counter()
+    q.put((a, "a0", t0, None))
+    # b's frame is queued inside a's window and joins the round; c's comes after it closes.
+    threading.Timer(0.02, lambda: q.put((b, "b0", time.perf_counter(), None))).start()
+    threading.Timer(0.2, lambda: q.put((c, "c0", time.perf_counter(), None))).start()
+    pending, waited = intake.round(0.0)
+    took = time.perf_counter() - t0
+    assert [buf for _s, buf, _a, _e in pending] == ["a0", "b0"]
+    # The round closed when a0's window did (80 ms after its arrival), not at b0's or c0's.
+    assert 0.07 <= took < 0.15 and 0.05 <= waited <= took
+    pending, _ = intake.round(0.5)
+    assert [buf for _s, buf, _a, _e in pending] == ["c0"]
+
+
+def test_a_full_round_does_not_wait_for_the_window() -> None:
+    streams = [FakeStream(i) for i in range(3)]
+    now = time.perf_counter()
+    q = _queue([(s, f"f{s.sid}", now) for s in streams])
+    intake = Intake(q, PERIOD, t_warm=0.0, limit=3, gather_s=1.0)
+    t0 = time.perf_counter()
+    pending, waited = intake.round(0.0)
+    assert len(pending) == 3 and waited == 0.0 and time.perf_counter() - t0 < 0.05
