@@ -1,6 +1,7 @@
 """Where one stream frame's GPU time goes in the many-stream loop (issue 7): each stage's own GPU time.
 
-    python tools/bench_frame_gpu.py --out DIR [--reps 20]    (on the GPU machine)
+    python tools/bench_frame_gpu.py --clip720 C720.mp4 --clip1080 C1080.mp4 --out DIR [--reps 20]
+    (on the GPU machine; the clips are bench_streams.py's, whose first frame is the test frame)
 
 Each stage of `tools/bench_streams.py`'s worker, run alone in this process on a quiet GPU, is timed
 on the GPU's own clock without its host launch cost: the stream is first held by a spin kernel
@@ -68,11 +69,14 @@ def gpu_ms(cp: Any, fn: Callable[[], Any], stream: Any, reps: int, spin_cycles: 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clip720", type=Path, required=True)
+    ap.add_argument("--clip1080", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--spin-ms", type=float, default=300.0)
     args = ap.parse_args()
     import cupy as cp
+    import cv2
 
     from swapstream.demo import astronaut
     from swapstream.disclosure import Disclosure
@@ -104,15 +108,19 @@ def main() -> None:
     def timed(fn: Callable[[], Any]) -> tuple[float, str]:
         return gpu_ms(cp, fn, stream, args.reps, spin_cycles)
 
-    for res, (w, h) in (("720p", (1280, 720)), ("1080p", (1920, 1080))):
-        # A frame with the source face in it (the portrait pasted at the centre), so the swap and
-        # the landmark crops see a face of a stream's size.
-        frame = cp.zeros((h, w, 3), cp.uint8)
-        y0, x0 = (h - src.shape[0]) // 2, (w - src.shape[1]) // 2
-        frame[y0:y0 + src.shape[0], x0:x0 + src.shape[1]] = cp.asarray(src)
-        faces = analyser.analyse_image(frame.get())
+    for res, clip in (("720p", args.clip720), ("1080p", args.clip1080)):
+        # The first frame of the stream benchmark's clip: its face has a stream's size.
+        cap = cv2.VideoCapture(str(clip))
+        ok, bgr = cap.read()
+        cap.release()
+        if not ok:
+            sys.exit(f"error: cannot read a frame from {clip}: pass the clips tools/make_bench_clips.py makes")
+        host = np.ascontiguousarray(bgr[:, :, ::-1])
+        h, w = host.shape[:2]
+        frame = cp.asarray(host)
+        faces = analyser.analyse_image(host)
         if not faces:
-            sys.exit(f"error: no face found in the {res} test frame")
+            sys.exit(f"error: no face found in the first frame of {clip}")
         f0 = faces[0]
         nv12 = cp.asarray(np.random.default_rng(0).integers(0, 256, (h * 3 // 2, w), dtype=np.uint8))
         rgb = cp.empty((h, w, 3), cp.uint8)
@@ -136,7 +144,7 @@ def main() -> None:
                 timed(lambda: tracker.detect(frame)))
     summary = per_frame(rows)
     out = {"rows": rows, "per_frame": summary,
-           **run_fields(gpu_name(), f"python tools/bench_frame_gpu.py --reps {args.reps} --spin-ms {args.spin_ms}")}
+           **run_fields(gpu_name(), f"python tools/bench_frame_gpu.py --clip720 {args.clip720} --clip1080 {args.clip1080} --reps {args.reps} --spin-ms {args.spin_ms}")}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "frame_gpu.json").write_text(json.dumps(out, indent=1) + "\n")
     lines = [f"# GPU time per stage of a stream frame ({out['device']})", "",
