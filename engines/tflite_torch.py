@@ -242,7 +242,15 @@ def build_module(graph: TfliteGraph) -> Any:
                     y = F.relu(a)
                 elif kind == "PRELU":
                     alpha = getattr(self, f"a{n}")
-                    y = torch.where(a >= 0, a, a * alpha)
+                    if alpha.shape[2:] == (1, 1):
+                        # One slope per channel: torch's PReLU, one kernel where the `where` form
+                        # below takes three (compare, multiply, select). Face Mesh's 23 PReLUs are
+                        # all of this kind, and its fixed cost per call is kernel count (about
+                        # 0.57 ms for one face, 0.96 for 16: docs/benchmarks/frame_gpu.md).
+                        # x if x > 0 else slope * x either way: the same values.
+                        y = F.prelu(a, alpha.reshape(-1))
+                    else:
+                        y = torch.where(a >= 0, a, a * alpha)
                 elif kind == "MAX_POOL_2D":
                     (kh, kw), (sh, sw) = o["kernel"], o["stride"]
                     if o["same"]:
