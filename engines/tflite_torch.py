@@ -448,7 +448,12 @@ class TfliteTorchRunner:
     def run_async(self, x: Any) -> PendingOutputs:
         """`run` without the wait: the model and the copies of its outputs to (pinned) host memory
         are queued, and `result()` waits for them. A caller with other work to launch meanwhile
-        (the next streams' swaps) does it before `result()` instead of idling in the copy."""
+        (the next streams' swaps) does it before `result()` instead of idling in the copy.
+
+        The copies are ordered after the replay on the same stream, and so before the next replay
+        of the same batch size on that stream. Calls made meanwhile from another stream (or with
+        NumPy input, on torch's stream) are not ordered with them and could overwrite the graph's
+        outputs first: keep the calls of one runner on one stream while a result is pending."""
         import torch
 
         self._check(x)

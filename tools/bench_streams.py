@@ -237,6 +237,7 @@ class Stream:
         self.decoded = 0
         self.encoder: Encoder | None = None
         self.pinned: list[Any] = []
+        self.pin_at = 0  # next download buffer (x264 sink)
 
     def give_back(self, buf: Any, event: Any) -> None:
         self.free.append((buf, event))
@@ -260,6 +261,10 @@ class Stream:
         self.decoded += 1
 
 
+Item = tuple[Any, Any, float, Any]
+"""A decoded frame on its way to the main loop: (stream, RGB buffer, arrival time, decoded event)."""
+
+
 class Intake:
     """The main loop's side of the feeders' queue. Each `round` takes what has arrived, in order:
     a frame already more than one frame period late is dropped (its slot given back) and counted;
@@ -277,22 +282,23 @@ class Intake:
         wait for more until the oldest arrived this long ago. Bigger rounds mean bigger landmark
         and swap batches (the swap costs 1.33 ms per face alone and 0.78 in fours:
         docs/benchmarks/swap_stage.md)."""
-        self.held: deque[tuple[Any, Any, float, Any]] = deque()
+        self.held: deque[Item] = deque()
         self.taken = 0
         """Frames taken off the queue (each once, held or not)."""
 
     def empty(self) -> bool:
         return not self.held and self.ready.empty()
 
-    def round(self, block_s: float) -> tuple[list[tuple[Any, Any, float, Any]], float]:
+    def round(self, block_s: float, gather: bool = True) -> tuple[list[Item], float]:
         """This round's frames, and the seconds spent waiting: with nothing else to do the caller
         passes `block_s` > 0 to wait that long for a first frame instead of spinning (which would
-        hold the GIL the feeders need)."""
-        pending: list[tuple[Any, Any, float, Any]] = []
+        hold the GIL the feeders need), and `gather=False` when it must not wait for more frames
+        once it has one (the gather window, `gather_s`)."""
+        pending: list[Item] = []
         in_round: set[int] = set()
-        later: list[tuple[Any, Any, float, Any]] = []
+        later: list[Item] = []
 
-        def consider(item: tuple[Any, Any, float, Any]) -> None:
+        def consider(item: Item) -> None:
             s, buf, arrival, ev = item
             counted = arrival >= self.t_warm
             if time.perf_counter() - arrival > self.period:  # the live policy: it would start over a frame late
@@ -311,7 +317,7 @@ class Intake:
             consider(self.held.popleft())
         waited = 0.0
         while len(pending) < self.limit:
-            item, blocked = self._next(block_s if not pending and not later else 0.0, pending)
+            item, blocked = self._next(block_s if not pending and not later else 0.0, pending if gather else [])
             waited += blocked
             if item is None:
                 break
@@ -320,10 +326,10 @@ class Intake:
         self.held = deque(later + list(self.held))  # older first: a stream's frames stay in order
         return pending, waited
 
-    def _next(self, block_s: float, pending: list[tuple[Any, Any, float, Any]]) -> tuple[Any, float]:
+    def _next(self, block_s: float, pending: list[Item]) -> tuple[Item | None, float]:
         """The next queued frame (None if none comes) and the seconds spent blocked for it: up to
-        `block_s` for a round's first frame, or, with frames in hand, until the gather window of
-        the oldest closes."""
+        `block_s` for a round's first frame, or, with frames in hand (`pending`), until the gather
+        window of the oldest closes."""
         try:
             return self.ready.get_nowait(), 0.0
         except queue.Empty:
@@ -462,7 +468,9 @@ def worker_main(args: argparse.Namespace) -> None:
         for th in feeders:
             th.start()
         batch: list[tuple[Stream, Any, list[Any], float, Any]] = []
-        intake = Intake(ready, period, t_warm, MESH_BATCH, gather_s=float(cmd.get("gather_ms") or 0.0) / 1e3)
+        # A round is full when every stream of this worker has a frame in it (one each): the
+        # gather window then closes early.
+        intake = Intake(ready, period, t_warm, min(MESH_BATCH, k), gather_s=float(cmd.get("gather_ms") or 0.0) / 1e3)
         inflight: deque[tuple[Stream, Any, Any, float, Any, bool]] = deque()
         peak = device_used_bytes()
 
@@ -480,7 +488,8 @@ def worker_main(args: argparse.Namespace) -> None:
                 items = [(buf, f) for (_s, buf, faces, _a, _e) in batch for f in faces]
                 if items:
                     swapper.swap_many(items, [identity] * len(items))
-                    sizes[len(items)] += 1
+                    for at in range(0, len(items), 4):  # the model calls swap_many makes
+                        sizes[min(4, len(items) - at)] += 1
                 for (s, buf, faces, arrival, _e) in batch:
                     disclosure.apply(buf, len(faces) > 0)
                     out = s.nv12.acquire()
@@ -491,7 +500,8 @@ def worker_main(args: argparse.Namespace) -> None:
                     if counted:
                         s.faces += len(faces)
                     if s.encoder is not None:
-                        pin = s.pinned[s.index % len(s.pinned)]
+                        pin = s.pinned[s.pin_at % len(s.pinned)]
+                        s.pin_at += 1  # per frame sent: two frames of a stream in one flush get two buffers
                         with d_stream:
                             d_stream.wait_event(done)
                             out.buffer.get(stream=d_stream, out=pin, blocking=False)
@@ -528,9 +538,12 @@ def worker_main(args: argparse.Namespace) -> None:
                 break
             watch.begin()
             marks = [now]
+            overlap_s = 0.0
             # The frames the feeders queued since the last round, one per stream, those already a
             # frame period late dropped (Intake); they are analysed together (one landmark call).
-            pending, waited = intake.round((0.0005 if inflight else 0.002) if not batch else 0.0)
+            # With faces waiting to be swapped the round neither blocks nor gathers: they would
+            # wait past --max-wait-ms.
+            pending, waited = intake.round((0.0005 if inflight else 0.002) if not batch else 0.0, gather=not batch)
             marks.append(time.perf_counter())
             stage_s["idle"] += waited
             stage_s["take"] += marks[1] - marks[0] - waited
@@ -546,12 +559,12 @@ def worker_main(args: argparse.Namespace) -> None:
                     # (on another CUDA stream): the host works instead of waiting for them.
                     t_overlap = time.perf_counter()
                     flush()
-                    marks[1] += time.perf_counter() - t_overlap  # counted as swap, not analysis
+                    overlap_s = time.perf_counter() - t_overlap  # counted as swap, not analysis
                 with a_stream:
                     found = tracks.finish()
                     analysed = a_stream.record()
                 marks.append(time.perf_counter())  # analysis done
-                stage_s["analyse"] += marks[2] - marks[1]
+                stage_s["analyse"] += marks[2] - marks[1] - overlap_s
                 for (s, buf, arrival, _e), faces in zip(pending, found):
                     s.index += 1
                     batch.append((s, buf, faces, arrival, analysed))
@@ -570,7 +583,8 @@ def worker_main(args: argparse.Namespace) -> None:
                 # Where a round's time went, for rounds far longer than a frame period.
                 stalls.append({"at_s": round(now - t0, 3), "round_ms": round(took * 1e3, 1),
                                "take_ms": round((marks[1] - marks[0]) * 1e3, 1),
-                               "analyse_ms": round((marks[2] - marks[1]) * 1e3, 1) if len(marks) > 2 else 0.0,
+                               "analyse_ms": round((marks[2] - marks[1] - overlap_s) * 1e3, 1) if len(marks) > 2 else 0.0,
+                               "overlapped_swap_ms": round(overlap_s * 1e3, 1),
                                "pending": len(pending), "streams": len(streams), "stacks": stacks})
             if not pending and not batch and int(now * 10) % 10 == 0:
                 peak = max(peak, device_used_bytes())
@@ -578,7 +592,8 @@ def worker_main(args: argparse.Namespace) -> None:
         reap(block=True)
         if prof is not None:
             prof.disable()
-            write_profile(prof, Path(args.profile_dir) / f"profile_{res}p_n{cmd['total']}_f{nf}_pid{os.getpid()}.txt")
+            write_profile(prof, Path(args.profile_dir) / f"profile_{sink}_{res}p_n{cmd['total']}_f{nf}_pl{int(pipelined)}_g{cmd.get('gather_ms') or 0:g}"
+                          f"_pid{os.getpid()}.txt")
         for s in streams:
             if s.encoder is not None:
                 s.encoder.close()
@@ -682,6 +697,15 @@ def main() -> None:
     sinks = args.sink.split(",")
     if not set(sinks) <= {"null", "x264"}:
         sys.exit(f"error: --sink {args.sink}: each sink must be null or x264")
+    if not set(args.pipeline.split(",")) <= {"0", "1"}:
+        sys.exit(f"error: --pipeline {args.pipeline}: each value must be 0 or 1")
+    try:
+        gathers = [float(g) for g in args.gather_ms.split(",")]
+    except ValueError:
+        sys.exit(f"error: --gather-ms {args.gather_ms}: give milliseconds, e.g. 0,4")
+    if any(not 0 <= g < 1e3 / FPS for g in gathers):
+        sys.exit(f"error: --gather-ms {args.gather_ms}: each window must be at least 0 and shorter "
+                 f"than a frame period ({1e3 / FPS:.1f} ms)")
     configs = [(sink, res, int(n), int(f), int(pl), float(g)) for sink in sinks for res in args.res.split(",")
                for n in args.ns.split(",") for f in args.feeders.split(",") for pl in args.pipeline.split(",")
                for g in args.gather_ms.split(",")]
@@ -767,7 +791,7 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
                 records.append({"metric": f"streams_{r['sink']}_{r['res']}p_n{r['n']}{f}_latency",
                                 "value": r["latency_ms"][stat], "unit": "ms", "stat": stat, **common})
     (args.out / f"streams{args.tag}.json").write_text(json.dumps(records, indent=1) + "\n")
-    lines = [f"# Concurrent live streams on one GPU, {args.sink} sink ({common['device']})", "",
+    lines = [f"# Concurrent live streams on one GPU, sink: {args.sink} ({common['device']})", "",
              f"`{common['command']}`, commit {common['commit']}, {common['date']}. One face per stream, full-size "
              "inswapper architecture, 30 fps real-time pace. Budget: drops ≤ 1% and p99 ≤ 33 ms.", "",
              "| sink | res | N | workers | loop | gather ms | decode | faces/s | drops | p50 ms | p99 ms | GPU util % | GPU mem GB (device) | batch sizes | within budget |",
@@ -797,7 +821,7 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
             ax.plot([r["n"] for r in rr], [r["latency_ms"]["p99"] for r in rr], "o-", label=f"{name} p99")
             ax.plot([r["n"] for r in rr], [r["latency_ms"]["p50"] for r in rr], "x--", label=f"{name} p50")
         ax.axhline(BUDGET_MS, color="k", lw=0.8, ls=":")
-        ax.set(xlabel="concurrent streams N", ylabel="latency ms", yscale="log", title=f"{args.sink} sink")
+        ax.set(xlabel="concurrent streams N", ylabel="latency ms", yscale="log", title=f"sink: {args.sink}")
         ax.legend()
         fig.tight_layout()
         fig.savefig(args.out / f"streams{args.tag}.png", dpi=110)

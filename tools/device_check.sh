@@ -97,10 +97,12 @@ if [[ "$what" == streams || "$what" == all ]]; then
   # docs/performance.md), decoding with NVDEC in feeder threads where PyNvVideoCodec is carried
   # (the x264 sink needs PyAV too: carry both). STREAMS_ARGS adds options, e.g.
   # "--ns 16,24 --res 720 --seconds 3 --gather-ms 0,4".
+  sinks="${STREAMS_SINKS:-null,x264}"
+  sinks="${sinks// /,}"  # "null x264" (the older form) works too
   for w in ${STREAMS_WORKERS:-6}; do
     python3 tools/bench_streams.py --clip720 .bench/streams_720p30.mp4 --clip1080 .bench/streams_1080p30.mp4 \
-      --out "$OUT" --sink "${STREAMS_SINKS:-null,x264}" --workers "$w" --tag "_w${w}" ${STREAMS_ARGS:-} \
-      2>&1 | tee "$OUT/bench_streams_w${w}.log" || rc=1
+      --out "$OUT" --sink "$sinks" --workers "$w" --tag "_${sinks//,/_}_w${w}" ${STREAMS_ARGS:-} \
+      2>&1 | tee "$OUT/bench_streams_${sinks//,/_}_w${w}.log" || rc=1
   done
 fi
 # The device tool brings back a limited number of files: pack the logs into one.

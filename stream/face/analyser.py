@@ -131,9 +131,11 @@ class FaceAnalyser:
         return {}
 
     def reset(self) -> None:
-        """Forget all tracks (e.g. at a cut or a new stream)."""
+        """Forget all tracks (e.g. at a cut or a new stream), and any round left unfinished
+        (`PendingTracks` abandoned after an error)."""
         self._tracks = []
         self._frames_seen = 0
+        self._in_flight = False
 
     def track(self, frame: Frame) -> list[Face]:
         """Faces of the next video frame, with stable track ids and smoothed landmarks."""
@@ -218,7 +220,12 @@ class PendingTracks:
     track of every frame, `finish()` waits for the landmarks and does the rest of `track`.
 
     A tracker has at most one round in flight: its next round's regions of interest come from
-    this round's landmarks."""
+    this round's landmarks. A round abandoned without `finish()` (after an error) leaves its
+    trackers busy until their `reset()`.
+
+    On the GPU, construct and finish a round on one CuPy stream, and make no other call of the
+    same landmark model on another stream in between: the model's CUDA graph outputs are copied
+    out in stream order, and detection (in `finish`) runs on the current stream."""
 
     def __init__(self, pairs: list[tuple[FaceAnalyser, Frame]]) -> None:
         self._pairs = pairs
@@ -231,9 +238,10 @@ class PendingTracks:
         if len({id(a) for a, _f in pairs}) != len(pairs) or any(a._in_flight for a, _f in pairs):
             raise ValueError("a tracker can follow one frame at a time: finish its last round first")
         rois = [a._follow_rois() for a, _f in pairs]
+        self._landmarks = mesh.start_frames([(f.data, r) for (_a, f), r in zip(pairs, rois)])
+        # Only once the round is launched: a launch that fails leaves the trackers free.
         for a, _f in pairs:
             a._in_flight = True
-        self._landmarks = mesh.start_frames([(f.data, r) for (_a, f), r in zip(pairs, rois)])
 
     def finish(self) -> list[list[Face]]:
         """Each frame's faces, as `track` gives them."""

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from ..engines.litert import LiteRTRunner
+from ..engines.tflite_torch import PendingOutputs, TfliteTorchRunner
 from ..kernels.warp import warp_affine
 from .blazeface import Detection, ModelRunner
 from .topology import IMAGE_LEFT_EYE_OUTER, IMAGE_RIGHT_EYE_OUTER
@@ -66,7 +68,7 @@ class PendingLandmarks:
         return self._finish()
 
 
-def _gather(chunks: list[tuple[int, Any]]) -> list[tuple[np.ndarray, float]]:
+def _gather(chunks: list[tuple[int, PendingOutputs]]) -> list[tuple[np.ndarray, float]]:
     """Per face, the flat coordinates and the presence logit, from the chunks' pending outputs."""
     res: list[tuple[np.ndarray, float]] = []
     for n, pending in chunks:
@@ -116,7 +118,11 @@ class FaceMesh:
     def start_frames(self, items: list[tuple[Any, list[Roi]]]) -> PendingLandmarks:
         """`many_frames` in two halves: on the GPU the crops, the model and the copies of its
         outputs are queued now, and `result()` waits for them and maps the landmarks into the
-        frames. On the CPU the work is done here."""
+        frames. On the CPU the work is done here.
+
+        On the GPU everything is queued on the current CuPy stream, and the model's CUDA graph
+        and this mesh's input buffer are reused by the next call: make the calls of one mesh on
+        one stream (stream order then keeps each call's outputs until they are copied)."""
         mats = [[roi.crop_to_frame() for roi in rois] for _rgb, rois in items]
         # Crop pixel index u has continuous coordinate u + 0.5.
         idx = [[np.hstack([m[:, :2], (m[:, 2] + m[:, :2] @ np.array([0.5, 0.5]))[:, None]]) for m in ms]
@@ -153,7 +159,7 @@ class FaceMesh:
             results.append(out)
         return results
 
-    def _launch_gpu(self, crops: list[tuple[Any, np.ndarray]]) -> list[tuple[int, Any]]:
+    def _launch_gpu(self, crops: list[tuple[Any, np.ndarray]]) -> list[tuple[int, PendingOutputs]]:
         """(frame, crop matrix) pairs, possibly of different frames: crops in one buffer, then the
         model in chunks of `max_batch`; returns each chunk's size and pending outputs
         (`TfliteTorchRunner.run_async`)."""
@@ -161,7 +167,10 @@ class FaceMesh:
 
         from ..kernels.crop import crop_batch
 
-        chunks: list[tuple[int, Any]] = []
+        if not isinstance(self.runner, TfliteTorchRunner):
+            raise ValueError(f"{self.runner.path.name}: CuPy frames need the GPU runner "
+                             "(engines.tflite_torch.TfliteTorchRunner, as GpuFaceAnalyser builds)")
+        chunks: list[tuple[int, PendingOutputs]] = []
         for start in range(0, len(crops), self.max_batch):
             chunk = crops[start:start + self.max_batch]
             n = len(chunk)
@@ -181,7 +190,7 @@ class FaceMesh:
                            self._gpu_input[at:end])
                 at = end
             batch = self._gpu_input[:n]
-            chunks.append((n, self.runner.run_async(batch.transpose(0, 2, 3, 1))))  # type: ignore[attr-defined]
+            chunks.append((n, self.runner.run_async(batch.transpose(0, 2, 3, 1))))
         return chunks
 
     def close(self) -> None:

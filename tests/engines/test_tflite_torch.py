@@ -131,7 +131,7 @@ def test_gpu_executor_matches_litert(cuda: ModuleType, name: str) -> None:
 def test_gpu_run_async_keeps_each_calls_outputs(cuda: ModuleType) -> None:
     # Two calls of one batch size replay one CUDA graph into the same static outputs. Each
     # run_async queues its host copy before the next replay, so both results must survive being
-    # read after the second call, in either order.
+    # read after the second call (the first one read last).
     cupy = cuda
     path = builtin_model_path("face_landmark.tflite", load_config().models_dir)
     ref = LiteRTRunner(path)

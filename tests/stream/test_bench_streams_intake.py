@@ -119,3 +119,18 @@ def test_a_full_round_does_not_wait_for_the_window() -> None:
     t0 = time.perf_counter()
     pending, waited = intake.round(0.0)
     assert len(pending) == 3 and waited == 0.0 and time.perf_counter() - t0 < 0.05
+
+
+def test_a_round_with_faces_waiting_does_not_gather() -> None:
+    a, b = FakeStream(0), FakeStream(1)
+    q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    intake = Intake(q, PERIOD, t_warm=0.0, limit=16, gather_s=0.5)
+    q.put((a, "a0", time.perf_counter(), None))
+    threading.Timer(0.05, lambda: q.put((b, "b0", time.perf_counter(), None))).start()
+    t0 = time.perf_counter()
+    pending, waited = intake.round(0.0, gather=False)
+    # The caller has a swap batch waiting: the round takes what is there and returns.
+    assert [buf for _s, buf, _a, _e in pending] == ["a0"] and waited == 0.0
+    assert time.perf_counter() - t0 < 0.04
+    pending, _ = intake.round(0.5)
+    assert [buf for _s, buf, _a, _e in pending] == ["b0"]

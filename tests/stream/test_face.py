@@ -122,6 +122,17 @@ def test_trackers_share_the_networks_and_keep_their_own_tracks(portraits: dict[s
     with pytest.raises(ValueError, match="one frame at a time"):
         PendingTracks([(halves[n0], streams[n0][0]), (halves[n0], streams[n0][1])])
     assert PendingTracks([]).finish() == []
+    # A launch that fails leaves its trackers free; a round abandoned after launch keeps them busy
+    # until reset().
+    bad = Frame(np.zeros((4, 4), np.uint8), 0, Fraction(1, 30), 0)  # not an RGB frame: the crop fails
+    with pytest.raises(ValueError, match="3 dimensions"):
+        PendingTracks([(halves[n0], bad)])
+    abandoned = PendingTracks([(halves[n0], streams[n0][0])])
+    with pytest.raises(ValueError, match="one frame at a time"):
+        halves[n0].track(streams[n0][0])
+    del abandoned
+    halves[n0].reset()
+    assert len(halves[n0].track(streams[n0][0])) == 1
     other = FaceAnalyser(cfg)
     with pytest.raises(ValueError, match="tracker"):
         track_many([(batched["astronaut"], streams["astronaut"][0]), (other, streams["astronaut"][0])])
