@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any, Callable
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_pipeline import neural_config  # noqa: E402
+from bench_streams import build_stages  # noqa: E402
 from benchlib import gpu_name, median_ms, run_fields  # noqa: E402
 
 SPIN = r"""
@@ -78,23 +77,12 @@ def main() -> None:
     import cupy as cp
     import cv2
 
-    from swapstream.demo import astronaut
-    from swapstream.disclosure import Disclosure
     from swapstream.face.facemesh import roi_from_landmarks
-    from swapstream.gpu.analyser import GpuFaceAnalyser
     from swapstream.kernels.nv12 import nv12_to_rgb, rgb_to_nv12
-    from swapstream.neural.factory import NeuralStages
-    from swapstream.swap.mesh import source_face
 
-    tmp = Path(tempfile.mkdtemp())
-    cfg = neural_config(tmp / f"models{os.getpid()}", max_batch=4)
-    swapper = NeuralStages(cfg).swapper
-    analyser = GpuFaceAnalyser(cfg, mesh_batch=16)
-    analyser.prepare()
-    disclosure = Disclosure(cfg, live=True)
-    src = astronaut()
-    face = source_face(analyser.analyse_image(src), "astronaut")
-    identity = swapper.identity(src, face)
+    # The stream benchmark's worker stages, so that each stage here is the one it runs.
+    st = build_stages(Path(tempfile.mkdtemp()), [])
+    cfg, swapper, analyser, disclosure, identity = st.cfg, st.swapper, st.analyser, st.disclosure, st.identity
     clock_khz = cp.cuda.Device().attributes["ClockRate"]
     spin_cycles = int(args.spin_ms * clock_khz)
     stream = cp.cuda.Stream(non_blocking=True)

@@ -50,6 +50,7 @@ import threading
 import time
 import traceback
 from collections import Counter, deque
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -363,44 +364,62 @@ def feed(streams: list[Stream], ready: queue.SimpleQueue[Any], period: float, t_
         errors.append(e)
 
 
+@dataclass
+class Stages:
+    """What a stream frame goes through in a worker, one set per process (`build_stages`)."""
+
+    cfg: Any
+    swapper: Any  # NeuralSwapper, the full-size inswapper architecture
+    analyser: Any  # GpuFaceAnalyser: its trackers are the streams' analysers
+    disclosure: Any  # the label and the invisible watermark of every live output frame
+    src: np.ndarray  # the source portrait (RGB)
+    face: Any  # its face
+    identity: np.ndarray  # the swapper's source input for it
+    captured: dict[str, list[int]]  # the analyser's CUDA graphs, by model (GpuFaceAnalyser.prepare)
+
+
+def build_stages(tmp: Path, overrides: list[str]) -> Stages:
+    """The worker's models, in a private models folder under `tmp`, with `overrides` on top of the
+    live preset; every landmark batch size up to MESH_BATCH is captured (`prepare`)."""
+    from swapstream.demo import astronaut
+    from swapstream.disclosure import Disclosure
+    from swapstream.gpu.analyser import GpuFaceAnalyser
+    from swapstream.neural.factory import NeuralStages
+    from swapstream.swap.mesh import source_face
+
+    # Batches of up to 4 faces per model call (the dynamic batcher's limit). Until this was set, the
+    # config said 1: every gathered batch ran as single-face calls, 1.33 ms per face instead of
+    # 0.78 (compiled, docs/benchmarks/swap_stage.md).
+    cfg = neural_config(tmp / f"models{os.getpid()}", max_batch=4, overrides=overrides)
+    swapper = NeuralStages(cfg).swapper
+    analyser = GpuFaceAnalyser(cfg, mesh_batch=MESH_BATCH)
+    src = astronaut()
+    face = source_face(analyser.analyse_image(src), "astronaut")
+    # The landmark model at every batch size track_many may use (one CUDA graph each). Warm-up
+    # frames did not do it: the swaps scramble a warm-up frame's face (random weights), so no track
+    # started and each size was captured mid-run instead, 2-3 s each (the stalls of 6d2eca0).
+    captured = analyser.prepare()
+    return Stages(cfg, swapper, analyser, Disclosure(cfg, live=True), src, face,
+                  swapper.identity(src, face), captured)
+
+
 def worker_main(args: argparse.Namespace) -> None:
     import cupy
     import cupyx
 
-    from swapstream.demo import astronaut
-    from swapstream.gpu.analyser import GpuFaceAnalyser
     from swapstream.kernels.nv12 import rgb_to_nv12
-    from swapstream.neural.factory import NeuralStages
-    from swapstream.swap.mesh import source_face
     from swapstream.types import Frame
 
-    tmp = Path(args.tmp)
-    # Batches of up to 4 faces per model call (the dynamic batcher's limit). Until this was set, the
-    # config said 1: every gathered batch ran as single-face calls, 1.33 ms per face instead of
-    # 0.78 (compiled, docs/benchmarks/swap_stage.md).
-    cfg = neural_config(tmp / f"models{os.getpid()}", max_batch=4, overrides=args.set)
-    stages = NeuralStages(cfg)
-    swapper = stages.swapper
-    probe = GpuFaceAnalyser(cfg, mesh_batch=MESH_BATCH)
-    src = astronaut()
-    face = source_face(probe.analyse_image(src), "astronaut")
-    identity = swapper.identity(src, face)
-    swapper.set_source(src, face)
-    from swapstream.disclosure import Disclosure
-
-    # What every live output frame gets: the label and the invisible watermark, on the GPU.
-    disclosure = Disclosure(cfg, live=True)
+    st = build_stages(Path(args.tmp), args.set)
+    swapper, probe, disclosure = st.swapper, st.analyser, st.disclosure
+    src, face, identity, captured = st.src, st.face, st.identity, st.captured
     # Compile and capture every batch size before reporting ready, so no round pays for it.
     warm = cupy.asarray(src)
     for b in (1, 2, 3, 4):
         for _ in range(2):
             swapper.swap_many([(warm, face)] * b, [identity] * b)
-    # The landmark model at every batch size track_many may use (one CUDA graph each). Warm-up
-    # frames did not do it: the swaps above scramble `warm`'s face (random weights), so no track
-    # started and each size was captured mid-run instead, 2-3 s each (the stalls of 6d2eca0).
     from swapstream.face.analyser import PendingTracks, track_many
 
-    captured = probe.prepare()
     still = Frame(cupy.asarray(src), 0, Fraction(1, 30), 0)
     pairs = [(probe.tracker(), still) for _ in range(MESH_BATCH)]
     for _ in range(2):  # detection, then tracking: the host-side paths and CuPy kernels of both
