@@ -477,7 +477,7 @@ def worker_main(args: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         t_end = t0 + (end - cmd["start_at"])
         t_warm = t0 + (warm_until - cmd["start_at"])
-        ready: queue.SimpleQueue[tuple[Stream, Any, float, Any]] = queue.SimpleQueue()
+        ready: queue.SimpleQueue[Item] = queue.SimpleQueue()
         for s in streams:
             s.due = t0 + period * (s.sid + cmd["offset"]) / cmd["total"]
         nf = min(int(cmd.get("feeders") or k), k)
@@ -502,7 +502,8 @@ def worker_main(args: argparse.Namespace) -> None:
                 return
             t_flush = time.perf_counter()
             with s_stream:
-                for (_s, _buf, _faces, _arr, analysed) in batch:
+                # One wait per round's analysis event (a round's frames share it), not per frame.
+                for analysed in {id(e): e for (_s, _b, _f, _a, e) in batch}.values():
                     s_stream.wait_event(analysed)
                 items = [(buf, f) for (_s, buf, faces, _a, _e) in batch for f in faces]
                 if items:
@@ -530,6 +531,12 @@ def worker_main(args: argparse.Namespace) -> None:
                         inflight.append((s, out, done, arrival, None, counted))
             batch.clear()
             stage_s["swap_mark_nv12"] += time.perf_counter() - t_flush
+
+        def batch_due() -> bool:
+            """The dynamic batcher's rule: the faces waiting fill a model call, or the oldest has
+            waited --max-wait-ms."""
+            return (sum(len(b[2]) for b in batch) >= 4
+                    or (time.perf_counter() - batch[0][3]) * 1e3 >= args.max_wait_ms)
 
         def reap(block: bool = False) -> None:
             while inflight and (block or inflight[0][2].done):
@@ -572,8 +579,7 @@ def worker_main(args: argparse.Namespace) -> None:
                         a_stream.wait_event(ev)
                     tracks = PendingTracks([(s.analyser, Frame(buf, s.index, Fraction(1, 30), s.index))
                                             for s, buf, _arr, _e in pending])
-                if pipelined and batch and (sum(len(b[2]) for b in batch) >= 4
-                                            or (time.perf_counter() - batch[0][3]) * 1e3 >= args.max_wait_ms):
+                if pipelined and batch and batch_due():
                     # The previous rounds' swaps are launched while this round's landmarks run
                     # (on another CUDA stream): the host works instead of waiting for them.
                     t_overlap = time.perf_counter()
@@ -587,11 +593,10 @@ def worker_main(args: argparse.Namespace) -> None:
                 for (s, buf, arrival, _e), faces in zip(pending, found):
                     s.index += 1
                     batch.append((s, buf, faces, arrival, analysed))
-                    if not pipelined and sum(len(b[2]) for b in batch) >= 4:
-                        flush()
-            # Pipelined, a round's faces wait for the next round's landmark launch (or for a round
-            # with nothing new) to be swapped: that is the overlap.
-            if batch and (not pending or (not pipelined and (time.perf_counter() - batch[0][3]) * 1e3 >= args.max_wait_ms)):
+            # Plain, the round's faces are swapped now if due (swap_many cuts them into calls of 4).
+            # Pipelined, they wait for the next round's landmark launch (or for a round with
+            # nothing new) to be swapped: that is the overlap.
+            if batch and (not pending or (not pipelined and batch_due())):
                 flush()
             t_reap = time.perf_counter()
             reap()
