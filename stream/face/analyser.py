@@ -139,10 +139,7 @@ class FaceAnalyser:
 
     def track(self, frame: Frame) -> list[Face]:
         """Faces of the next video frame, with stable track ids and smoothed landmarks."""
-        if self._in_flight:
-            raise ValueError("a tracker can follow one frame at a time: finish its last round first")
-        rois = self._follow_rois()
-        return self._track_rest(frame, self._mesh.many(frame.data, rois) if rois else [])
+        return PendingTracks([(self, frame)]).finish()[0]
 
     def _follow_rois(self) -> list[Roi]:
         """Where each track's face should be in the next frame: from its last landmarks."""
