@@ -225,13 +225,18 @@ def build_module(graph: TfliteGraph) -> Any:
                 a = env.get(ins[0])
                 if kind in ("CONV_2D", "DEPTHWISE_CONV_2D"):
                     (kh, kw), (sh, sw), (dh, dw) = o["k"], o["stride"], o["dilation"]
+                    pad: tuple[int, int] = (0, 0)
                     if o["same"]:
                         t, b = _same_pads(a.shape[2], kh, sh, dh)
                         left, r = _same_pads(a.shape[3], kw, sw, dw)
-                        if t or b or left or r:
+                        if t == b and left == r:
+                            # Even padding is the convolution's own zero padding: no separate pad
+                            # kernel (14 of Face Mesh's 21 SAME convolutions, all its stride-1 ones).
+                            pad = (t, left)
+                        else:  # TF puts the odd pixel after: only an explicit pad says that
                             a = F.pad(a, (left, r, t, b))
                     bias = getattr(self, f"b{n}", None)
-                    y = F.conv2d(a, getattr(self, f"w{n}"), bias, (sh, sw), 0, (dh, dw),
+                    y = F.conv2d(a, getattr(self, f"w{n}"), bias, (sh, sw), pad, (dh, dw),
                                  o.get("groups", 1))
                     y = o["act_fn"](y)
                 elif kind == "ADD":
@@ -318,6 +323,12 @@ def _on_cupy_stream(x: Any, cache: dict[int, Any]) -> Iterator[None]:
         yield
 
 
+def bucket_sizes(max_batch: int) -> list[int]:
+    """Powers of two below `max_batch`, then `max_batch`: 16 -> [1, 2, 4, 8, 16], 6 -> [1, 2, 4, 6]."""
+    sizes = [1 << i for i in range(max_batch.bit_length()) if 1 << i < max_batch]
+    return sizes + [max_batch]
+
+
 class PendingOutputs:
     """A batch's outputs on their way to host memory (`TfliteTorchRunner.run_async`)."""
 
@@ -343,7 +354,12 @@ class TfliteTorchRunner:
     """
 
     def __init__(self, model_path: str | Path, *, device: str = "cuda", max_batch: int = 4,
-                 cuda_graphs: bool = True) -> None:
+                 cuda_graphs: bool = True, compile: bool = False) -> None:
+        """`compile` (CUDA with graphs only): torch.compile the module. Inductor fuses each
+        convolution's bias, PReLU and residual add into one kernel around cuDNN's convolutions, and
+        these nets' time per call is mostly their kernel count. Batch sizes then run in the graph
+        of the next power of two (`buckets`): compiling costs seconds per graph at start-up, and
+        a padded row costs little next to a call's fixed cost."""
         import torch
 
         self.path = Path(model_path)
@@ -354,6 +370,12 @@ class TfliteTorchRunner:
         self.max_batch = max_batch
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.module = build_module(self.graph).to(self.device).eval()
+        self.compile = compile and self.cuda_graphs
+        self._fn: Any = self.module
+        if self.compile:
+            self._fn = torch.compile(self.module, fullgraph=True, dynamic=False)
+        self.buckets: list[int] = bucket_sizes(max_batch) if self.compile else list(range(1, max_batch + 1))
+        """The batch sizes that have their own graph; a call runs in the smallest one that holds it."""
         self._graphs: dict[int, tuple[Any, Any, list[Any]]] = {}
         self._streams: dict[int, Any] = {}
 
@@ -389,13 +411,20 @@ class TfliteTorchRunner:
         if not self.cuda_graphs:
             return self.module(t.to(self.device))
         n = int(t.shape[0])
-        entry = self._graphs.get(n)
+        size = self.bucket(n)
+        entry = self._graphs.get(size)
         if entry is None:
-            entry = self._capture(n)
+            entry = self._capture(size)
         graph, static_in, static_out = entry
-        static_in.copy_(t)
+        # Rows past n keep an earlier call's input: every row is computed on its own (no layer
+        # mixes the batch), so they cost time but change nothing, and their outputs are cut off.
+        static_in[:n].copy_(t)
         graph.replay()
-        return static_out
+        return static_out if size == n else [o[:n] for o in static_out]
+
+    def bucket(self, n: int) -> int:
+        """The graph's batch size that a call of `n` runs in."""
+        return next(b for b in self.buckets if b >= n)
 
     def prepare(self, batches: Iterable[int]) -> list[int]:
         """Capture the CUDA graphs of these batch sizes now; returns the sizes captured so far.
@@ -410,13 +439,14 @@ class TfliteTorchRunner:
                 for n in batches:
                     if not 1 <= n <= self.max_batch:
                         raise ValueError(f"{self.path.name}: batch {n} is outside 1..{self.max_batch}")
-                    if n not in self._graphs:
-                        self._capture(n)
+                    if self.bucket(n) not in self._graphs:
+                        self._capture(self.bucket(n))
         return self.captured
 
     @property
     def captured(self) -> list[int]:
-        """The batch sizes that have a CUDA graph (a growing list during a live run means stalls)."""
+        """The batch sizes that have a CUDA graph (a growing list during a live run means stalls);
+        with `compile`, these are `buckets`."""
         return sorted(self._graphs)
 
     def _capture(self, n: int) -> tuple[Any, Any, list[Any]]:
@@ -427,14 +457,14 @@ class TfliteTorchRunner:
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            for _ in range(2):  # warm up cuDNN's algorithm choice before capture
-                self.module(static_in)
+            for _ in range(2):  # compile, and warm up cuDNN's algorithm choice, before capture
+                self._fn(static_in)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread_local: other threads (aiortc's decoder thread feeding NVDEC, allocating from
         # CuPy's pool) may go on with calls a capture forbids; only this thread is checked.
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            static_out = self.module(static_in)
+            static_out = self._fn(static_in)
         self._graphs[n] = (graph, static_in, static_out)
         # Info, not debug: a capture in the middle of a live stream is a stall worth seeing.
         log.info("%s: captured a CUDA graph for batch %d in %.0f ms", self.path.name, n,
@@ -473,4 +503,4 @@ class TfliteTorchRunner:
 
     def close(self) -> None:
         self._graphs.clear()
-        self.module = None
+        self.module = self._fn = None

@@ -42,6 +42,9 @@ class LandmarkConfig(_Section):
     """Face-presence score under which a tracked face is dropped."""
     roi_scale: float = Field(1.5, gt=1.0, le=3.0)
     """Landmark crop size relative to the face box (MediaPipe uses 1.5)."""
+    compile: bool = False
+    """On the GPU: torch.compile the built-in detector and landmark networks (fewer, fused kernels
+    per call; batch sizes run in graphs of powers of two). Start-up compiles each size: seconds each."""
 
 
 class SmoothingConfig(_Section):

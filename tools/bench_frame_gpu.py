@@ -23,6 +23,7 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -73,6 +74,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--spin-ms", type=float, default=300.0)
+    ap.add_argument("--compiled", action="store_true",
+                    help="also time the detector and landmark model with landmarks.compile (torch.compile)")
     args = ap.parse_args()
     import cupy as cp
     import cv2
@@ -87,6 +90,18 @@ def main() -> None:
     spin_cycles = int(args.spin_ms * clock_khz)
     stream = cp.cuda.Stream(non_blocking=True)
     rows: list[dict[str, Any]] = []
+    fused: Any = None
+    if args.compiled:
+        from swapstream.gpu.analyser import GpuFaceAnalyser
+
+        ccfg = cfg.model_copy(deep=True)
+        ccfg.landmarks.compile = True
+        fused = GpuFaceAnalyser(ccfg, mesh_batch=16)
+        t0 = time.perf_counter()
+        fused._mesh.runner.prepare([1, 4, 8, 16])
+        fused._short.runner.prepare([1])
+        print(f"compiled and captured the detector and landmark graphs in {time.perf_counter() - t0:.1f} s",
+              flush=True)
 
     def add(key: str, stage: str, res: str, per: str, timed: tuple[float, str]) -> None:
         ms, how = timed
@@ -120,6 +135,10 @@ def main() -> None:
             for k in (1, 4, 8, 16):
                 add(f"landmarks{k}", f"landmarks, {k} faces in one call (crop + model + copy out)", res,
                     f"call of {k}", timed(lambda k=k: mesh.start_frames([(frame, [roi])] * k)))
+            if fused is not None:
+                for k in (1, 4, 8, 16):
+                    add(f"landmarks{k}_c", f"landmarks, {k} faces in one call, compiled", res, f"call of {k}",
+                        timed(lambda k=k: fused._mesh.start_frames([(frame, [roi])] * k)))
             for b in (1, 2, 4):
                 work = [frame.copy() for _ in range(b)]
                 add(f"swap{b}", f"swap, {b} faces in one call (align, crop, model, paste)", res, f"call of {b}",
@@ -130,9 +149,14 @@ def main() -> None:
             tracker = analyser.tracker()
             add("detect", "detection (short-range BlazeFace, with its host decode)", res, "call",
                 timed(lambda: tracker.detect(frame)))
+            if fused is not None:
+                ftracker = fused.tracker()
+                add("detect_c", "detection, compiled (with its host decode)", res, "call",
+                    timed(lambda: ftracker.detect(frame)))
     summary = per_frame(rows, cfg.detector.detect_every)
     out = {"rows": rows, "per_frame": summary,
-           **run_fields(gpu_name(), f"python tools/bench_frame_gpu.py --clip720 {args.clip720} --clip1080 {args.clip1080} --reps {args.reps} --spin-ms {args.spin_ms}")}
+           **run_fields(gpu_name(), f"python tools/bench_frame_gpu.py --clip720 {args.clip720} --clip1080 {args.clip1080} --reps {args.reps} --spin-ms {args.spin_ms}"
+                                    + (" --compiled" if args.compiled else ""))}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "frame_gpu.json").write_text(json.dumps(out, indent=1) + "\n")
     lines = [f"# GPU time per stage of a stream frame ({out['device']})", "",
@@ -143,8 +167,8 @@ def main() -> None:
     lines += ["", f"Per frame, one face, detection every {cfg.detector.detect_every}th frame (the live preset; its "
               "time includes its host decode), landmarks in calls of k faces and swaps in calls of b "
               "(ms; 32 streams at 30 fps leave 1.04 ms):", "",
-              "| res | landmarks k | swap b | ms per frame |", "|---|---|---|---|"]
-    lines += [f"| {s['res']} | {s['k']} | {s['b']} | {s['ms']:.3f} |" for s in summary]
+              "| res | detector and landmarks | landmarks k | swap b | ms per frame |", "|---|---|---|---|---|"]
+    lines += [f"| {s['res']} | {s['nets']} | {s['k']} | {s['b']} | {s['ms']:.3f} |" for s in summary]
     (args.out / "frame_gpu.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -155,11 +179,14 @@ def per_frame(rows: list[dict[str, Any]], detect_every: int) -> list[dict[str, A
     out = []
     for res in ("720p", "1080p"):
         r = {x["key"]: x["ms"] for x in rows if x["res"] == res}
-        fixed = r["nv12_rgb"] + r["mark"] + r["rgb_nv12"] + r["detect"] / detect_every
-        for k in (1, 4, 16):
-            for b in (1, 4):
-                ms = fixed + r[f"landmarks{k}"] / k + r[f"swap{b}"] / b
-                out.append({"res": res, "k": k, "b": b, "ms": round(ms, 4)})
+        for nets, sfx in (("plain", ""), ("compiled", "_c")):
+            if f"detect{sfx}" not in r:
+                continue
+            fixed = r["nv12_rgb"] + r["mark"] + r["rgb_nv12"] + r[f"detect{sfx}"] / detect_every
+            for k in (1, 4, 16):
+                for b in (1, 4):
+                    ms = fixed + r[f"landmarks{k}{sfx}"] / k + r[f"swap{b}"] / b
+                    out.append({"res": res, "nets": nets, "k": k, "b": b, "ms": round(ms, 4)})
     return out
 
 

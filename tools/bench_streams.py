@@ -697,6 +697,8 @@ def main() -> None:
     ap.add_argument("--tag", default="")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="config setting on top of the live preset, e.g. detector.detect_every=10")
+    ap.add_argument("--warm-first", action="store_true",
+                    help="start one worker, then the others once it is ready (they reuse its compiled kernels)")
     ap.add_argument("--profile-dir", help="write each worker's cProfile of each run loop here (slows the host)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tmp", help=argparse.SUPPRESS)
@@ -706,6 +708,8 @@ def main() -> None:
         return
     import tempfile
 
+    if args.workers < 1:
+        sys.exit(f"error: --workers {args.workers}: give at least 1")
     tmp = tempfile.mkdtemp()
     cmd = [sys.executable, __file__, "--worker", "--tmp", tmp, "--clip720", args.clip720, "--clip1080",
            args.clip1080, "--decode", args.decode, "--max-wait-ms", str(args.max_wait_ms)]
@@ -713,9 +717,19 @@ def main() -> None:
         cmd += ["--profile-dir", args.profile_dir]
     for kv in args.set:
         cmd += ["--set", kv]
-    procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
-             for _ in range(args.workers)]
-    hello = [json.loads(p.stdout.readline()) for p in procs]  # waits for model builds and compiles
+    def spawn() -> subprocess.Popen[str]:
+        return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+
+    procs = [spawn()]
+    if args.warm_first:
+        # Inductor keeps what it compiled in its on-disk caches: the other workers, started after
+        # the first is ready, load its kernels instead of all compiling the same ones at once.
+        hello = [read_reply(procs[0], 0)]
+        procs += [spawn() for _ in range(args.workers - 1)]
+        hello += [read_reply(p, i) for i, p in enumerate(procs) if i]
+    else:
+        procs += [spawn() for _ in range(args.workers - 1)]
+        hello = [read_reply(p, i) for i, p in enumerate(procs)]  # waits for model builds and compiles
     print(f"{len(procs)} workers ready: {hello}", flush=True)
     rows = []
     sinks = args.sink.split(",")

@@ -91,7 +91,7 @@ if [[ "$what" == bench || "$what" == pipeline || "$what" == all ]]; then
 fi
 if [[ "$what" == streams || "$what" == all ]]; then
   # Each stage's GPU time per stream frame, on a quiet GPU (what a frame costs at most).
-  python3 tools/bench_frame_gpu.py --clip720 .bench/streams_720p30.mp4 --clip1080 .bench/streams_1080p30.mp4 --out "$OUT" 2>&1 | tee "$OUT/bench_frame_gpu.log" || rc=1
+  python3 tools/bench_frame_gpu.py --clip720 .bench/streams_720p30.mp4 --clip1080 .bench/streams_1080p30.mp4 --out "$OUT" ${FRAME_GPU_ARGS:-} 2>&1 | tee "$OUT/bench_frame_gpu.log" || rc=1
   # Both sinks (STREAMS_SINKS, a comma list) in one run per worker count in STREAMS_WORKERS
   # (default 6: the count with the most faces/s and the most streams within budget so far,
   # docs/performance.md), decoding with NVDEC in feeder threads where PyNvVideoCodec is carried

@@ -48,18 +48,19 @@ class GpuFaceAnalyser(FaceAnalyser):
         super().__init__(config, models_dir)
 
     def _build_models(self, folder: Path) -> tuple[BlazeFaceDetector, BlazeFaceDetector | None, FaceMesh]:
-        dc = self.config.detector
+        dc, fuse = self.config.detector, self.config.landmarks.compile
         short = BlazeFaceDetector(
             TfliteTorchRunner(builtin_model_path("face_detection_short_range.tflite", folder),
-                              device=self._device, max_batch=1),
+                              device=self._device, max_batch=1, compile=fuse),
             SHORT_RANGE, min_score=dc.min_score, nms_iou=dc.nms_iou)
         mesh = FaceMesh(TfliteTorchRunner(builtin_model_path("face_landmark.tflite", folder),
-                                          device=self._device, max_batch=self._mesh_batch))
+                                          device=self._device, max_batch=self._mesh_batch, compile=fuse))
         return short, None, mesh
 
     def prepare(self) -> dict[str, list[int]]:
         """Capture every CUDA graph this analyser may use (the detector at batch 1, the landmark
-        model at 1..`mesh_batch`) before the first live frame; returns the captured sizes.
+        model at 1..`mesh_batch`, or its buckets with `landmarks.compile`) before the first live
+        frame; returns the captured sizes.
 
         Warm-up frames alone do not reach every landmark batch size (they need that many tracked
         faces at once, and a frame whose face the warm-up swap has scrambled finds none); each size

@@ -127,6 +127,47 @@ def test_gpu_executor_matches_litert(cuda: ModuleType, name: str) -> None:
                 np.testing.assert_allclose(g[b:b + 1], w, rtol=0, atol=5e-5 * max(1.0, float(np.abs(w).max())))
 
 
+def test_bucket_sizes_are_powers_of_two_then_the_limit() -> None:
+    from swapstream.engines.tflite_torch import bucket_sizes
+
+    assert bucket_sizes(1) == [1]
+    assert bucket_sizes(4) == [1, 2, 4]
+    assert bucket_sizes(6) == [1, 2, 4, 6]
+    assert bucket_sizes(16) == [1, 2, 4, 8, 16]
+    path = builtin_model_path("face_landmark.tflite", load_config().models_dir)
+    # Without CUDA graphs there is nothing to compile into: every size runs as itself.
+    r = TfliteTorchRunner(path, device="cpu", max_batch=3, compile=True)
+    assert not r.compile and r.buckets == [1, 2, 3] and r.bucket(3) == 3
+
+
+@pytest.mark.gpu
+def test_gpu_compiled_executor_matches_litert(cuda: ModuleType) -> None:
+    # torch.compile'd graphs in buckets: a call of 3 runs in the graph of 4, whose fourth row still
+    # holds the last call's input; the rows returned must be this call's, each equal to LiteRT's.
+    cupy = cuda
+    rng = np.random.default_rng()
+    for name, max_batch, sizes, graphs in (("face_landmark.tflite", 4, (4, 3, 1), [1, 4]),
+                                          ("face_detection_short_range.tflite", 1, (1,), [1])):
+        path = builtin_model_path(name, load_config().models_dir)
+        ref = LiteRTRunner(path)
+        ours = TfliteTorchRunner(path, device="cuda", max_batch=max_batch, compile=True)
+        assert ours.compile
+        for n in sizes:
+            x = rng.uniform(-1, 1, (n, *ref.input_shape[1:])).astype(np.float32)
+            got = ours.run(cupy.asarray(x))
+            for b in range(n):
+                want = ref.run(x[b:b + 1])
+                for g, w in zip(got, want):
+                    assert g.shape[0] == n and g.shape[1:] == w.shape[1:]
+                    # fp32 with TF32 off, as uncompiled; Inductor's fused bias/PReLU/add kernels
+                    # round like the separate ones (each one fp32 op), only the order of sums of
+                    # cuDNN's algorithms differs from XNNPACK's.
+                    np.testing.assert_allclose(g[b:b + 1], w, rtol=0,
+                                               atol=5e-5 * max(1.0, float(np.abs(w).max())))
+        assert ours.captured == graphs
+        ours.close()
+
+
 @pytest.mark.gpu
 def test_gpu_run_async_keeps_each_calls_outputs(cuda: ModuleType) -> None:
     # Two calls of one batch size replay one CUDA graph into the same static outputs. Each
