@@ -2,12 +2,13 @@
 
     python tools/bench_streams.py --clip720 C720.mp4 --clip1080 C1080.mp4 --out DIR
         [--ns 4,8,16,24,32] [--seconds 8] [--workers 4] [--feeders 0] [--pipeline 0,1] [--gather-ms 0,4]
-        [--sink null,x264] [--tag _nvdec]
+        [--sink null,x264] [--phases grouped,random] [--warm-first] [--tag _nvdec]
         [--set detector.detect_every=10 ...]   (config settings on top of the `live` preset)
     (on the GPU machine, through tools/device_check.sh streams)
 
 N streams play 30 fps clips at real-time pace (each frame "arrives" at its time, streams staggered
-across the frame period), one face each, swapped by the full-size inswapper-architecture model
+across the frame period: `--phases grouped` gives each worker streams that arrive close together,
+`random` independent phases, as unrelated sources have), one face each, swapped by the full-size inswapper-architecture model
 (random weights; speed and memory are the real model's). The streams are spread over `--workers`
 processes (Python runs one frame's host work at a time per process; the GPU is shared). Inside a
 worker everything is on the GPU:
@@ -479,7 +480,7 @@ def worker_main(args: argparse.Namespace) -> None:
         t_warm = t0 + (warm_until - cmd["start_at"])
         ready: queue.SimpleQueue[Item] = queue.SimpleQueue()
         for s in streams:
-            s.due = t0 + period * (s.sid + cmd["offset"]) / cmd["total"]
+            s.due = t0 + period * cmd["phases"][s.sid]
         nf = min(int(cmd.get("feeders") or k), k)
         feed_errors: list[BaseException] = []
         feeders = [threading.Thread(target=feed, args=(streams[i::nf], ready, period, t_warm, t_end, feed_errors),
@@ -692,6 +693,8 @@ def main() -> None:
                     help="a round waits up to this long (from its oldest frame's arrival) for more frames; a list compares")
     ap.add_argument("--pipeline", default="0",
                     help="1: launch the last round's swaps while this round's landmarks run; a list (0,1) compares")
+    ap.add_argument("--phases", default="grouped",
+                    help="streams' arrival phases: grouped (a worker's streams arrive together) or random; a list compares")
     ap.add_argument("--sink", default="null", help="null or x264, or a list (null,x264) to compare in one run")
     ap.add_argument("--decode", choices=("auto", "cpu"), default="auto")
     ap.add_argument("--tag", default="")
@@ -744,16 +747,20 @@ def main() -> None:
     if any(not 0 <= g < 1e3 / FPS for g in gathers):
         sys.exit(f"error: --gather-ms {args.gather_ms}: each window must be at least 0 and shorter "
                  f"than a frame period ({1e3 / FPS:.1f} ms)")
-    configs = [(sink, res, int(n), int(f), int(pl), float(g)) for sink in sinks for res in args.res.split(",")
+    phase_kinds = args.phases.split(",")
+    if not set(phase_kinds) <= {"grouped", "random"}:
+        sys.exit(f"error: --phases {args.phases}: each value must be grouped or random")
+    configs = [(sink, res, int(n), int(f), int(pl), float(g), ph) for sink in sinks for res in args.res.split(",")
                for n in args.ns.split(",") for f in args.feeders.split(",") for pl in args.pipeline.split(",")
-               for g in args.gather_ms.split(",")]
-    for sink, res, n, feeders, pipeline, gather in configs:
+               for g in args.gather_ms.split(",") for ph in phase_kinds]
+    for sink, res, n, feeders, pipeline, gather, phases in configs:
         per = [n // args.workers + (1 if i < n % args.workers else 0) for i in range(args.workers)]
         offset = 0
+        at = stream_phases(n, phases)
         for p, k in zip(procs, per):
             p.stdin.write(json.dumps({"n": k, "res": res, "seconds": args.seconds, "feeders": feeders,
-                                      "pipeline": pipeline, "gather_ms": gather, "sink": sink, "offset": offset,
-                                      "total": n}) + "\n")
+                                      "pipeline": pipeline, "gather_ms": gather, "sink": sink,
+                                      "phases": at[offset:offset + k]}) + "\n")
             p.stdin.flush()
             offset += k
         armed = [read_reply(p, i) for i, p in enumerate(procs)]  # streams built and warmed
@@ -761,7 +768,7 @@ def main() -> None:
         for p in procs:
             p.stdin.write(json.dumps({"start_at": start_at}) + "\n")
             p.stdin.flush()
-        print(f"{sink} {res}p N={n}{' pipelined' if pipeline else ''} gather {gather} ms: armed {len(armed)} workers", flush=True)
+        print(f"{sink} {res}p N={n}{' pipelined' if pipeline else ''} gather {gather} ms, {phases} phases: armed {len(armed)} workers", flush=True)
         util: list[float] = []
         stop = threading.Event()
         th = threading.Thread(target=gpu_util_sampler, args=(stop, util), daemon=True)
@@ -775,7 +782,7 @@ def main() -> None:
         for o in outs:
             sizes.update(o["batch_sizes"])
         row = {"sink": sink, "res": res, "n": n, "workers": args.workers, "feeders": feeders, "pipeline": pipeline, "gather_ms": gather,
-               "feeder_threads": [o.get("feeder_threads") for o in outs], "frames": frames, "dropped": dropped,
+               "phases": phases, "feeder_threads": [o.get("feeder_threads") for o in outs], "frames": frames, "dropped": dropped,
                "drop_rate": round(dropped / max(frames + dropped, 1), 4),
                "faces_per_s": round(sum(o["faces"] for o in outs) / args.seconds, 1),
                "latency_ms": pcts(lat) if lat else None,
@@ -797,31 +804,46 @@ def main() -> None:
         write(rows, args)
 
 
-def _variant(row: dict[str, Any]) -> tuple[str, str, int, int, float]:
-    """What separates the series of a run: sink, resolution, feeder count, loop kind, gather window."""
-    return row["sink"], row["res"], row.get("feeders", 0), row.get("pipeline", 0), row.get("gather_ms", 0.0)
+def stream_phases(n: int, kind: str) -> list[float]:
+    """Each stream's arrival time within the frame period, as a fraction of it, in stream order
+    (the workers take consecutive runs of streams). `grouped`: evenly spread in stream order, so a
+    worker's streams arrive close together (a placement that groups streams by phase); `random`:
+    independent uniform phases (seeded by N, so a run can be repeated), as unrelated live sources
+    arrive, and a worker's streams are spread over the period."""
+    if kind == "random":
+        return [float(x) for x in np.random.default_rng(n).uniform(0.0, 1.0, n)]
+    return [j / n for j in range(n)]
 
 
-def _variant_name(key: tuple[str, str, int, int, float], args: argparse.Namespace) -> str:
-    sink, res, fd, pl, g = key
+def _variant(row: dict[str, Any]) -> tuple[str, str, int, int, float, str]:
+    """What separates the series of a run: sink, resolution, feeder count, loop kind, gather window,
+    stream phases."""
+    return (row["sink"], row["res"], row.get("feeders", 0), row.get("pipeline", 0), row.get("gather_ms", 0.0),
+            row.get("phases", "grouped"))
+
+
+def _variant_name(key: tuple[str, str, int, int, float, str], args: argparse.Namespace) -> str:
+    sink, res, fd, pl, g, ph = key
     return ((f"{sink}, " if "," in args.sink else "") + f"{res}p"
             + (f", --feeders {fd}" if len(args.feeders.split(",")) > 1 else "")
-            + (", pipelined" if pl else "") + (f", gather {g:g} ms" if g else ""))
+            + (", pipelined" if pl else "") + (f", gather {g:g} ms" if g else "")
+            + (", random phases" if ph == "random" else ""))
 
 
 def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     common = run_fields(gpu_name(), f"python tools/bench_streams.py --ns {args.ns} --seconds {args.seconds} "
                                     f"--workers {args.workers} --feeders {args.feeders} --pipeline {args.pipeline} --gather-ms {args.gather_ms} "
-                                    f"--sink {args.sink} --max-wait-ms {args.max_wait_ms}"
+                                    f"--sink {args.sink} --max-wait-ms {args.max_wait_ms} --phases {args.phases}"
                                     + "".join(f" --set {kv}" for kv in args.set))
     args.out.mkdir(parents=True, exist_ok=True)
     records = []
     for r in rows:
-        cfg = {k: r[k] for k in ("sink", "res", "n", "workers", "feeders", "pipeline", "gather_ms", "feeder_threads", "frames", "dropped", "drop_rate", "gpu_util_mean", "gpu_mem_gb",
+        cfg = {k: r[k] for k in ("sink", "res", "n", "workers", "feeders", "pipeline", "gather_ms", "phases", "feeder_threads", "frames", "dropped", "drop_rate", "gpu_util_mean", "gpu_mem_gb",
                                  "batch_sizes", "decode", "within_budget", "frames_marked", "captures_in_run", "host_ms_per_frame", "stalls") if k in r}
         # Several feeder counts or loop kinds in one run get their own metric names.
         f = ((f"_f{r['feeders']}" if r.get("feeders") else "") + ("_pipelined" if r.get("pipeline") else "")
-             + (f"_gather{r['gather_ms']:g}" if r.get("gather_ms") else ""))
+             + (f"_gather{r['gather_ms']:g}" if r.get("gather_ms") else "")
+             + ("_random" if r.get("phases") == "random" else ""))
         records.append({"metric": f"streams_{r['sink']}_{r['res']}p_n{r['n']}{f}_faces_per_s", "value": r["faces_per_s"],
                         "unit": "faces/s", "stat": "mean", "config": cfg, **common})
         if r["latency_ms"]:
@@ -832,11 +854,11 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     lines = [f"# Concurrent live streams on one GPU, sink: {args.sink} ({common['device']})", "",
              f"`{common['command']}`, commit {common['commit']}, {common['date']}. One face per stream, full-size "
              "inswapper architecture, 30 fps real-time pace. Budget: drops ≤ 1% and p99 ≤ 33 ms.", "",
-             "| sink | res | N | workers | loop | gather ms | decode | faces/s | drops | p50 ms | p99 ms | GPU util % | GPU mem GB (device) | batch sizes | within budget |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| sink | res | N | workers | loop | gather ms | phases | decode | faces/s | drops | p50 ms | p99 ms | GPU util % | GPU mem GB (device) | batch sizes | within budget |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         la = r["latency_ms"] or {"p50": float("nan"), "p99": float("nan")}
-        lines.append(f"| {r['sink']} | {r['res']}p | {r['n']} | {r['workers']} | {'pipelined' if r.get('pipeline') else 'plain'} | {r.get('gather_ms', 0):g} | {r['decode']} | {r['faces_per_s']} | {100 * r['drop_rate']:.1f}% "
+        lines.append(f"| {r['sink']} | {r['res']}p | {r['n']} | {r['workers']} | {'pipelined' if r.get('pipeline') else 'plain'} | {r.get('gather_ms', 0):g} | {r.get('phases', 'grouped')} | {r['decode']} | {r['faces_per_s']} | {100 * r['drop_rate']:.1f}% "
                      f"| {la['p50']:.1f} | {la['p99']:.1f} | {r['gpu_util_mean']} | {r['gpu_mem_gb']} "
                      f"| {r['batch_sizes']} | {'yes' if r['within_budget'] else 'no'} |")
     for key in sorted({_variant(r) for r in rows}):

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from bench_streams import Intake  # noqa: E402
+from bench_streams import Intake, stream_phases  # noqa: E402
 
 PERIOD = 1 / 30
 
@@ -134,3 +134,14 @@ def test_a_round_with_faces_waiting_does_not_gather() -> None:
     assert time.perf_counter() - t0 < 0.04
     pending, _ = intake.round(0.5)
     assert [buf for _s, buf, _a, _e in pending] == ["b0"]
+
+
+def test_stream_phases_grouped_and_random() -> None:
+    # grouped: stream j at j/N of the period, so consecutive streams (one worker's) arrive together.
+    assert stream_phases(4, "grouped") == [0.0, 0.25, 0.5, 0.75]
+    rnd = stream_phases(32, "random")
+    assert len(rnd) == 32 and all(0.0 <= x < 1.0 for x in rnd)
+    assert rnd == stream_phases(32, "random")  # seeded by N: a run can be repeated
+    # Random phases spread one worker's four streams over much of the period (grouped: 3/32).
+    spans = [max(rnd[i:i + 4]) - min(rnd[i:i + 4]) for i in range(0, 32, 4)]
+    assert sum(spans) / len(spans) > 0.3
