@@ -2,13 +2,14 @@
 
     python tools/bench_streams.py --clip720 C720.mp4 --clip1080 C1080.mp4 --out DIR
         [--ns 4,8,16,24,32] [--seconds 8] [--workers 4] [--feeders 0] [--pipeline 0,1] [--gather-ms 0,4]
-        [--sink null,x264] [--phases grouped,random] [--warm-first] [--tag _nvdec]
+        [--sink null,x264] [--phases grouped,random,sorted] [--warm-first] [--tag _nvdec]
         [--set detector.detect_every=10 ...]   (config settings on top of the `live` preset)
     (on the GPU machine, through tools/device_check.sh streams)
 
 N streams play 30 fps clips at real-time pace (each frame "arrives" at its time, streams staggered
 across the frame period: `--phases grouped` gives each worker streams that arrive close together,
-`random` independent phases, as unrelated sources have), one face each, swapped by the full-size inswapper-architecture model
+`random` independent phases, as unrelated sources have, and `sorted` places those on the workers
+in phase order), one face each, swapped by the full-size inswapper-architecture model
 (random weights; speed and memory are the real model's). The streams are spread over `--workers`
 processes (Python runs one frame's host work at a time per process; the GPU is shared). Inside a
 worker everything is on the GPU:
@@ -694,7 +695,8 @@ def main() -> None:
     ap.add_argument("--pipeline", default="0",
                     help="1: launch the last round's swaps while this round's landmarks run; a list (0,1) compares")
     ap.add_argument("--phases", default="grouped",
-                    help="streams' arrival phases: grouped (a worker's streams arrive together) or random; a list compares")
+                    help="streams' arrival phases: grouped (a worker's streams arrive together), random, or sorted "
+                         "(random phases placed on the workers in phase order); a list compares")
     ap.add_argument("--sink", default="null", help="null or x264, or a list (null,x264) to compare in one run")
     ap.add_argument("--decode", choices=("auto", "cpu"), default="auto")
     ap.add_argument("--tag", default="")
@@ -748,8 +750,8 @@ def main() -> None:
         sys.exit(f"error: --gather-ms {args.gather_ms}: each window must be at least 0 and shorter "
                  f"than a frame period ({1e3 / FPS:.1f} ms)")
     phase_kinds = args.phases.split(",")
-    if not set(phase_kinds) <= {"grouped", "random"}:
-        sys.exit(f"error: --phases {args.phases}: each value must be grouped or random")
+    if not set(phase_kinds) <= {"grouped", "random", "sorted"}:
+        sys.exit(f"error: --phases {args.phases}: each value must be grouped, random or sorted")
     configs = [(sink, res, int(n), int(f), int(pl), float(g), ph) for sink in sinks for res in args.res.split(",")
                for n in args.ns.split(",") for f in args.feeders.split(",") for pl in args.pipeline.split(",")
                for g in args.gather_ms.split(",") for ph in phase_kinds]
@@ -807,11 +809,15 @@ def main() -> None:
 def stream_phases(n: int, kind: str) -> list[float]:
     """Each stream's arrival time within the frame period, as a fraction of it, in stream order
     (the workers take consecutive runs of streams). `grouped`: evenly spread in stream order, so a
-    worker's streams arrive close together (a placement that groups streams by phase); `random`:
-    independent uniform phases (seeded by N, so a run can be repeated), as unrelated live sources
-    arrive, and a worker's streams are spread over the period."""
-    if kind == "random":
-        return [float(x) for x in np.random.default_rng(n).uniform(0.0, 1.0, n)]
+    worker's streams arrive close together; `random`: independent uniform phases (seeded by N, so a
+    run can be repeated), as unrelated live sources arrive, placed on the workers in stream order, so
+    a worker's streams are spread over the period; `sorted`: the same random phases, placed in phase
+    order, which is what a placer that knows each stream's phase (its arrival time modulo the frame
+    period, seen in its first frames) can do: a worker's streams again arrive close together, but
+    unevenly spaced."""
+    if kind in ("random", "sorted"):
+        at = [float(x) for x in np.random.default_rng(n).uniform(0.0, 1.0, n)]
+        return sorted(at) if kind == "sorted" else at
     return [j / n for j in range(n)]
 
 
@@ -827,7 +833,7 @@ def _variant_name(key: tuple[str, str, int, int, float, str], args: argparse.Nam
     return ((f"{sink}, " if "," in args.sink else "") + f"{res}p"
             + (f", --feeders {fd}" if len(args.feeders.split(",")) > 1 else "")
             + (", pipelined" if pl else "") + (f", gather {g:g} ms" if g else "")
-            + (", random phases" if ph == "random" else ""))
+            + (f", {ph} phases" if ph != "grouped" else ""))
 
 
 def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
@@ -843,7 +849,7 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         # Several feeder counts or loop kinds in one run get their own metric names.
         f = ((f"_f{r['feeders']}" if r.get("feeders") else "") + ("_pipelined" if r.get("pipeline") else "")
              + (f"_gather{r['gather_ms']:g}" if r.get("gather_ms") else "")
-             + ("_random" if r.get("phases") == "random" else ""))
+             + (f"_{r['phases']}" if r.get("phases", "grouped") != "grouped" else ""))
         records.append({"metric": f"streams_{r['sink']}_{r['res']}p_n{r['n']}{f}_faces_per_s", "value": r["faces_per_s"],
                         "unit": "faces/s", "stat": "mean", "config": cfg, **common})
         if r["latency_ms"]:

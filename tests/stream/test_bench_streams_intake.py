@@ -145,3 +145,7 @@ def test_stream_phases_grouped_and_random() -> None:
     # Random phases spread one worker's four streams over much of the period (grouped: 3/32).
     spans = [max(rnd[i:i + 4]) - min(rnd[i:i + 4]) for i in range(0, 32, 4)]
     assert sum(spans) / len(spans) > 0.3
+    # sorted: the same phases in phase order, so one worker's four streams arrive close together.
+    srt = stream_phases(32, "sorted")
+    assert srt == sorted(rnd)
+    assert max(srt[i + 3] - srt[i] for i in range(0, 32, 4)) < min(0.3, sum(spans) / len(spans))
