@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import types
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -290,7 +291,16 @@ def build_module(graph: TfliteGraph) -> Any:
                 env[outs[0]] = y
             return [env[i].permute(0, 2, 3, 1) if env[i].dim() == 4 else env[i] for i in graph.outputs]
 
-    return TfliteModule()
+    module = TfliteModule()
+    # torch.compile keeps its compiled graphs, and its limit of 8 of them, per code object, and
+    # every module built here shares this forward's: the fifth analyser of a process (each compiles
+    # a detector graph and its landmark sizes) would hit the limit, an error under fullgraph. A
+    # copy of the code object per module gives each its own cache and limit.
+    fwd = TfliteModule.forward
+    own = types.FunctionType(fwd.__code__.replace(), fwd.__globals__, fwd.__name__, fwd.__defaults__,
+                             fwd.__closure__)
+    module.forward = types.MethodType(own, module)
+    return module
 
 
 @contextmanager

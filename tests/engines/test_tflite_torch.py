@@ -140,6 +140,25 @@ def test_bucket_sizes_are_powers_of_two_then_the_limit() -> None:
     assert not r.compile and r.buckets == [1, 2, 3] and r.bucket(3) == 3
 
 
+def test_each_module_compiles_under_its_own_limit() -> None:
+    # torch.compile counts its graphs per code object, with a hard error past the limit under
+    # fullgraph. Modules of one file share a forward; each must get its own count, or a process's
+    # fifth compiled analyser fails. The limit is lowered to 2 here so that three modules show it.
+    import torch._dynamo
+
+    from swapstream.engines.tflite_torch import build_module, read_tflite
+
+    graph = read_tflite(builtin_model_path("face_detection_short_range.tflite", load_config().models_dir))
+    x = torch.rand(1, *graph.input_shape[1:])
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(recompile_limit=2), torch.inference_mode():
+        outs = [torch.compile(build_module(graph).eval(), backend="eager", fullgraph=True, dynamic=False)(x)
+                for _ in range(3)]
+    for o in outs[1:]:
+        for a, b in zip(o, outs[0]):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)  # same weights, same input, same path
+
+
 @pytest.mark.gpu
 def test_gpu_compiled_executor_matches_litert(cuda: ModuleType) -> None:
     # torch.compile'd graphs in buckets: a call of 3 runs in the graph of 4, whose fourth row still
