@@ -406,8 +406,10 @@ class TfliteTorchRunner:
     def run_torch(self, x: Any) -> list[Any]:
         """Like `run`, but returns torch tensors on the device, without a host copy or sync.
 
-        With CUDA graphs the tensors are the graph's static outputs: they are overwritten by the next
-        call with the same batch size, so use (or copy) them before that.
+        With CUDA graphs the tensors are the graph's static outputs (or their first rows): they are
+        overwritten by the next call that runs in the same graph, that is of the same batch size or,
+        with `compile`, of the same bucket (a call of 3 overwrites what a call of 4 returned), so use
+        (or copy) them before that.
         """
         import torch
 
@@ -491,7 +493,7 @@ class TfliteTorchRunner:
         (the next streams' swaps) does it before `result()` instead of idling in the copy.
 
         The copies are ordered after the replay on the same stream, and so before the next replay
-        of the same batch size on that stream. Calls made meanwhile from another stream (or with
+        of the same graph (batch size, or bucket with `compile`) on that stream. Calls made meanwhile from another stream (or with
         NumPy input, on torch's stream) are not ordered with them and could overwrite the graph's
         outputs first: keep the calls of one runner on one stream while a result is pending."""
         import torch

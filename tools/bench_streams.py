@@ -619,7 +619,7 @@ def worker_main(args: argparse.Namespace) -> None:
         if prof is not None:
             prof.disable()
             write_profile(prof, Path(args.profile_dir) / f"profile_{sink}_{res}p_n{cmd['total']}_f{nf}_pl{int(pipelined)}_g{cmd.get('gather_ms') or 0:g}"
-                          f"_pid{os.getpid()}.txt")
+                          f"_{cmd.get('phase_kind', 'grouped')}_pid{os.getpid()}.txt")
         for s in streams:
             if s.encoder is not None:
                 s.encoder.close()
@@ -762,7 +762,7 @@ def main() -> None:
         for p, k in zip(procs, per):
             p.stdin.write(json.dumps({"n": k, "res": res, "seconds": args.seconds, "feeders": feeders,
                                       "pipeline": pipeline, "gather_ms": gather, "sink": sink,
-                                      "phases": at[offset:offset + k]}) + "\n")
+                                      "phases": at[offset:offset + k], "phase_kind": phases, "total": n}) + "\n")
             p.stdin.flush()
             offset += k
         armed = [read_reply(p, i) for i, p in enumerate(procs)]  # streams built and warmed
@@ -839,7 +839,8 @@ def _variant_name(key: tuple[str, str, int, int, float, str], args: argparse.Nam
 def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     common = run_fields(gpu_name(), f"python tools/bench_streams.py --ns {args.ns} --seconds {args.seconds} "
                                     f"--workers {args.workers} --feeders {args.feeders} --pipeline {args.pipeline} --gather-ms {args.gather_ms} "
-                                    f"--sink {args.sink} --max-wait-ms {args.max_wait_ms} --phases {args.phases}"
+                                    f"--sink {args.sink} --max-wait-ms {args.max_wait_ms} --phases {args.phases} --res {args.res} --decode {args.decode}"
+                                    + (" --warm-first" if args.warm_first else "")
                                     + "".join(f" --set {kv}" for kv in args.set))
     args.out.mkdir(parents=True, exist_ok=True)
     records = []
