@@ -205,7 +205,7 @@ class FaceAnalyser:
 
 def track_many(pairs: list[tuple[FaceAnalyser, Frame]]) -> list[list[Face]]:
     """`analyser.track(frame)` for each pair, with the landmark model run once for every track of
-    every frame (`FaceMesh.many_frames`): one batch and one wait for many streams. The analysers
+    every frame (`FaceMesh.start_frames`): one batch and one wait for many streams. The analysers
     must share their networks (`FaceAnalyser.tracker`); each keeps its own tracks. Detection, on
     its cadence, still runs per frame."""
     return PendingTracks(pairs).finish()

@@ -107,18 +107,13 @@ class FaceMesh:
 
     def many(self, rgb: Any, rois: list[Roi]) -> list[tuple[np.ndarray, float]]:
         """`__call__` for several ROIs of one frame; a CuPy frame is cropped and run as one batch."""
-        return self.many_frames([(rgb, rois)])[0]
-
-    def many_frames(self, items: list[tuple[Any, list[Roi]]]) -> list[list[tuple[np.ndarray, float]]]:
-        """`many` for the ROIs of several frames (several streams) at once: on the GPU every face of
-        every frame goes into the same model calls of up to `max_batch`, with one wait for the
-        results, instead of one call and one wait per frame."""
-        return self.start_frames(items).result()
+        return self.start_frames([(rgb, rois)]).result()[0]
 
     def start_frames(self, items: list[tuple[Any, list[Roi]]]) -> PendingLandmarks:
-        """`many_frames` in two halves: on the GPU the crops, the model and the copies of its
-        outputs are queued now, and `result()` waits for them and maps the landmarks into the
-        frames. On the CPU the work is done here.
+        """The ROIs of several frames (several streams) at once, in two halves: on the GPU every
+        face of every frame goes into the same model calls of up to `max_batch`, and the crops, the
+        model and the copies of its outputs are queued now; `result()` waits for them (one wait
+        for all) and maps the landmarks into the frames. On the CPU the work is done here.
 
         On the GPU everything is queued on the current CuPy stream, and the model's CUDA graph
         and this mesh's input buffer are reused by the next call: make the calls of one mesh on
