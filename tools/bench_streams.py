@@ -415,9 +415,10 @@ def worker_main(args: argparse.Namespace) -> None:
     st = build_stages(Path(args.tmp), args.set)
     swapper, probe, disclosure = st.swapper, st.analyser, st.disclosure
     src, face, identity, captured = st.src, st.face, st.identity, st.captured
+    mb = swapper.max_batch  # faces per swap model call: the batcher fills calls of this size
     # Compile and capture every batch size before reporting ready, so no round pays for it.
     warm = cupy.asarray(src)
-    for b in (1, 2, 3, 4):
+    for b in range(1, mb + 1):
         for _ in range(2):
             swapper.swap_many([(warm, face)] * b, [identity] * b)
     from swapstream.face.analyser import PendingTracks, track_many
@@ -510,8 +511,8 @@ def worker_main(args: argparse.Namespace) -> None:
                 items = [(buf, f) for (_s, buf, faces, _a, _e) in batch for f in faces]
                 if items:
                     swapper.swap_many(items, [identity] * len(items))
-                    for at in range(0, len(items), 4):  # the model calls swap_many makes
-                        sizes[min(4, len(items) - at)] += 1
+                    for at in range(0, len(items), mb):  # the model calls swap_many makes
+                        sizes[min(mb, len(items) - at)] += 1
                 for (s, buf, faces, arrival, _e) in batch:
                     disclosure.apply(buf, len(faces) > 0)
                     out = s.nv12.acquire()
@@ -537,7 +538,7 @@ def worker_main(args: argparse.Namespace) -> None:
         def batch_due() -> bool:
             """The dynamic batcher's rule: the faces waiting fill a model call, or the oldest has
             waited --max-wait-ms."""
-            return (sum(len(b[2]) for b in batch) >= 4
+            return (sum(len(b[2]) for b in batch) >= mb
                     or (time.perf_counter() - batch[0][3]) * 1e3 >= args.max_wait_ms)
 
         def reap(block: bool = False) -> None:
