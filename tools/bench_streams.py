@@ -451,7 +451,7 @@ def worker_main(args: argparse.Namespace) -> None:
         if cmd.get("quit"):
             break
         k, res = int(cmd["n"]), cmd["res"]
-        pipelined = bool(cmd.get("pipeline"))
+        pipelined = bool(cmd["pipeline"])
         w, h = (1280, 720) if res == "720" else (1920, 1080)
         while len(analysers) < k:
             # One tracker per stream over the worker's one set of networks (and CUDA graphs, all
@@ -460,7 +460,7 @@ def worker_main(args: argparse.Namespace) -> None:
         streams = [Stream(i, clips[res], nvdec, analysers[i], w, h) for i in range(k)]
         lat: list[float] = []
         enc_lat: list[float] = []
-        sink = cmd.get("sink", "null")
+        sink = cmd["sink"]
         if sink == "x264":
             for s in streams:
                 s.encoder = Encoder(w, h, enc_lat)
@@ -483,7 +483,7 @@ def worker_main(args: argparse.Namespace) -> None:
         ready: queue.SimpleQueue[Item] = queue.SimpleQueue()
         for s in streams:
             s.due = t0 + period * cmd["phases"][s.sid]
-        nf = min(int(cmd.get("feeders") or k), k)
+        nf = min(cmd["feeders"] or k, k)
         feed_errors: list[BaseException] = []
         feeders = [threading.Thread(target=feed, args=(streams[i::nf], ready, period, t_warm, t_end, feed_errors),
                                     daemon=True) for i in range(nf)]
@@ -492,7 +492,7 @@ def worker_main(args: argparse.Namespace) -> None:
         batch: list[tuple[Stream, Any, list[Any], float, Any]] = []
         # A round is full when every stream of this worker has a frame in it (one each): the
         # gather window then closes early.
-        intake = Intake(ready, period, t_warm, min(MESH_BATCH, k), gather_s=float(cmd.get("gather_ms") or 0.0) / 1e3)
+        intake = Intake(ready, period, t_warm, min(MESH_BATCH, k), gather_s=cmd["gather_ms"] / 1e3)
         inflight: deque[tuple[Stream, Any, Any, float, Any, bool]] = deque()
         peak = device_used_bytes()
 
@@ -619,8 +619,8 @@ def worker_main(args: argparse.Namespace) -> None:
         reap(block=True)
         if prof is not None:
             prof.disable()
-            write_profile(prof, Path(args.profile_dir) / f"profile_{sink}_{res}p_n{cmd['total']}_f{nf}_pl{int(pipelined)}_g{cmd.get('gather_ms') or 0:g}"
-                          f"_{cmd.get('phase_kind', 'grouped')}_pid{os.getpid()}.txt")
+            tag = variant_tag(cmd["feeders"], cmd["pipeline"], cmd["gather_ms"], cmd["phase_kind"])
+            write_profile(prof, Path(args.profile_dir) / f"profile_{sink}_{res}p_n{cmd['total']}{tag}_pid{os.getpid()}.txt")
         for s in streams:
             if s.encoder is not None:
                 s.encoder.close()
@@ -672,6 +672,45 @@ def gpu_util_sampler(stop: threading.Event, out: list[float]) -> None:
         pass
 
 
+Config = tuple[str, str, int, int, int, float, str]
+"""One measured point: sink, resolution, N, feeders, pipelined, gather window (ms), phases."""
+
+
+def run_configs(args: argparse.Namespace) -> list[Config]:
+    """Every combination of the list options, each option checked once; a bad value exits with
+    its option named."""
+    def ints(opt: str, text: str, allowed: set[int] | None = None) -> list[int]:
+        try:
+            vals = [int(v) for v in text.split(",")]
+        except ValueError:
+            sys.exit(f"error: --{opt} {text}: give whole numbers, e.g. 0,1")
+        if allowed is not None and not set(vals) <= allowed:
+            sys.exit(f"error: --{opt} {text}: each value must be one of {sorted(allowed)}")
+        return vals
+
+    sinks = args.sink.split(",")
+    if not set(sinks) <= {"null", "x264"}:
+        sys.exit(f"error: --sink {args.sink}: each sink must be null or x264")
+    ress = args.res.split(",")
+    if not set(ress) <= {"720", "1080"}:
+        sys.exit(f"error: --res {args.res}: each resolution must be 720 or 1080")
+    try:
+        gathers = [float(g) for g in args.gather_ms.split(",")]
+    except ValueError:
+        sys.exit(f"error: --gather-ms {args.gather_ms}: give milliseconds, e.g. 0,4")
+    if any(not 0 <= g < 1e3 / FPS for g in gathers):
+        sys.exit(f"error: --gather-ms {args.gather_ms}: each window must be at least 0 and shorter "
+                 f"than a frame period ({1e3 / FPS:.1f} ms)")
+    phase_kinds = args.phases.split(",")
+    if not set(phase_kinds) <= {"grouped", "random", "sorted"}:
+        sys.exit(f"error: --phases {args.phases}: each value must be grouped, random or sorted")
+    ns, feeders, pipelines = ints("ns", args.ns), ints("feeders", args.feeders), ints("pipeline", args.pipeline, {0, 1})
+    if min(ns) < 1 or min(feeders) < 0:
+        sys.exit("error: --ns must be at least 1 and --feeders at least 0")
+    return [(sink, res, n, f, pl, g, ph) for sink in sinks for res in ress for n in ns for f in feeders
+            for pl in pipelines for g in gathers for ph in phase_kinds]
+
+
 def read_reply(proc: subprocess.Popen[str], i: int) -> dict[str, Any]:
     """A worker's next JSON line; a worker that died says so (its traceback went to stderr)."""
     line = proc.stdout.readline() if proc.stdout is not None else ""
@@ -716,6 +755,7 @@ def main() -> None:
 
     if args.workers < 1:
         sys.exit(f"error: --workers {args.workers}: give at least 1")
+    configs = run_configs(args)  # checked before the workers' minutes of start-up
     tmp = tempfile.mkdtemp()
     cmd = [sys.executable, __file__, "--worker", "--tmp", tmp, "--clip720", args.clip720, "--clip1080",
            args.clip1080, "--decode", args.decode, "--max-wait-ms", str(args.max_wait_ms)]
@@ -738,24 +778,6 @@ def main() -> None:
         hello = [read_reply(p, i) for i, p in enumerate(procs)]  # waits for model builds and compiles
     print(f"{len(procs)} workers ready: {hello}", flush=True)
     rows = []
-    sinks = args.sink.split(",")
-    if not set(sinks) <= {"null", "x264"}:
-        sys.exit(f"error: --sink {args.sink}: each sink must be null or x264")
-    if not set(args.pipeline.split(",")) <= {"0", "1"}:
-        sys.exit(f"error: --pipeline {args.pipeline}: each value must be 0 or 1")
-    try:
-        gathers = [float(g) for g in args.gather_ms.split(",")]
-    except ValueError:
-        sys.exit(f"error: --gather-ms {args.gather_ms}: give milliseconds, e.g. 0,4")
-    if any(not 0 <= g < 1e3 / FPS for g in gathers):
-        sys.exit(f"error: --gather-ms {args.gather_ms}: each window must be at least 0 and shorter "
-                 f"than a frame period ({1e3 / FPS:.1f} ms)")
-    phase_kinds = args.phases.split(",")
-    if not set(phase_kinds) <= {"grouped", "random", "sorted"}:
-        sys.exit(f"error: --phases {args.phases}: each value must be grouped, random or sorted")
-    configs = [(sink, res, int(n), int(f), int(pl), float(g), ph) for sink in sinks for res in args.res.split(",")
-               for n in args.ns.split(",") for f in args.feeders.split(",") for pl in args.pipeline.split(",")
-               for g in args.gather_ms.split(",") for ph in phase_kinds]
     for sink, res, n, feeders, pipeline, gather, phases in configs:
         per = [n // args.workers + (1 if i < n % args.workers else 0) for i in range(args.workers)]
         offset = 0
@@ -822,11 +844,16 @@ def stream_phases(n: int, kind: str) -> list[float]:
     return [j / n for j in range(n)]
 
 
+def variant_tag(feeders: int, pipeline: int, gather_ms: float, phases: str) -> str:
+    """What tells a configuration's metric names (and profile files) from the defaults' ones."""
+    return ((f"_f{feeders}" if feeders else "") + ("_pipelined" if pipeline else "")
+            + (f"_gather{gather_ms:g}" if gather_ms else "") + (f"_{phases}" if phases != "grouped" else ""))
+
+
 def _variant(row: dict[str, Any]) -> tuple[str, str, int, int, float, str]:
     """What separates the series of a run: sink, resolution, feeder count, loop kind, gather window,
     stream phases."""
-    return (row["sink"], row["res"], row.get("feeders", 0), row.get("pipeline", 0), row.get("gather_ms", 0.0),
-            row.get("phases", "grouped"))
+    return row["sink"], row["res"], row["feeders"], row["pipeline"], row["gather_ms"], row["phases"]
 
 
 def _variant_name(key: tuple[str, str, int, int, float, str], args: argparse.Namespace) -> str:
@@ -849,9 +876,7 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         cfg = {k: r[k] for k in ("sink", "res", "n", "workers", "feeders", "pipeline", "gather_ms", "phases", "feeder_threads", "frames", "dropped", "drop_rate", "gpu_util_mean", "gpu_mem_gb",
                                  "batch_sizes", "decode", "within_budget", "frames_marked", "captures_in_run", "host_ms_per_frame", "stalls") if k in r}
         # Several feeder counts or loop kinds in one run get their own metric names.
-        f = ((f"_f{r['feeders']}" if r.get("feeders") else "") + ("_pipelined" if r.get("pipeline") else "")
-             + (f"_gather{r['gather_ms']:g}" if r.get("gather_ms") else "")
-             + (f"_{r['phases']}" if r.get("phases", "grouped") != "grouped" else ""))
+        f = variant_tag(r["feeders"], r["pipeline"], r["gather_ms"], r["phases"])
         records.append({"metric": f"streams_{r['sink']}_{r['res']}p_n{r['n']}{f}_faces_per_s", "value": r["faces_per_s"],
                         "unit": "faces/s", "stat": "mean", "config": cfg, **common})
         if r["latency_ms"]:
@@ -866,7 +891,7 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         la = r["latency_ms"] or {"p50": float("nan"), "p99": float("nan")}
-        lines.append(f"| {r['sink']} | {r['res']}p | {r['n']} | {r['workers']} | {'pipelined' if r.get('pipeline') else 'plain'} | {r.get('gather_ms', 0):g} | {r.get('phases', 'grouped')} | {r['decode']} | {r['faces_per_s']} | {100 * r['drop_rate']:.1f}% "
+        lines.append(f"| {r['sink']} | {r['res']}p | {r['n']} | {r['workers']} | {'pipelined' if r['pipeline'] else 'plain'} | {r['gather_ms']:g} | {r['phases']} | {r['decode']} | {r['faces_per_s']} | {100 * r['drop_rate']:.1f}% "
                      f"| {la['p50']:.1f} | {la['p99']:.1f} | {r['gpu_util_mean']} | {r['gpu_mem_gb']} "
                      f"| {r['batch_sizes']} | {'yes' if r['within_budget'] else 'no'} |")
     for key in sorted({_variant(r) for r in rows}):

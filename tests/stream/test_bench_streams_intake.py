@@ -13,8 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from bench_streams import Intake, stream_phases  # noqa: E402
+from bench_streams import Intake, run_configs, stream_phases  # noqa: E402
 
 PERIOD = 1 / 30
 
@@ -149,3 +151,20 @@ def test_stream_phases_grouped_and_random() -> None:
     srt = stream_phases(32, "sorted")
     assert srt == sorted(rnd)
     assert max(srt[i + 3] - srt[i] for i in range(0, 32, 4)) < min(0.3, sum(spans) / len(spans))
+
+
+def test_run_configs_checks_every_list_option_before_start() -> None:
+    import argparse
+
+    def args(**kw: str) -> argparse.Namespace:
+        base = {"sink": "null,x264", "res": "720", "ns": "24,32", "feeders": "0", "pipeline": "0,1",
+                "gather_ms": "0,8", "phases": "grouped"}
+        return argparse.Namespace(**{**base, **kw})
+
+    got = run_configs(args())
+    assert len(got) == 2 * 1 * 2 * 1 * 2 * 2 * 1
+    assert got[0] == ("null", "720", 24, 0, 0, 0.0, "grouped")
+    for opt, bad in (("res", "480"), ("sink", "file"), ("pipeline", "2"), ("gather_ms", "40"),
+                     ("phases", "even"), ("ns", "x")):
+        with pytest.raises(SystemExit, match=f"--{opt.replace('_', '-')} {bad}"):
+            run_configs(args(**{opt: bad}))
