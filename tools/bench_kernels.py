@@ -48,21 +48,12 @@ def graph_time_us(cp: Any, fn: Callable[[], Any], reps: int = 200) -> float | No
                 fn()
             finally:
                 graph = stream.end_capture()
-        for _ in range(10):
-            graph.launch(stream)
+        graph.launch(stream)
         stream.synchronize()
     except Exception as e:  # capture is refused for host copies and syncs; report and go on
         print(f"  (no graph: {type(e).__name__}: {str(e).splitlines()[0][:100]})")
         return None
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    times = []
-    for _ in range(reps):
-        start.record(stream)
-        graph.launch(stream)
-        stop.record(stream)
-        stop.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, stop) * 1e3)
-    return float(np.median(times))
+    return median_ms(cp, lambda: graph.launch(stream), stream, reps) * 1e3
 
 
 def cpu_time_us(fn: Callable[[], Any], reps: int = 20, warm: int = 2) -> float:
