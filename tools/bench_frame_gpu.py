@@ -41,11 +41,10 @@ extern "C" __global__ void spin(long long cycles) {
 """
 
 
-def gpu_ms(cp: Any, fn: Callable[[], Any], stream: Any, reps: int, spin_cycles: int) -> tuple[float, str]:
+def gpu_ms(cp: Any, spin: Any, fn: Callable[[], Any], stream: Any, reps: int, spin_cycles: int) -> tuple[float, str]:
     """Milliseconds per call of `fn` on `stream` and how they were timed: the GPU's own time, the
-    launches hidden behind a spin kernel; or, when `fn` waits on the host (so the calls cannot be
-    queued behind the spin), between events around each call, host included."""
-    spin = cp.RawKernel(SPIN, "spin")
+    launches hidden behind `spin` (the SPIN kernel); or, when `fn` waits on the host (so the calls
+    cannot be queued behind the spin), between events around each call, host included."""
     for _ in range(3):
         fn()
     stream.synchronize()
@@ -62,7 +61,7 @@ def gpu_ms(cp: Any, fn: Callable[[], Any], stream: Any, reps: int, spin_cycles: 
         queued_before_spin_end = not start.done
         stop.synchronize()
         if not queued_before_spin_end:
-            return median_ms(cp, fn, stream), "per call, host included (it waits on the host)"
+            return median_ms(cp, fn, stream, warm=0), "per call, host included (it waits on the host)"
         times.append(cp.cuda.get_elapsed_time(start, stop) / reps)
     return float(np.median(times)), "GPU"
 
@@ -98,18 +97,17 @@ def main() -> None:
         ccfg.landmarks.compile = True
         fused = GpuFaceAnalyser(ccfg, mesh_batch=16)
         t0 = time.perf_counter()
-        fused._mesh.runner.prepare([1, 4, 8, 16])
-        fused._short.runner.prepare([1])
-        print(f"compiled and captured the detector and landmark graphs in {time.perf_counter() - t0:.1f} s",
-              flush=True)
+        print(f"compiled and captured {fused.prepare()} in {time.perf_counter() - t0:.1f} s", flush=True)
 
     def add(key: str, stage: str, res: str, per: str, timed: tuple[float, str]) -> None:
         ms, how = timed
         rows.append({"key": key, "stage": stage, "res": res, "per": per, "ms": round(ms, 4), "how": how})
         print(f"{res} {stage} ({per}): {ms:.4f} ms [{how}]", flush=True)
 
+    spin = cp.RawKernel(SPIN, "spin")
+
     def timed(fn: Callable[[], Any]) -> tuple[float, str]:
-        return gpu_ms(cp, fn, stream, args.reps, spin_cycles)
+        return gpu_ms(cp, spin, fn, stream, args.reps, spin_cycles)
 
     for res, clip in (("720p", args.clip720), ("1080p", args.clip1080)):
         # The first frame of the stream benchmark's clip: its face has a stream's size.
