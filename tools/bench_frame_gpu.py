@@ -30,7 +30,7 @@ from typing import Any, Callable
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_streams import build_stages  # noqa: E402
+from bench_streams import worker_stages  # noqa: E402
 from benchlib import gpu_name, median_ms, run_fields  # noqa: E402
 
 SPIN = r"""
@@ -83,7 +83,7 @@ def main() -> None:
     from swapstream.kernels.nv12 import nv12_to_rgb, rgb_to_nv12
 
     # The stream benchmark's worker stages, so that each stage here is the one it runs.
-    st = build_stages(Path(tempfile.mkdtemp()), [])
+    st = worker_stages(Path(tempfile.mkdtemp()), [])
     cfg, swapper, analyser, disclosure, identity = st.cfg, st.swapper, st.analyser, st.disclosure, st.identity
     clock_khz = cp.cuda.Device().attributes["ClockRate"]
     spin_cycles = int(args.spin_ms * clock_khz)

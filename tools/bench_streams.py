@@ -368,7 +368,7 @@ def feed(streams: list[Stream], ready: queue.SimpleQueue[Any], period: float, t_
 
 @dataclass
 class Stages:
-    """What a stream frame goes through in a worker, one set per process (`build_stages`)."""
+    """What a stream frame goes through in a worker, one set per process (`worker_stages`)."""
 
     cfg: Any
     swapper: Any  # NeuralSwapper, the full-size inswapper architecture
@@ -380,7 +380,7 @@ class Stages:
     captured: dict[str, list[int]]  # the analyser's CUDA graphs, by model (GpuFaceAnalyser.prepare)
 
 
-def build_stages(tmp: Path, overrides: list[str]) -> Stages:
+def worker_stages(tmp: Path, overrides: list[str]) -> Stages:
     """The worker's models, in a private models folder under `tmp`, with `overrides` on top of the
     live preset; every landmark batch size up to MESH_BATCH is captured (`prepare`)."""
     from swapstream.demo import astronaut
@@ -412,7 +412,7 @@ def worker_main(args: argparse.Namespace) -> None:
     from swapstream.kernels.nv12 import rgb_to_nv12
     from swapstream.types import Frame
 
-    st = build_stages(Path(args.tmp), args.set)
+    st = worker_stages(Path(args.tmp), args.set)
     swapper, probe, disclosure = st.swapper, st.analyser, st.disclosure
     src, face, identity, captured = st.src, st.face, st.identity, st.captured
     mb = swapper.max_batch  # faces per swap model call: the batcher fills calls of this size
