@@ -113,7 +113,6 @@ def count_for(seconds: float) -> int:
 def gil_probe(clip: Path, sources: int, read_pts: bool, seconds: float = 2.0) -> dict[str, Any]:
     from swapstream.gpu import nvcodec
 
-    sys.setswitchinterval(0.0005)  # as tools/bench_streams.py runs its workers
     srcs, its, rgbs = open_sources(clip, sources)
     alone = count_for(seconds)
     stop = time.perf_counter() + seconds
@@ -158,6 +157,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--gil", action="store_true")
     args = ap.parse_args()
+    # Every row under the switch interval tools/bench_streams.py's workers run with (it was set by
+    # the --gil probe only, so the thread rows' setting depended on that flag).
+    sys.setswitchinterval(0.0005)
     rows = []
     gil = []
     if args.gil:
