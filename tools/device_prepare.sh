@@ -7,7 +7,8 @@
 #   .whl-av   PyAV + the same small set
 #   .whl-litert  LiteRT (the CPU analyser, for the GPU tests that compare against it)
 #   .whl-rtc  aiortc and its needs (it also needs PyAV: carry .whl-av in the same or an earlier call)
-# PyAV and LiteRT are apart because .whl-av + .models + .bench + the tree must stay under 64 MiB.
+# PyAV and LiteRT are apart because .whl-av + .models + .bench + the tree must stay under 64 MiB;
+# .whl-nvc (trimmed, below) fits beside them.
 #   .models   the built-in .tflite files (`swapstream setup` put them in the cache)
 #   .bench    the 720p30 and 1080p30 clips of tools/bench_streams.py and bench_pipeline.py
 # Versions are the ones the dev venv resolved from pyproject.toml, so both machines run the same.
@@ -42,6 +43,27 @@ fetch() {  # DIR SPEC...: CPython 3.12 manylinux x86_64 wheels, without their de
 
 small=("$(pin pydantic)" "$(pin pydantic_core)" "$(pin annotated-types)" "$(pin typing-inspection)" "$(pin tflite)")
 fetch .whl-nvc pynvvideocodec==2.2.4 "${small[@]}"
+# PyNvVideoCodec's wheel (27 MB) carries FFmpeg's source tarball and Jupyter samples, which nothing
+# imports: without them (about 11 MB left) it travels in one call with PyAV, so the x264 sink and
+# NVDEC decoding run together. The wheel's RECORD is rewritten to match, so pip installs it as usual.
+$PY - .whl-nvc/pynvvideocodec-*.whl <<'PYEOF'
+import sys, zipfile, pathlib
+src = pathlib.Path(sys.argv[1])
+unused = ("pynvvideocodec-2.2.4.data/data/external/", "samples/")
+with zipfile.ZipFile(src) as zin:
+    names = [n for n in zin.namelist() if not n.startswith(unused)]
+    if len(names) == len(zin.namelist()):
+        sys.exit(0)  # already trimmed
+    tmp = src.with_suffix(".tmp")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zout:
+        for n in names:
+            data = zin.read(n)
+            if n.endswith(".dist-info/RECORD"):
+                rows = data.decode().splitlines()
+                data = ("\n".join(r for r in rows if not r.startswith(unused)) + "\n").encode()
+            zout.writestr(zin.getinfo(n), data)
+tmp.replace(src)
+PYEOF
 fetch .whl-av "$(pin av)" "${small[@]}"
 fetch .whl-litert "$(pin ai-edge-litert)" "$(pin backports.strenum)"
 fetch .whl-rtc "$(pin aiortc)" "$(pin aioice)" "$(pin pyee)" "$(pin pylibsrtp)" "$(pin pyOpenSSL)" \
