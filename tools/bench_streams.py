@@ -168,7 +168,7 @@ class Source:
 class Encoder(threading.Thread):
     """x264 for one stream, in its own thread (PyAV releases the GIL while encoding)."""
 
-    def __init__(self, w: int, h: int, done: list[float]) -> None:
+    def __init__(self, w: int, h: int, done: list[float], threads: int = 1) -> None:
         super().__init__(daemon=True)
         import av
 
@@ -178,7 +178,9 @@ class Encoder(threading.Thread):
         s = self.container.add_stream("libx264", rate=int(FPS))
         s.width, s.height, s.pix_fmt = w, h, "yuv420p"
         s.options = {"preset": "ultrafast", "tune": "zerolatency", "crf": "23"}
-        s.thread_count = 1
+        # x264's own threads (slice threads under zerolatency): 2 halve a 720p frame's encode time
+        # on an idle core pair of the H200 host (5.97 -> 3.23 ms, docs/performance.md).
+        s.thread_count = threads
         self.s = s
         self.start()
 
@@ -463,7 +465,7 @@ def worker_main(args: argparse.Namespace) -> None:
         sink = cmd["sink"]
         if sink == "x264":
             for s in streams:
-                s.encoder = Encoder(w, h, enc_lat)
+                s.encoder = Encoder(w, h, enc_lat, args.x264_threads)
                 # Download buffers, reused round-robin: more than the encoder's queue can hold.
                 s.pinned = [cupyx.empty_pinned((h * 3 // 2, w), np.uint8) for _ in range(12)]
         # Armed: every stream built and warmed. The parent starts all workers' clocks together.
@@ -729,6 +731,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--max-wait-ms", type=float, default=4.0)
+    ap.add_argument("--x264-threads", type=int, default=1, help="x264 threads per stream (x264 sink)")
     ap.add_argument("--feeders", default="0", help="decode threads per worker, a list to compare (0: one per stream)")
     ap.add_argument("--gather-ms", default="0",
                     help="a round waits up to this long (from its oldest frame's arrival) for more frames; a list compares")
@@ -758,7 +761,8 @@ def main() -> None:
     configs = run_configs(args)  # checked before the workers' minutes of start-up
     tmp = tempfile.mkdtemp()
     cmd = [sys.executable, __file__, "--worker", "--tmp", tmp, "--clip720", args.clip720, "--clip1080",
-           args.clip1080, "--decode", args.decode, "--max-wait-ms", str(args.max_wait_ms)]
+           args.clip1080, "--decode", args.decode, "--max-wait-ms", str(args.max_wait_ms),
+           "--x264-threads", str(args.x264_threads)]
     if args.profile_dir:
         cmd += ["--profile-dir", args.profile_dir]
     for kv in args.set:
@@ -867,7 +871,7 @@ def _variant_name(key: tuple[str, str, int, int, float, str], args: argparse.Nam
 def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     common = run_fields(gpu_name(), f"python tools/bench_streams.py --ns {args.ns} --seconds {args.seconds} "
                                     f"--workers {args.workers} --feeders {args.feeders} --pipeline {args.pipeline} --gather-ms {args.gather_ms} "
-                                    f"--sink {args.sink} --max-wait-ms {args.max_wait_ms} --phases {args.phases} --res {args.res} --decode {args.decode}"
+                                    f"--sink {args.sink} --max-wait-ms {args.max_wait_ms} --x264-threads {args.x264_threads} --phases {args.phases} --res {args.res} --decode {args.decode}"
                                     + (" --warm-first" if args.warm_first else "")
                                     + "".join(f" --set {kv}" for kv in args.set))
     args.out.mkdir(parents=True, exist_ok=True)
