@@ -192,13 +192,14 @@ class Encoder(threading.Thread):
             item = self.q.get()
             if item is None:
                 break
-            nv12, arrival = item
+            nv12, arrival, counted = item
             vf = av.VideoFrame.from_ndarray(nv12, format="nv12")
             vf.pts = i
             i += 1
             for p in self.s.encode(vf):
                 self.container.mux(p)
-            self.done.append((time.perf_counter() - arrival) * 1e3)
+            if counted:  # the settle second's frames (x264's first frames among them) are not
+                self.done.append((time.perf_counter() - arrival) * 1e3)
 
     def close(self) -> None:
         self.q.put(None)
@@ -549,7 +550,7 @@ def worker_main(args: argparse.Namespace) -> None:
                 done.synchronize()
                 s.nv12.release(out, done)
                 if pin is not None and s.encoder is not None:
-                    s.encoder.q.put((pin, arrival))
+                    s.encoder.q.put((pin, arrival, counted))
                 elif counted:
                     lat.append((time.perf_counter() - arrival) * 1e3)
 
