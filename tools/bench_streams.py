@@ -746,6 +746,9 @@ def main() -> None:
     ap.add_argument("--tag", default="")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="config setting on top of the live preset, e.g. detector.detect_every=10")
+    ap.add_argument("--mps", action="store_true",
+                    help="run the workers as clients of a private NVIDIA MPS daemon, so their kernels share the GPU "
+                         "at once instead of in time slices (swapstream.gpu.mps)")
     ap.add_argument("--warm-first", action="store_true",
                     help="start one worker, then the others once it is ready (they reuse its compiled kernels)")
     ap.add_argument("--profile-dir", help="write each worker's cProfile of each run loop here (slows the host)")
@@ -768,8 +771,26 @@ def main() -> None:
         cmd += ["--profile-dir", args.profile_dir]
     for kv in args.set:
         cmd += ["--set", kv]
+    if not args.mps:
+        rows = run_pool(args, configs, cmd, None)
+    else:
+        from swapstream.gpu.mps import MpsError, mps_daemon
+
+        try:
+            with mps_daemon() as env:
+                rows = run_pool(args, configs, cmd, env)
+        except MpsError as e:
+            sys.exit(f"error: --mps: {e}")
+    if args.out:
+        write(rows, args)
+
+
+def run_pool(args: argparse.Namespace, configs: list[Config],
+             cmd: list[str], env: dict[str, str] | None) -> list[dict[str, Any]]:
+    """Start the worker processes (with `env`: as MPS clients under --mps), run every
+    configuration on them, stop them; one result row per configuration."""
     def spawn() -> subprocess.Popen[str]:
-        return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1, env=env)
 
     procs = [spawn()]
     if args.warm_first:
@@ -782,7 +803,7 @@ def main() -> None:
         procs += [spawn() for _ in range(args.workers - 1)]
         hello = [read_reply(p, i) for i, p in enumerate(procs)]  # waits for model builds and compiles
     print(f"{len(procs)} workers ready: {hello}", flush=True)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for sink, res, n, feeders, pipeline, gather, phases in configs:
         per = [n // args.workers + (1 if i < n % args.workers else 0) for i in range(args.workers)]
         offset = 0
@@ -811,7 +832,7 @@ def main() -> None:
         sizes: Counter[str] = Counter()
         for o in outs:
             sizes.update(o["batch_sizes"])
-        row = {"sink": sink, "res": res, "n": n, "workers": args.workers, "feeders": feeders, "pipeline": pipeline, "gather_ms": gather,
+        row = {"sink": sink, "res": res, "n": n, "workers": args.workers, "mps": args.mps, "feeders": feeders, "pipeline": pipeline, "gather_ms": gather,
                "phases": phases, "feeder_threads": [o.get("feeder_threads") for o in outs], "frames": frames, "dropped": dropped,
                "drop_rate": round(dropped / max(frames + dropped, 1), 4),
                "faces_per_s": round(sum(o["faces"] for o in outs) / args.seconds, 1),
@@ -830,8 +851,7 @@ def main() -> None:
         p.stdin.write(json.dumps({"quit": True}) + "\n")
         p.stdin.flush()
         p.wait(timeout=60)
-    if args.out:
-        write(rows, args)
+    return rows
 
 
 def stream_phases(n: int, kind: str) -> list[float]:
@@ -873,12 +893,12 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     common = run_fields(gpu_name(), f"python tools/bench_streams.py --ns {args.ns} --seconds {args.seconds} "
                                     f"--workers {args.workers} --feeders {args.feeders} --pipeline {args.pipeline} --gather-ms {args.gather_ms} "
                                     f"--sink {args.sink} --max-wait-ms {args.max_wait_ms} --x264-threads {args.x264_threads} --phases {args.phases} --res {args.res} --decode {args.decode}"
-                                    + (" --warm-first" if args.warm_first else "")
+                                    + (" --warm-first" if args.warm_first else "") + (" --mps" if args.mps else "")
                                     + "".join(f" --set {kv}" for kv in args.set))
     args.out.mkdir(parents=True, exist_ok=True)
     records = []
     for r in rows:
-        cfg = {k: r[k] for k in ("sink", "res", "n", "workers", "feeders", "pipeline", "gather_ms", "phases", "feeder_threads", "frames", "dropped", "drop_rate", "gpu_util_mean", "gpu_mem_gb",
+        cfg = {k: r[k] for k in ("sink", "res", "n", "workers", "mps", "feeders", "pipeline", "gather_ms", "phases", "feeder_threads", "frames", "dropped", "drop_rate", "gpu_util_mean", "gpu_mem_gb",
                                  "batch_sizes", "decode", "within_budget", "frames_marked", "captures_in_run", "host_ms_per_frame", "stalls") if k in r}
         # Several feeder counts or loop kinds in one run get their own metric names.
         f = variant_tag(r["feeders"], r["pipeline"], r["gather_ms"], r["phases"])
@@ -891,7 +911,9 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     (args.out / f"streams{args.tag}.json").write_text(json.dumps(records, indent=1) + "\n")
     lines = [f"# Concurrent live streams on one GPU, sink: {args.sink} ({common['device']})", "",
              f"`{common['command']}`, commit {common['commit']}, {common['date']}. One face per stream, full-size "
-             "inswapper architecture, 30 fps real-time pace. Budget: drops ≤ 1% and p99 ≤ 33 ms.", "",
+             "inswapper architecture, 30 fps real-time pace. Budget: drops ≤ 1% and p99 ≤ 33 ms. "
+             + ("The worker processes are clients of one MPS daemon (`--mps`): their kernels share the GPU at once."
+                if args.mps else "The worker processes time-slice the GPU (no MPS)."), "",
              "| sink | res | N | workers | loop | gather ms | phases | decode | faces/s | drops | p50 ms | p99 ms | GPU util % | GPU mem GB (device) | batch sizes | within budget |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
