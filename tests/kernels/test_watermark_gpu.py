@@ -52,26 +52,35 @@ def test_embed_matches_reference(cp: ModuleType, size: tuple[int, int]) -> None:
 
 def test_watermarker_on_the_gpu_matches_the_cpu(cp: ModuleType) -> None:
     """The product's embedder (swapstream.watermark) on a CuPy frame, inside a non-default stream
-    as the GPU job runs it, gives the CPU pipeline's frame bit for bit; and the mark is found."""
+    as the GPU job runs it, gives the CPU pipeline's frame bit for bit, on random texture and on a
+    demo frame; and the mark is found in the demo frame.
+
+    Detection is checked on the demo frame only: on random texture magnified 16 times (every block
+    busy at the chips' own frequencies) the detector misses 3% of freshly marked frames
+    (`tools/watermark_texture.py`, docs/responsible_use.md), so a check there would fail at random
+    for a reason that is the scheme's, not the GPU's (the frame is the CPU's bit for bit)."""
+    import cv2
+
+    from swapstream.demo import grace_hopper, render_target_frame
     from swapstream.watermark import PRODUCT_SWAPSTREAM, Payload, Watermarker, detect, luma_of
 
     rng = np.random.default_rng()
     wm = Watermarker(Payload(PRODUCT_SWAPSTREAM, int(rng.integers(0, 2 ** 32))))
     small = rng.integers(0, 256, (68, 120, 3), dtype=np.uint8)
-    import cv2
-
-    frame = cv2.resize(small, (1920, 1080), interpolation=cv2.INTER_CUBIC)  # smooth, like video
-    want = frame.copy()
-    wm.embed(want)
+    texture = cv2.resize(small, (1920, 1080), interpolation=cv2.INTER_CUBIC)
+    demo = render_target_frame(grace_hopper(), float(rng.uniform(0.0, 4.0)), (1920, 1080))
     stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        got = cp.asarray(frame)
-        wm.embed(got)
-        wm.embed(cp.asarray(frame))  # the second call reuses the device tables
-    stream.synchronize()
-    _assert_frames_equal(got.get(), want, "Watermarker 1080p")
+    for what, frame in (("random texture", texture), ("demo frame", demo)):
+        want = frame.copy()
+        wm.embed(want)
+        with stream:
+            got = cp.asarray(frame)
+            wm.embed(got)
+            wm.embed(cp.asarray(frame))  # the second call reuses the device tables
+        stream.synchronize()
+        _assert_frames_equal(got.get(), want, f"Watermarker 1080p, {what}")
     d = detect(luma_of(got.get()))
-    assert d.found and d.payload == wm.payload
+    assert d.found and d.payload == wm.payload, (d.reason, d.score)
 
 
 def test_host_arrays_with_a_device_frame_are_refused(cp: ModuleType) -> None:
