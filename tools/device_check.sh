@@ -93,16 +93,16 @@ if [[ "$what" == streams || "$what" == all ]]; then
   # Each stage's GPU time per stream frame, on a quiet GPU (what a frame costs at most).
   python3 tools/bench_frame_gpu.py --clip720 .bench/streams_720p30.mp4 --clip1080 .bench/streams_1080p30.mp4 --out "$OUT" ${FRAME_GPU_ARGS---compiled} 2>&1 | tee "$OUT/bench_frame_gpu.log" || rc=1
   # Both sinks (STREAMS_SINKS, a comma list) in one run per worker count in STREAMS_WORKERS
-  # (default 8: with the compiled detector and landmarks and an 8 ms gather window, the count
-  # that kept 32 streams within budget, docs/performance.md), decoding with NVDEC in feeder
-  # threads where PyNvVideoCodec is carried (the x264 sink needs PyAV too: carry both).
-  # STREAMS_ARGS replaces the default settings below (one face per stream, the multi_stream
-  # preset's detector and compiled networks, grouped and phase-sorted random phases, 720p N=24 and 32:
-  # 8 configurations of about 13 s after a start-up of about 3 min), e.g.
-  # "--ns 16,24 --res 720 --seconds 3 --gather-ms 0,4".
+  # (default 8), decoding with NVDEC in feeder threads where PyNvVideoCodec is carried (the x264
+  # sink needs PyAV too: carry .whl-nvc and .whl-av together). The default settings are the ones
+  # that reached the targets (docs/performance.md): the workers as clients of one MPS daemon
+  # (--mps), random arrival phases (unrelated live sources), one face per stream with the
+  # multi_stream preset's detector and compiled networks, an 8 ms gather window; 720p and 1080p at
+  # N=32 and 40: 8 configurations of about 18 s after a start-up of about 3 min.
+  # STREAMS_ARGS replaces them, e.g. "--ns 16,24 --res 720 --seconds 3 --gather-ms 0,4".
   sinks="${STREAMS_SINKS:-null,x264}"
   sinks="${sinks// /,}"  # "null x264" (the older form) works too
-  defaults="--ns 24,32 --res 720 --seconds 4 --gather-ms 8 --phases grouped,sorted --warm-first --set detector.max_faces=1 --set detector.detect_every=10 --set landmarks.compile=true"
+  defaults="--ns 32,40 --res 720,1080 --seconds 4 --gather-ms 8 --phases random --mps --warm-first --set detector.max_faces=1 --set detector.detect_every=10 --set landmarks.compile=true"
   for w in ${STREAMS_WORKERS:-8}; do
     python3 tools/bench_streams.py --clip720 .bench/streams_720p30.mp4 --clip1080 .bench/streams_1080p30.mp4 \
       --out "$OUT" --sink "$sinks" --workers "$w" --tag "_${sinks//,/_}_w${w}" ${STREAMS_ARGS:-$defaults} \
