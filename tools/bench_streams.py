@@ -179,7 +179,8 @@ class Encoder(threading.Thread):
         s.width, s.height, s.pix_fmt = w, h, "yuv420p"
         s.options = {"preset": "ultrafast", "tune": "zerolatency", "crf": "23"}
         # x264's own threads (slice threads under zerolatency): 2 halve a 720p frame's encode time
-        # on an idle core pair of the H200 host (5.97 -> 3.23 ms, docs/performance.md).
+        # on the idle H200 host (5.97 -> 3.23 ms, docs/benchmarks/x264_encode.md); beside 31 other
+        # streams, 1 thread each did better (docs/performance.md).
         s.thread_count = threads
         self.s = s
         self.start()
