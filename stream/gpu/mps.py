@@ -9,8 +9,15 @@ no drops (docs/performance.md).
 `mps_daemon()` starts a private control daemon (its own pipe and log folders, so it touches no
 other user's MPS and needs no change to the GPU's compute mode), hands back the environment that
 makes a child process one of its clients, and stops it at the end. A daemon that the caller's
-environment already names (`CUDA_MPS_PIPE_DIRECTORY` with a live control pipe) is used as it is and
-left running.
+environment already names (`CUDA_MPS_PIPE_DIRECTORY`) and that answers is used as it is and left
+running.
+
+A CUDA process that cannot reach the daemon runs without MPS and says nothing (NVIDIA's manual), so
+`server_pids()` asks the daemon which servers it runs: none once the children have initialised CUDA
+means they are not its clients.
+
+Every question goes through NVIDIA's control client (`nvidia-cuda-mps-control` reading a command on
+standard input); the names of the daemon's pipes are its own business.
 """
 
 from __future__ import annotations
@@ -27,15 +34,18 @@ from pathlib import Path
 CONTROL = "nvidia-cuda-mps-control"
 # Where NVIDIA's container toolkit mounts the driver's tools when they are not on PATH.
 _DRIVER_BIN = "/usr/local/nvidia/bin"
-_START_TIMEOUT_S = 10.0
+# The control client answers at once when a daemon listens, and fails at once when none does.
+_ASK_TIMEOUT_S = 10.0
+# quit waits for the servers' clients to end: the benchmark's workers take a few seconds.
+_QUIT_TIMEOUT_S = 30.0
 
 
 class MpsError(RuntimeError):
-    """MPS could not be started or used: the message says why and what to do."""
+    """MPS could not be started, used or stopped: the message says why and what to do."""
 
 
 def find_control(path: str | None = None) -> str:
-    """The control daemon's executable, or MpsError naming where it was looked for."""
+    """The control program's executable, or MpsError naming where it was looked for."""
     search = path if path is not None else os.environ.get("PATH", "") + os.pathsep + _DRIVER_BIN
     exe = shutil.which(CONTROL, path=search)
     if exe is None:
@@ -44,45 +54,108 @@ def find_control(path: str | None = None) -> str:
     return exe
 
 
-def _running(pipe_dir: str) -> bool:
-    """The daemon makes its named pipes in the pipe folder when it starts and removes them when it
-    quits (the pipes' names are the daemon's own business)."""
-    d = Path(pipe_dir)
-    return d.is_dir() and any(d.iterdir())
+def _ask(exe: str, env: dict[str, str], command: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """One command to the daemon that `env` names, through the control client."""
+    try:
+        return subprocess.run([exe], input=command + "\n", env=env, capture_output=True, text=True,
+                              timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise MpsError(f"{exe} could not be asked '{command}' ({e}); run without --mps") from e
+
+
+def _answers(exe: str, env: dict[str, str]) -> bool:
+    """Whether a daemon answers on `env`'s pipe folder: the client exits non-zero, or prints an
+    error instead of a list of process ids, when none does."""
+    r = _ask(exe, env, "get_server_list", _ASK_TIMEOUT_S)
+    return r.returncode == 0 and all(tok.isdigit() for tok in r.stdout.split())
+
+
+def server_pids(env: dict[str, str], control: str | None = None) -> list[int]:
+    """The MPS servers that the daemon named by `env` runs (one per user whose CUDA processes became
+    its clients); MpsError if no daemon answers there."""
+    exe = control or find_control()
+    r = _ask(exe, env, "get_server_list", _ASK_TIMEOUT_S)
+    toks = r.stdout.split()
+    if r.returncode != 0 or not all(tok.isdigit() for tok in toks):
+        raise MpsError(f"no MPS control daemon answers in {env.get('CUDA_MPS_PIPE_DIRECTORY', '/tmp/nvidia-mps')}: "
+                       f"{(r.stderr or r.stdout).strip()[:300]}")
+    return [int(tok) for tok in toks]
+
+
+def _quit(exe: str, env: dict[str, str]) -> str | None:
+    """Stop the daemon and wait until it no longer answers; what went wrong, or None."""
+    pipe = env["CUDA_MPS_PIPE_DIRECTORY"]
+    how = f"stop it with: echo quit | CUDA_MPS_PIPE_DIRECTORY={pipe} {exe}"
+    try:
+        # quit waits for the servers' clients to end; the body has ended its children by now.
+        r = _ask(exe, env, "quit", _QUIT_TIMEOUT_S)
+        if r.returncode != 0:
+            return f"the MPS daemon in {pipe} did not take 'quit' (exit {r.returncode}: {(r.stderr or r.stdout).strip()[:200]}); {how}"
+        deadline = time.monotonic() + _QUIT_TIMEOUT_S
+        while _answers(exe, env):
+            if time.monotonic() > deadline:
+                return f"the MPS daemon in {pipe} still answers {_QUIT_TIMEOUT_S:g} s after 'quit'; {how}"
+            time.sleep(0.1)
+    except MpsError as e:
+        return f"{e}; {how}"
+    return None
 
 
 @contextmanager
 def mps_daemon(control: str | None = None) -> Iterator[dict[str, str]]:
     """Run an MPS control daemon for the body of the `with`; yields a copy of os.environ that makes
-    a child process an MPS client. Raises MpsError if the daemon cannot be found or started."""
+    a child process an MPS client.
+
+    MpsError if the daemon cannot be found or started, or does not stop (its folder, named in the
+    message, is then kept, as it is after a failed start: the daemon's log is there). If the body
+    raises, its exception goes on, with a failure to stop added as a note."""
     env = dict(os.environ)
-    existing = env.get("CUDA_MPS_PIPE_DIRECTORY")
-    if existing and _running(existing):
+    exe = control or find_control()
+    if env.get("CUDA_MPS_PIPE_DIRECTORY") and _answers(exe, env):
         yield env  # someone else's daemon: use it, leave it running
         return
-    exe = control or find_control()
     root = Path(tempfile.mkdtemp(prefix="swapstream-mps-"))
     env["CUDA_MPS_PIPE_DIRECTORY"] = str(root / "pipe")
     env["CUDA_MPS_LOG_DIRECTORY"] = str(root / "log")
     os.makedirs(env["CUDA_MPS_PIPE_DIRECTORY"])
     os.makedirs(env["CUDA_MPS_LOG_DIRECTORY"])
-    started = False
+    log = env["CUDA_MPS_LOG_DIRECTORY"]
     try:
-        r = subprocess.run([exe, "-d"], env=env, capture_output=True, text=True, timeout=_START_TIMEOUT_S)
+        try:
+            r = subprocess.run([exe, "-d"], env=env, capture_output=True, text=True, timeout=_ASK_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise MpsError(f"{exe} -d could not be run ({e}); run without --mps") from e
         if r.returncode != 0:
             raise MpsError(f"{exe} -d failed (exit {r.returncode}): {(r.stderr or r.stdout).strip()[:300]}; "
-                           "run without --mps, or see the daemon's log in " + env["CUDA_MPS_LOG_DIRECTORY"])
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        while not _running(env["CUDA_MPS_PIPE_DIRECTORY"]):
+                           f"run without --mps, or see the daemon's log in {log}")
+        deadline = time.monotonic() + _ASK_TIMEOUT_S
+        while not _answers(exe, env):
             if time.monotonic() > deadline:
-                raise MpsError(f"the MPS control daemon did not open its pipe in {_START_TIMEOUT_S:g} s; "
-                               "see its log in " + env["CUDA_MPS_LOG_DIRECTORY"])
+                raise MpsError(f"the MPS control daemon did not answer in {_ASK_TIMEOUT_S:g} s; see its log in {log}")
             time.sleep(0.05)
-        started = True
+    except MpsError as e:
+        problem = _quit(exe, env) if _answers_quietly(exe, env) else None
+        if problem:
+            e.add_note(problem)
+        raise
+    try:
         yield env
-    finally:
-        if _running(env["CUDA_MPS_PIPE_DIRECTORY"]):
-            # quit waits for the clients to go; the body has ended them by now.
-            subprocess.run([exe], input="quit\n", env=env, capture_output=True, text=True, timeout=30)
-        if started:  # a failed start keeps its log folder, which the error names
+    except BaseException as e:
+        problem = _quit(exe, env)
+        if problem:
+            e.add_note(problem)
+        else:
             shutil.rmtree(root, ignore_errors=True)
+        raise
+    problem = _quit(exe, env)
+    if problem:
+        raise MpsError(problem)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _answers_quietly(exe: str, env: dict[str, str]) -> bool:
+    """`_answers`, with a control client that cannot be run counted as no answer."""
+    try:
+        return _answers(exe, env)
+    except MpsError:
+        return False
