@@ -199,7 +199,7 @@ class Encoder(threading.Thread):
             i += 1
             for p in self.s.encode(vf):
                 self.container.mux(p)
-            if counted:  # the settle second's frames (x264's first frames among them) are not
+            if counted:  # like the null sink, leave out the settle second (x264's first frames among it)
                 self.done.append((time.perf_counter() - arrival) * 1e3)
 
     def close(self) -> None:
@@ -763,25 +763,27 @@ def main() -> None:
 
     if args.workers < 1:
         sys.exit(f"error: --workers {args.workers}: give at least 1")
+    if args.x264_threads < 1:
+        sys.exit(f"error: --x264-threads {args.x264_threads}: give at least 1")
     configs = run_configs(args)  # checked before the workers' minutes of start-up
-    tmp = tempfile.mkdtemp()
-    cmd = [sys.executable, __file__, "--worker", "--tmp", tmp, "--clip720", args.clip720, "--clip1080",
-           args.clip1080, "--decode", args.decode, "--max-wait-ms", str(args.max_wait_ms),
-           "--x264-threads", str(args.x264_threads)]
-    if args.profile_dir:
-        cmd += ["--profile-dir", args.profile_dir]
-    for kv in args.set:
-        cmd += ["--set", kv]
-    if not args.mps:
-        rows = run_pool(args, configs, cmd, None)
-    else:
-        from swapstream.gpu.mps import MpsError, mps_daemon
+    with tempfile.TemporaryDirectory(prefix="bench-streams-") as tmp:  # the workers' model folders
+        cmd = [sys.executable, __file__, "--worker", "--tmp", tmp, "--clip720", args.clip720, "--clip1080",
+               args.clip1080, "--decode", args.decode, "--max-wait-ms", str(args.max_wait_ms),
+               "--x264-threads", str(args.x264_threads)]
+        if args.profile_dir:
+            cmd += ["--profile-dir", args.profile_dir]
+        for kv in args.set:
+            cmd += ["--set", kv]
+        if not args.mps:
+            rows = run_pool(args, configs, cmd, None)
+        else:
+            from swapstream.gpu.mps import MpsError, mps_daemon
 
-        try:
-            with mps_daemon() as env:
-                rows = run_pool(args, configs, cmd, env)
-        except MpsError as e:
-            sys.exit(f"error: --mps: {e}")
+            try:
+                with mps_daemon() as env:
+                    rows = run_pool(args, configs, cmd, env)
+            except MpsError as e:
+                sys.exit(f"error: --mps: {e}")
     if args.out:
         write(rows, args)
 
@@ -793,65 +795,85 @@ def run_pool(args: argparse.Namespace, configs: list[Config],
     def spawn() -> subprocess.Popen[str]:
         return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1, env=env)
 
-    procs = [spawn()]
-    if args.warm_first:
-        # Inductor keeps what it compiled in its on-disk caches: the other workers, started after
-        # the first is ready, load its kernels instead of all compiling the same ones at once.
-        hello = [read_reply(procs[0], 0)]
-        procs += [spawn() for _ in range(args.workers - 1)]
-        hello += [read_reply(p, i) for i, p in enumerate(procs) if i]
-    else:
-        procs += [spawn() for _ in range(args.workers - 1)]
-        hello = [read_reply(p, i) for i, p in enumerate(procs)]  # waits for model builds and compiles
-    print(f"{len(procs)} workers ready: {hello}", flush=True)
-    rows: list[dict[str, Any]] = []
-    for sink, res, n, feeders, pipeline, gather, phases in configs:
-        per = [n // args.workers + (1 if i < n % args.workers else 0) for i in range(args.workers)]
-        offset = 0
-        at = stream_phases(n, phases)
-        for p, k in zip(procs, per):
-            p.stdin.write(json.dumps({"n": k, "res": res, "seconds": args.seconds, "feeders": feeders,
-                                      "pipeline": pipeline, "gather_ms": gather, "sink": sink,
-                                      "phases": at[offset:offset + k], "phase_kind": phases, "total": n}) + "\n")
-            p.stdin.flush()
-            offset += k
-        armed = [read_reply(p, i) for i, p in enumerate(procs)]  # streams built and warmed
-        start_at = time.time() + 0.5
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        procs.append(spawn())
+        if args.warm_first:
+            # Inductor keeps what it compiled in its on-disk caches: the other workers, started after
+            # the first is ready, load its kernels instead of all compiling the same ones at once.
+            hello = [read_reply(procs[0], 0)]
+            procs += [spawn() for _ in range(args.workers - 1)]
+            hello += [read_reply(p, i) for i, p in enumerate(procs) if i]
+        else:
+            procs += [spawn() for _ in range(args.workers - 1)]
+            hello = [read_reply(p, i) for i, p in enumerate(procs)]  # waits for model builds and compiles
+        print(f"{len(procs)} workers ready: {hello}", flush=True)
+        servers: list[int] = []
+        if env is not None:
+            from swapstream.gpu.mps import MpsError, server_pids
+
+            # A CUDA process that cannot reach the daemon runs without MPS and says nothing: every
+            # worker has initialised CUDA by now, so the daemon runs a server for them, or none.
+            servers = server_pids(env)
+            if not servers:
+                raise MpsError("the workers did not become clients of the MPS daemon (it runs no server); "
+                               "see its log in " + env["CUDA_MPS_LOG_DIRECTORY"])
+            print(f"MPS servers: {servers}", flush=True)
+        rows: list[dict[str, Any]] = []
+        for sink, res, n, feeders, pipeline, gather, phases in configs:
+            per = [n // args.workers + (1 if i < n % args.workers else 0) for i in range(args.workers)]
+            offset = 0
+            at = stream_phases(n, phases)
+            for p, k in zip(procs, per):
+                p.stdin.write(json.dumps({"n": k, "res": res, "seconds": args.seconds, "feeders": feeders,
+                                          "pipeline": pipeline, "gather_ms": gather, "sink": sink,
+                                          "phases": at[offset:offset + k], "phase_kind": phases, "total": n}) + "\n")
+                p.stdin.flush()
+                offset += k
+            armed = [read_reply(p, i) for i, p in enumerate(procs)]  # streams built and warmed
+            start_at = time.time() + 0.5
+            for p in procs:
+                p.stdin.write(json.dumps({"start_at": start_at}) + "\n")
+                p.stdin.flush()
+            print(f"{sink} {res}p N={n}{' pipelined' if pipeline else ''} gather {gather} ms, {phases} phases: armed {len(armed)} workers", flush=True)
+            util: list[float] = []
+            stop = threading.Event()
+            th = threading.Thread(target=gpu_util_sampler, args=(stop, util), daemon=True)
+            th.start()
+            outs = [read_reply(p, i) for i, p in enumerate(procs)]
+            stop.set()
+            lat = [x for o in outs for x in o["latency_ms"]]
+            frames = sum(o["frames"] for o in outs)
+            dropped = sum(o["dropped"] for o in outs)
+            sizes: Counter[str] = Counter()
+            for o in outs:
+                sizes.update(o["batch_sizes"])
+            row = {"sink": sink, "res": res, "n": n, "workers": args.workers, "mps": bool(servers), "feeders": feeders, "pipeline": pipeline, "gather_ms": gather,
+                   "phases": phases, "feeder_threads": [o.get("feeder_threads") for o in outs], "frames": frames, "dropped": dropped,
+                   "drop_rate": round(dropped / max(frames + dropped, 1), 4),
+                   "faces_per_s": round(sum(o["faces"] for o in outs) / args.seconds, 1),
+                   "latency_ms": pcts(lat) if lat else None,
+                   "gpu_util_mean": round(float(np.mean(util)), 1) if util else None,
+                   "gpu_mem_gb": round(max(o["peak_gpu_bytes"] for o in outs) / 1e9, 2),
+                   "batch_sizes": dict(sizes), "decode": outs[0]["decode"],
+                   "frames_marked": sum(o["marked"] for o in outs),
+                   "captures_in_run": sum(o["captures_in_run"] for o in outs),
+                   "host_ms_per_frame": [o["host_ms_per_frame"] for o in outs],
+                   "stalls": [dict(x, worker=i) for i, o in enumerate(outs) for x in o.get("stalls", [])]}
+            row["within_budget"] = bool(lat) and row["drop_rate"] <= MAX_DROP and row["latency_ms"]["p99"] <= BUDGET_MS
+            print(json.dumps(row), flush=True)
+            rows.append(row)
         for p in procs:
-            p.stdin.write(json.dumps({"start_at": start_at}) + "\n")
+            p.stdin.write(json.dumps({"quit": True}) + "\n")
             p.stdin.flush()
-        print(f"{sink} {res}p N={n}{' pipelined' if pipeline else ''} gather {gather} ms, {phases} phases: armed {len(armed)} workers", flush=True)
-        util: list[float] = []
-        stop = threading.Event()
-        th = threading.Thread(target=gpu_util_sampler, args=(stop, util), daemon=True)
-        th.start()
-        outs = [read_reply(p, i) for i, p in enumerate(procs)]
-        stop.set()
-        lat = [x for o in outs for x in o["latency_ms"]]
-        frames = sum(o["frames"] for o in outs)
-        dropped = sum(o["dropped"] for o in outs)
-        sizes: Counter[str] = Counter()
-        for o in outs:
-            sizes.update(o["batch_sizes"])
-        row = {"sink": sink, "res": res, "n": n, "workers": args.workers, "mps": args.mps, "feeders": feeders, "pipeline": pipeline, "gather_ms": gather,
-               "phases": phases, "feeder_threads": [o.get("feeder_threads") for o in outs], "frames": frames, "dropped": dropped,
-               "drop_rate": round(dropped / max(frames + dropped, 1), 4),
-               "faces_per_s": round(sum(o["faces"] for o in outs) / args.seconds, 1),
-               "latency_ms": pcts(lat) if lat else None,
-               "gpu_util_mean": round(float(np.mean(util)), 1) if util else None,
-               "gpu_mem_gb": round(max(o["peak_gpu_bytes"] for o in outs) / 1e9, 2),
-               "batch_sizes": dict(sizes), "decode": outs[0]["decode"],
-               "frames_marked": sum(o["marked"] for o in outs),
-               "captures_in_run": sum(o["captures_in_run"] for o in outs),
-               "host_ms_per_frame": [o["host_ms_per_frame"] for o in outs],
-               "stalls": [dict(x, worker=i) for i, o in enumerate(outs) for x in o.get("stalls", [])]}
-        row["within_budget"] = bool(lat) and row["drop_rate"] <= MAX_DROP and row["latency_ms"]["p99"] <= BUDGET_MS
-        print(json.dumps(row), flush=True)
-        rows.append(row)
-    for p in procs:
-        p.stdin.write(json.dumps({"quit": True}) + "\n")
-        p.stdin.flush()
-        p.wait(timeout=60)
+            p.wait(timeout=60)
+    finally:
+        # A run that failed (a worker died, MPS was not joined) leaves the others waiting on their
+        # stdin: end them, so that none is left holding the GPU or an MPS client connection.
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
     return rows
 
 

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+TOOLS = Path(__file__).resolve().parents[2] / "tools"
+sys.path.insert(0, str(TOOLS))
 from bench_streams import Encoder, Intake, run_configs, stream_phases  # noqa: E402
 
 PERIOD = 1 / 30
@@ -187,3 +188,12 @@ def test_the_x264_sink_counts_only_frames_after_the_settle_second() -> None:
     enc.close()
     assert len(done) == 3
     assert all(0.0 <= ms < 10_000 for ms in done)
+
+
+def test_a_bad_x264_thread_count_is_refused_before_start() -> None:
+    import subprocess
+
+    r = subprocess.run([sys.executable, str(TOOLS / "bench_streams.py"), "--x264-threads", "0",
+                        "--clip720", "x.mp4", "--clip1080", "x.mp4"], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "error: --x264-threads 0: give at least 1" in r.stderr and "Traceback" not in r.stderr, r.stderr
