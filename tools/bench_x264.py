@@ -6,7 +6,8 @@ Encodes random NV12 frames at 720p and 1080p with libx264 `ultrafast`/`zerolaten
 `tools/bench_streams.py`'s x264 sink does, once with yuv420p (the encoder converts from NV12, as the
 product's writers do) and once with NV12 given as it is, each with 1 and 2 x264 threads. Host clock,
 median and max after 10 warm-up frames, on an otherwise idle machine: what one stream's encoder
-costs, not what it costs beside 31 others.
+costs, not what it costs beside 31 others. Random frames are x264's worst case (nothing to predict):
+the times are an upper bound for video.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def encode_ms(w: int, h: int, fmt: str, threads: int, frames: int) -> list[float
     s.width, s.height, s.pix_fmt = w, h, fmt
     s.options = {"preset": "ultrafast", "tune": "zerolatency", "crf": "23"}
     s.thread_count = threads
-    ts = []
+    ts: list[float] = []
     for i in range(frames):
         vf = av.VideoFrame.from_ndarray(nv12, format="nv12")
         vf.pts = i
@@ -50,7 +51,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.frames < 20:
         sys.exit(f"error: --frames {args.frames}: give at least 20 (the first 10 are warm-up)")
-    rows = []
+    rows: list[dict[str, object]] = []
     for w, h in ((1280, 720), (1920, 1080)):
         for fmt in ("yuv420p", "nv12"):
             for threads in (1, 2):

@@ -46,22 +46,33 @@ fetch .whl-nvc pynvvideocodec==2.2.4 "${small[@]}"
 # PyNvVideoCodec's wheel (27 MB) carries FFmpeg's source tarball and Jupyter samples, which nothing
 # imports: without them (about 11 MB left) it travels in one call with PyAV, so the x264 sink and
 # NVDEC decoding run together. The wheel's RECORD is rewritten to match, so pip installs it as usual.
-$PY - .whl-nvc/pynvvideocodec-*.whl <<'PYEOF'
+wheels=(.whl-nvc/pynvvideocodec-*.whl)
+[[ ${#wheels[@]} -eq 1 && -f ${wheels[0]} ]] || { echo "error: expected one PyNvVideoCodec wheel in .whl-nvc, found: ${wheels[*]}" >&2; exit 1; }
+$PY - "${wheels[0]}" <<'PYEOF'
 import sys, zipfile, pathlib
 src = pathlib.Path(sys.argv[1])
-unused = ("pynvvideocodec-2.2.4.data/data/external/", "samples/")
+# The wheel's data folder is named after its version (NAME-VERSION.data/), so the prefix is read
+# from the file name: a new pin still gets trimmed.
+name, version = src.name.split("-")[:2]
+unused = (f"{name}-{version}.data/data/external/", "samples/")
+marker = f"{name}-{version}.dist-info/TRIMMED"
 with zipfile.ZipFile(src) as zin:
-    names = [n for n in zin.namelist() if not n.startswith(unused)]
-    if len(names) == len(zin.namelist()):
-        sys.exit(0)  # already trimmed
+    names = zin.namelist()
+    if marker in names:
+        sys.exit(0)  # trimmed by an earlier run
+    kept = [n for n in names if not n.startswith(unused)]
+    if len(kept) == len(names):
+        sys.exit(f"error: {src.name} has none of {unused}: the trim no longer matches the wheel's layout; "
+                 "update tools/device_prepare.sh (the untrimmed wheel does not fit one carry with PyAV)")
     tmp = src.with_suffix(".tmp")
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zout:
-        for n in names:
+        for n in kept:
             data = zin.read(n)
             if n.endswith(".dist-info/RECORD"):
                 rows = data.decode().splitlines()
-                data = ("\n".join(r for r in rows if not r.startswith(unused)) + "\n").encode()
+                data = ("\n".join([r for r in rows if not r.startswith(unused)] + [f"{marker},,"]) + "\n").encode()
             zout.writestr(zin.getinfo(n), data)
+        zout.writestr(marker, "FFmpeg's source tarball and the samples were removed (tools/device_prepare.sh)\n")
 tmp.replace(src)
 PYEOF
 fetch .whl-av "$(pin av)" "${small[@]}"

@@ -30,8 +30,10 @@ def main() -> None:
     except ValueError:
         sys.exit(f"error: --size {args.size}: give WIDTHxHEIGHT, e.g. 1920x1080")
     if args.frames < 1 or args.magnify < 1 or w < 320 or h < 180:
-        sys.exit("error: --frames and --magnify must be at least 1, --size at least 320x180")
-    missed, scores = [], []
+        sys.exit(f"error: --frames {args.frames} --magnify {args.magnify} --size {args.size}: "
+                 "--frames and --magnify must be at least 1, --size at least 320x180")
+    missed: list[tuple[int, float, str]] = []
+    scores: list[float] = []
     for seed in range(args.frames):
         rng = np.random.default_rng(seed)
         wm = Watermarker(Payload(PRODUCT_SWAPSTREAM, int(rng.integers(0, 2 ** 32))))
