@@ -63,41 +63,48 @@ def _ask(exe: str, env: dict[str, str], command: str, timeout: float) -> subproc
         raise MpsError(f"{exe} could not be asked '{command}' ({e}); run without --mps") from e
 
 
-def _answers(exe: str, env: dict[str, str]) -> bool:
-    """Whether a daemon answers on `env`'s pipe folder: the client exits non-zero, or prints an
-    error instead of a list of process ids, when none does."""
+def _server_list(exe: str, env: dict[str, str]) -> tuple[list[int] | None, str]:
+    """The server pids of the daemon that `env` names, or None when no daemon answers (the client
+    then exits non-zero, or prints an error instead of process ids); and what the client said."""
     r = _ask(exe, env, "get_server_list", _ASK_TIMEOUT_S)
-    return r.returncode == 0 and all(tok.isdigit() for tok in r.stdout.split())
+    toks = r.stdout.split()
+    if r.returncode != 0 or not all(tok.isdigit() for tok in toks):
+        return None, (r.stderr or r.stdout).strip()[:300]
+    return [int(tok) for tok in toks], ""
+
+
+def _answers(exe: str, env: dict[str, str]) -> bool:
+    return _server_list(exe, env)[0] is not None
 
 
 def server_pids(env: dict[str, str], control: str | None = None) -> list[int]:
     """The MPS servers that the daemon named by `env` runs (one per user whose CUDA processes became
     its clients); MpsError if no daemon answers there."""
-    exe = control or find_control()
-    r = _ask(exe, env, "get_server_list", _ASK_TIMEOUT_S)
-    toks = r.stdout.split()
-    if r.returncode != 0 or not all(tok.isdigit() for tok in toks):
-        raise MpsError(f"no MPS control daemon answers in {env.get('CUDA_MPS_PIPE_DIRECTORY', '/tmp/nvidia-mps')}: "
-                       f"{(r.stderr or r.stdout).strip()[:300]}")
-    return [int(tok) for tok in toks]
+    pids, said = _server_list(control or find_control(), env)
+    if pids is None:
+        raise MpsError(f"no MPS control daemon answers in {env.get('CUDA_MPS_PIPE_DIRECTORY', '/tmp/nvidia-mps')}: {said}")
+    return pids
 
 
-def _quit(exe: str, env: dict[str, str]) -> str | None:
-    """Stop the daemon and wait until it no longer answers; what went wrong, or None."""
+def _stop(exe: str, env: dict[str, str], root: Path) -> str | None:
+    """Stop our daemon, if one answers, and wait until it no longer does; then remove its folders.
+    Returns what went wrong (the folders are then kept: the daemon may still use them), or None."""
     pipe = env["CUDA_MPS_PIPE_DIRECTORY"]
     how = f"stop it with: echo quit | CUDA_MPS_PIPE_DIRECTORY={pipe} {exe}"
     try:
-        # quit waits for the servers' clients to end; the body has ended its children by now.
-        r = _ask(exe, env, "quit", _QUIT_TIMEOUT_S)
-        if r.returncode != 0:
-            return f"the MPS daemon in {pipe} did not take 'quit' (exit {r.returncode}: {(r.stderr or r.stdout).strip()[:200]}); {how}"
-        deadline = time.monotonic() + _QUIT_TIMEOUT_S
-        while _answers(exe, env):
-            if time.monotonic() > deadline:
-                return f"the MPS daemon in {pipe} still answers {_QUIT_TIMEOUT_S:g} s after 'quit'; {how}"
-            time.sleep(0.1)
+        if _answers(exe, env):
+            # quit waits for the servers' clients to end; the body has ended its children by now.
+            r = _ask(exe, env, "quit", _QUIT_TIMEOUT_S)
+            if r.returncode != 0:
+                return f"the MPS daemon in {pipe} did not take 'quit' (exit {r.returncode}: {(r.stderr or r.stdout).strip()[:200]}); {how}"
+            deadline = time.monotonic() + _QUIT_TIMEOUT_S
+            while _answers(exe, env):
+                if time.monotonic() > deadline:
+                    return f"the MPS daemon in {pipe} still answers {_QUIT_TIMEOUT_S:g} s after 'quit'; {how}"
+                time.sleep(0.1)
     except MpsError as e:
         return f"{e}; {how}"
+    shutil.rmtree(root, ignore_errors=True)
     return None
 
 
@@ -107,8 +114,8 @@ def mps_daemon(control: str | None = None) -> Iterator[dict[str, str]]:
     a child process an MPS client.
 
     MpsError if the daemon cannot be found or started, or does not stop (its folder, named in the
-    message, is then kept, as it is after a failed start: the daemon's log is there). If the body
-    raises, its exception goes on, with a failure to stop added as a note."""
+    message, is then kept; after a failed start the folder with the daemon's log is kept too). If
+    the body raises, its exception goes on, with a failure to stop added as a note."""
     env = dict(os.environ)
     exe = control or find_control()
     if env.get("CUDA_MPS_PIPE_DIRECTORY") and _answers(exe, env):
@@ -116,10 +123,9 @@ def mps_daemon(control: str | None = None) -> Iterator[dict[str, str]]:
         return
     root = Path(tempfile.mkdtemp(prefix="swapstream-mps-"))
     env["CUDA_MPS_PIPE_DIRECTORY"] = str(root / "pipe")
-    env["CUDA_MPS_LOG_DIRECTORY"] = str(root / "log")
+    env["CUDA_MPS_LOG_DIRECTORY"] = log = str(root / "log")
     os.makedirs(env["CUDA_MPS_PIPE_DIRECTORY"])
-    os.makedirs(env["CUDA_MPS_LOG_DIRECTORY"])
-    log = env["CUDA_MPS_LOG_DIRECTORY"]
+    os.makedirs(log)
     try:
         try:
             r = subprocess.run([exe, "-d"], env=env, capture_output=True, text=True, timeout=_ASK_TIMEOUT_S)
@@ -134,28 +140,18 @@ def mps_daemon(control: str | None = None) -> Iterator[dict[str, str]]:
                 raise MpsError(f"the MPS control daemon did not answer in {_ASK_TIMEOUT_S:g} s; see its log in {log}")
             time.sleep(0.05)
     except MpsError as e:
-        problem = _quit(exe, env) if _answers_quietly(exe, env) else None
+        # Stop a daemon that started but did not answer in time; its log stays for the user.
+        problem = _stop(exe, env, Path(env["CUDA_MPS_PIPE_DIRECTORY"]))
         if problem:
             e.add_note(problem)
         raise
     try:
         yield env
     except BaseException as e:
-        problem = _quit(exe, env)
+        problem = _stop(exe, env, root)
         if problem:
             e.add_note(problem)
-        else:
-            shutil.rmtree(root, ignore_errors=True)
         raise
-    problem = _quit(exe, env)
+    problem = _stop(exe, env, root)
     if problem:
         raise MpsError(problem)
-    shutil.rmtree(root, ignore_errors=True)
-
-
-def _answers_quietly(exe: str, env: dict[str, str]) -> bool:
-    """`_answers`, with a control client that cannot be run counted as no answer."""
-    try:
-        return _answers(exe, env)
-    except MpsError:
-        return False
