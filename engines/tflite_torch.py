@@ -451,8 +451,9 @@ class TfliteTorchRunner:
                 for n in batches:
                     if not 1 <= n <= self.max_batch:
                         raise ValueError(f"{self.path.name}: batch {n} is outside 1..{self.max_batch}")
-                    if self.bucket(n) not in self._graphs:
-                        self._capture(self.bucket(n))
+                    size = self.bucket(n)
+                    if size not in self._graphs:
+                        self._capture(size)
         return self.captured
 
     @property

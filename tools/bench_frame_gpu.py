@@ -89,15 +89,15 @@ def main() -> None:
     spin_cycles = int(args.spin_ms * clock_khz)
     stream = cp.cuda.Stream(non_blocking=True)
     rows: list[dict[str, Any]] = []
-    fused: Any = None
+    compiled: Any = None
     if args.compiled:
         from swapstream.gpu.analyser import GpuFaceAnalyser
 
         ccfg = cfg.model_copy(deep=True)
         ccfg.landmarks.compile = True
-        fused = GpuFaceAnalyser(ccfg, mesh_batch=16)
+        compiled = GpuFaceAnalyser(ccfg, mesh_batch=16)
         t0 = time.perf_counter()
-        print(f"compiled and captured {fused.prepare()} in {time.perf_counter() - t0:.1f} s", flush=True)
+        print(f"compiled and captured {compiled.prepare()} in {time.perf_counter() - t0:.1f} s", flush=True)
 
     def add(key: str, stage: str, res: str, per: str, timed: tuple[float, str]) -> None:
         ms, how = timed
@@ -133,10 +133,10 @@ def main() -> None:
             for k in (1, 4, 8, 16):
                 add(f"landmarks{k}", f"landmarks, {k} faces in one call (crop + model + copy out)", res,
                     f"call of {k}", timed(lambda k=k: mesh.start_frames([(frame, [roi])] * k)))
-            if fused is not None:
+            if compiled is not None:
                 for k in (1, 4, 8, 16):
                     add(f"landmarks{k}_c", f"landmarks, {k} faces in one call, compiled", res, f"call of {k}",
-                        timed(lambda k=k: fused._mesh.start_frames([(frame, [roi])] * k)))
+                        timed(lambda k=k: compiled._mesh.start_frames([(frame, [roi])] * k)))
             for b in (1, 2, 4):
                 work = [frame.copy() for _ in range(b)]
                 add(f"swap{b}", f"swap, {b} faces in one call (align, crop, model, paste)", res, f"call of {b}",
@@ -147,8 +147,8 @@ def main() -> None:
             tracker = analyser.tracker()
             add("detect", "detection (short-range BlazeFace, with its host decode)", res, "call",
                 timed(lambda: tracker.detect(frame)))
-            if fused is not None:
-                ftracker = fused.tracker()
+            if compiled is not None:
+                ftracker = compiled.tracker()
                 add("detect_c", "detection, compiled (with its host decode)", res, "call",
                     timed(lambda: ftracker.detect(frame)))
     summary = per_frame(rows, cfg.detector.detect_every)

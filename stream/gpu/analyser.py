@@ -48,13 +48,13 @@ class GpuFaceAnalyser(FaceAnalyser):
         super().__init__(config, models_dir)
 
     def _build_models(self, folder: Path) -> tuple[BlazeFaceDetector, BlazeFaceDetector | None, FaceMesh]:
-        dc, fuse = self.config.detector, self.config.landmarks.compile
+        dc, compiled = self.config.detector, self.config.landmarks.compile
         short = BlazeFaceDetector(
             TfliteTorchRunner(builtin_model_path("face_detection_short_range.tflite", folder),
-                              device=self._device, max_batch=1, compile=fuse),
+                              device=self._device, max_batch=1, compile=compiled),
             SHORT_RANGE, min_score=dc.min_score, nms_iou=dc.nms_iou)
         mesh = FaceMesh(TfliteTorchRunner(builtin_model_path("face_landmark.tflite", folder),
-                                          device=self._device, max_batch=self._mesh_batch, compile=fuse))
+                                          device=self._device, max_batch=self._mesh_batch, compile=compiled))
         return short, None, mesh
 
     def prepare(self) -> dict[str, list[int]]:
