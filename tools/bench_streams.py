@@ -526,6 +526,7 @@ def worker_main(args: argparse.Namespace) -> None:
                     counted = arrival >= t_warm
                     if counted:
                         s.faces += len(faces)
+                    pin = None
                     if s.encoder is not None:
                         pin = s.pinned[s.pin_at % len(s.pinned)]
                         s.pin_at += 1  # per frame sent: two frames of a stream in one flush get two buffers
@@ -533,9 +534,7 @@ def worker_main(args: argparse.Namespace) -> None:
                             d_stream.wait_event(done)
                             out.buffer.get(stream=d_stream, out=pin, blocking=False)
                             done = d_stream.record()
-                        inflight.append((s, out, done, arrival, pin, counted))
-                    else:
-                        inflight.append((s, out, done, arrival, None, counted))
+                    inflight.append((s, out, done, arrival, pin, counted))
             batch.clear()
             stage_s["swap_mark_nv12"] += time.perf_counter() - t_flush
 
@@ -550,7 +549,7 @@ def worker_main(args: argparse.Namespace) -> None:
                 s, out, done, arrival, pin, counted = inflight.popleft()
                 done.synchronize()
                 s.nv12.release(out, done)
-                if pin is not None and s.encoder is not None:
+                if s.encoder is not None:  # its frame was downloaded into `pin`
                     s.encoder.q.put((pin, arrival, counted))
                 elif counted:
                     lat.append((time.perf_counter() - arrival) * 1e3)
