@@ -172,12 +172,15 @@ class Encoder(threading.Thread):
         super().__init__(daemon=True)
         import av
 
+        from swapstream.live.streams import x264_live_options
+
         self.q: queue.Queue[Any] = queue.Queue(maxsize=8)
         self.done = done
         self.container = av.open(os.devnull, "w", format="h264")
         s = self.container.add_stream("libx264", rate=int(FPS))
         s.width, s.height, s.pix_fmt = w, h, "yuv420p"
-        s.options = {"preset": "ultrafast", "tune": "zerolatency", "crf": "23"}
+        # The live outputs' own settings (stream/live), keyframe every second included.
+        s.options = x264_live_options(FPS)
         # x264's own threads (slice threads under zerolatency): 2 halve a 720p frame's encode time
         # on the idle H200 host (5.97 -> 3.23 ms, docs/benchmarks/x264_encode.md); beside 31 other
         # streams, 1 thread each did better (docs/performance.md).

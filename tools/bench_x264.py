@@ -2,7 +2,8 @@
 
     python tools/bench_x264.py [--frames 60] [--out DIR]
 
-Encodes random NV12 frames at 720p and 1080p with libx264 `ultrafast`/`zerolatency`, CRF 23, as
+Encodes random NV12 frames at 720p and 1080p with libx264 and the live outputs' settings
+(`x264_live_options`: `ultrafast`, `zerolatency`, CRF 23, a keyframe every second), as
 `tools/bench_streams.py`'s x264 sink does, once with yuv420p (the encoder converts from NV12, as the
 product's writers do) and once with NV12 given as it is, each with 1 and 2 x264 threads. Host clock,
 median and max after 10 warm-up frames, on an otherwise idle machine: what one stream's encoder
@@ -25,12 +26,14 @@ import numpy as np
 def encode_ms(w: int, h: int, fmt: str, threads: int, frames: int) -> list[float]:
     import av
 
+    from swapstream.live.streams import x264_live_options
+
     rng = np.random.default_rng()
     nv12 = rng.integers(0, 256, (h * 3 // 2, w), dtype=np.uint8)
     c = av.open(os.devnull, "w", format="h264")
     s = c.add_stream("libx264", rate=30)
     s.width, s.height, s.pix_fmt = w, h, fmt
-    s.options = {"preset": "ultrafast", "tune": "zerolatency", "crf": "23"}
+    s.options = x264_live_options(30.0)
     s.thread_count = threads
     ts: list[float] = []
     for i in range(frames):
