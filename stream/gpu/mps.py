@@ -109,14 +109,15 @@ def _stop(exe: str, env: dict[str, str], root: Path) -> str | None:
 
 
 @contextmanager
-def mps_daemon(control: str | None = None) -> Iterator[dict[str, str]]:
-    """Run an MPS control daemon for the body of the `with`; yields a copy of os.environ that makes
-    a child process an MPS client.
+def mps_daemon(control: str | None = None, base_env: dict[str, str] | None = None) -> Iterator[dict[str, str]]:
+    """Run an MPS control daemon for the body of the `with`; yields a copy of os.environ (or of
+    `base_env`) that makes a child process an MPS client. With `CUDA_VISIBLE_DEVICES` in `base_env`
+    naming one GPU, the daemon serves that GPU alone: `serve --workers` runs one per GPU.
 
     MpsError if the daemon cannot be found or started, or does not stop (its folder, named in the
     message, is then kept; after a failed start the folder with the daemon's log is kept too). If
     the body raises, its exception goes on, with a failure to stop added as a note."""
-    env = dict(os.environ)
+    env = dict(os.environ if base_env is None else base_env)
     exe = control or find_control()
     if env.get("CUDA_MPS_PIPE_DIRECTORY") and _answers(exe, env):
         yield env  # someone else's daemon: use it, leave it running

@@ -130,6 +130,24 @@ def _pydantic_message(e: ValidationError) -> str:
     return f"field '{where}': {err['msg']} (got {err.get('input')!r})"
 
 
+def authorize(request: web.Request, token: str) -> web.Response | None:
+    """None when the request carries `Authorization: Bearer TOKEN`; else the 401 to answer. For the
+    routes outside `ControlApi` (the worker pool's front, a worker's load report). A header that is
+    not valid text is a wrong token, not a server error; the comparison takes constant time."""
+    header = request.headers.get("Authorization", "")
+    scheme, _, given = header.partition(" ")
+    try:
+        ok = scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+    except UnicodeEncodeError:  # undecodable bytes arrive as surrogates
+        ok = False
+    if ok:
+        return None
+    resp = _error(401, "missing or invalid bearer token: send 'Authorization: Bearer TOKEN' with the "
+                       "token that swapstream serve printed or SWAPSTREAM_API_TOKEN holds")
+    resp.headers["WWW-Authenticate"] = 'Bearer realm="swapstream"'
+    return resp
+
+
 # -- image uploads --------------------------------------------------------------------------------
 
 

@@ -1,0 +1,108 @@
+"""One worker process of `swapstream serve --workers N`: a `StreamRuntime` and its control API on a
+private Unix socket, driven by the parent (`runtime.workers.WorkerPool`).
+
+The parent writes the worker's settings (config, device, token, socket, folders) to a file in a folder
+only its user can read, and passes the file's path: the token never appears in `ps`. The worker reads
+the file, deletes it, builds its runtime on the one device it was given, listens, and prints one
+JSON line `{"ready": PID}` on standard output. It stops on SIGTERM or SIGINT, and when its standard
+input closes: a parent that died must not leave workers holding a GPU.
+
+Besides the control API of `runtime.api` (which the parent forwards requests to), the worker answers
+`GET /worker/load` with what placement needs: its streams, its device thread's busy share and how far
+its streams are from their latency budgets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def load_report(runtime: Any) -> dict[str, Any]:
+    """What the parent places streams by: running streams, the busiest device thread's share of the
+    last seconds, and each stream's p99 over its last frames against its budget (once it has enough
+    frames to judge)."""
+    ratios: dict[str, float] = {}
+    for p in list(runtime.streams.values()):
+        # The recent frames whatever the controller did meanwhile: its own window restarts at each
+        # step, and a stream it keeps stepping down is exactly one whose worker is full.
+        lat = sorted(list(p.latency_recent))
+        if p.state != "running" or len(lat) < runtime.config.runtime.min_samples:
+            continue
+        ratios[p.id] = round(lat[min(len(lat) - 1, int(0.99 * len(lat)))] / p.budget_ms, 3)
+    return {"streams": runtime.active(), "max_streams": runtime.config.runtime.max_streams,
+            "busy": round(max((s.busy() for s in runtime.slots), default=0.0), 3),
+            "p99_over_budget": ratios, "devices": [s.name for s in runtime.slots]}
+
+
+async def serve(settings: dict[str, Any]) -> None:
+    from aiohttp import web
+
+    from ..config import Config
+    from .api import ApiSettings, authorize, mount_runtime
+    from .manager import StreamRuntime
+
+    cfg = Config.model_validate(settings["config"])
+    runtime = StreamRuntime(cfg, devices=[settings["device"]])
+    token = settings["token"]
+    api = ApiSettings(token, hls_root=Path(settings["hls_root"]) if settings.get("hls_root") else None,
+                      media_root=Path(settings["media_root"]) if settings.get("media_root") else None)
+    app = web.Application(client_max_size=settings.get("client_max_size", 16 * 1024 * 1024))
+    mount_runtime(app, runtime, api)
+
+    async def load(request: web.Request) -> web.Response:
+        refused = authorize(request, token)
+        if refused is not None:
+            return refused
+        return web.json_response(load_report(runtime))
+
+    app.router.add_get("/worker/load", load)
+    runner = web.AppRunner(app, access_log=None)  # the parent logs what clients asked
+    await runner.setup()
+    site = web.UnixSite(runner, settings["socket"])
+    await site.start()
+    os.chmod(settings["socket"], 0o600)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    def parent_gone() -> None:
+        # Blocks until the parent closes our standard input (or dies, which closes it).
+        try:
+            sys.stdin.buffer.read()
+        finally:
+            loop.call_soon_threadsafe(stop.set)
+
+    threading.Thread(target=parent_gone, name="parent-watch", daemon=True).start()
+    print(json.dumps({"ready": os.getpid()}), flush=True)
+    await stop.wait()
+    await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m swapstream.runtime.worker SETTINGS_FILE (started by swapstream serve "
+              "--workers N, not by hand)", file=sys.stderr)
+        return 2
+    path = Path(args[0])
+    settings = json.loads(path.read_text())
+    path.unlink()  # it holds the worker's token: read once, then gone
+    logging.basicConfig(level=os.environ.get("SWAPSTREAM_LOG_LEVEL", "INFO"),
+                        format=f"%(asctime)s {settings['name']} %(levelname)s %(name)s: %(message)s")
+    asyncio.run(serve(settings))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,446 @@
+"""`swapstream serve --workers N`: N worker processes per device, one server to the outside.
+
+```
+serve (parent: control plane)                     worker processes (runtime.worker)
+ ├─ control API, /metrics, /dashboard, /hls  ──►   w0  StreamRuntime on cuda:0  (Unix socket)
+ ├─ WorkerPool: start, watch, restart          ──►   w1  StreamRuntime on cuda:0
+ ├─ placement: least loaded worker, by reports ──►   w2  StreamRuntime on cuda:1 ...
+ └─ one MPS control daemon per GPU (workers are its clients)
+```
+
+A stream lives in one worker: its frames never leave that process or its GPU. The parent places a
+new stream on the worker with the most headroom by what the workers report (`/worker/load`: the
+device thread's busy share and each stream's p99 against its budget) and by the streams it has
+placed there since, and forwards every request about the stream to that worker. A worker that is
+over budget takes no new stream; when none can, the request gets 503 with each worker's reason.
+
+The parent keeps what it needs to start a stream again: the request that created it and the last
+source face uploaded for it. When a worker dies, its streams are created again on the other workers
+(RTMP inputs are pulled again, outputs reconnect to the same URLs, HLS goes on in the same folder),
+the crash is logged with the stream ids and counted in /metrics, and a new worker is started in its
+place. HLS is served by the parent from the shared `--hls-root` with view keys of its own, so a
+player's URL survives a move.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ..config import Config
+
+log = logging.getLogger(__name__)
+
+WorkerState = Literal["starting", "ready", "dead", "stopped"]
+
+START_TIMEOUT_S = 300.0
+"""A worker's start: importing the stack and, on a GPU, CUDA's context; engines build later, on
+first use."""
+WATCH_INTERVAL_S = 0.2
+"""How often the parent looks for dead workers: a move within 5 s needs the death seen at once."""
+LOAD_INTERVAL_S = 1.0
+"""How often each worker's load report is refreshed."""
+OVER_BUDGET = 1.0
+"""A worker one of whose streams has its p99 above this fraction of its budget takes no new stream."""
+BUSY_MAX = 0.95
+"""A worker whose device thread was busy this share of the last seconds takes no new stream."""
+
+
+@dataclass
+class Worker:
+    """One worker process as the parent sees it."""
+
+    name: str
+    device: str
+    """The device as the parent names it ("cpu", "cuda:1")."""
+    env: dict[str, str]
+    socket: str = ""
+    token: str = ""
+    state: WorkerState = "starting"
+    proc: asyncio.subprocess.Process | None = None
+    session: Any = None
+    """aiohttp ClientSession over the worker's Unix socket."""
+    load: dict[str, Any] = field(default_factory=dict)
+    load_at: float = 0.0
+    crashes: int = 0
+    last_exit: int | None = None
+    started: float = 0.0
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+
+@dataclass
+class Placed:
+    """A stream the parent placed: where it is and what starts it again elsewhere."""
+
+    id: str
+    worker: Worker
+    body: dict[str, Any]
+    """The create request, with its id."""
+    view_key: str
+    source: tuple[bytes, str] | None = None
+    """The last source face uploaded: (request body, Content-Type)."""
+    moves: int = 0
+    lost: str | None = None
+    """Why the stream could not be started again after its worker died (None: it runs)."""
+
+
+class PoolError(Exception):
+    """A request the pool cannot serve: `status` and a message for the client."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class WorkerPool:
+    """Starts, watches and restarts the worker processes, and places streams on them."""
+
+    def __init__(self, config: Config, *, devices: Sequence[str], per_device: int,
+                 hls_root: Path | None = None, media_root: Path | None = None,
+                 mps: bool = False, python: str = sys.executable) -> None:
+        if per_device < 1:
+            raise ValueError(f"per_device must be at least 1, got {per_device}")
+        self.config = config
+        self.hls_root = hls_root
+        self.media_root = media_root
+        self.python = python
+        self.mps = mps
+        self._dir = Path(tempfile.mkdtemp(prefix="swapstream-workers-"))
+        os.chmod(self._dir, 0o700)  # sockets and settings files: this user's only
+        self._exit = ExitStack()
+        self.workers: list[Worker] = []
+        self._device_env: dict[str, dict[str, str]] = {}
+        for d in devices:
+            for k in range(per_device):
+                self.workers.append(Worker(f"w{len(self.workers)}", d, {}))
+        self.placed: dict[str, Placed] = {}
+        self._reserved: set[str] = set()
+        self._pending: dict[str, Worker] = {}
+        """Streams being created, by the worker chosen for them."""
+        self._lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.closing = False
+        self.crashes_total = 0
+
+    # -- life cycle -----------------------------------------------------------------------------
+
+    def _env_for(self, device: str) -> dict[str, str]:
+        """The environment of a worker on `device`: one GPU visible (as cuda:0), and the MPS daemon
+        of that GPU when MPS is on. Daemons start once per GPU."""
+        env = self._device_env.get(device)
+        if env is not None:
+            return env
+        env = dict(os.environ)
+        m = re.fullmatch(r"cuda:(\d+)", device)
+        if m:
+            env["CUDA_VISIBLE_DEVICES"] = m.group(1)
+            if self.mps:
+                from ..gpu.mps import mps_daemon
+
+                env = self._exit.enter_context(mps_daemon(base_env=env))
+        self._device_env[device] = env
+        return env
+
+    async def start(self) -> None:
+        """Start every worker and wait until all are ready (or raise naming the one that failed)."""
+        loop = asyncio.get_running_loop()
+        for w in self.workers:
+            w.env = await loop.run_in_executor(None, self._env_for, w.device)
+        try:
+            await asyncio.gather(*(self._spawn(w) for w in self.workers))
+        except BaseException:
+            await self.close()
+            raise
+        self._tasks = [loop.create_task(self._watch(), name="workers-watch"),
+                       loop.create_task(self._refresh_loads(), name="workers-load")]
+
+    async def _spawn(self, w: Worker) -> None:
+        import aiohttp
+
+        w.state = "starting"
+        w.token = secrets.token_urlsafe(24)
+        w.socket = str(self._dir / f"{w.name}-{secrets.token_hex(4)}.sock")
+        settings = {"name": w.name, "device": "cuda:0" if w.device.startswith("cuda") else w.device,
+                    "socket": w.socket, "token": w.token, "config": self.config.model_dump(mode="json"),
+                    "hls_root": str(self.hls_root) if self.hls_root else None,
+                    "media_root": str(self.media_root) if self.media_root else None}
+        path = self._dir / f"{w.name}-{secrets.token_hex(4)}.json"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(settings, f)
+        w.proc = await asyncio.create_subprocess_exec(
+            self.python, "-m", "swapstream.runtime.worker", str(path), env=w.env,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        w.started = time.monotonic()
+        assert w.proc.stdout is not None
+        try:
+            line = await asyncio.wait_for(w.proc.stdout.readline(), START_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            w.proc.kill()
+            raise PoolError(503, f"worker {w.name} on {w.device} did not start in {START_TIMEOUT_S:.0f} s") from None
+        if not line.startswith(b'{"ready"'):
+            code = await w.proc.wait()
+            raise PoolError(503, f"worker {w.name} on {w.device} exited while starting (code {code}); "
+                                 f"its error is in the log above")
+        if w.session is not None:
+            await w.session.close()
+        w.session = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=w.socket),
+                                          headers={"Authorization": f"Bearer {w.token}"})
+        w.state = "ready"
+        w.load = {}
+        log.info("worker %s (pid %s) ready on %s", w.name, w.pid, w.device)
+
+    async def close(self) -> None:
+        self.closing = True
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+        async def stop(w: Worker) -> None:
+            if w.proc is not None and w.proc.returncode is None:
+                assert w.proc.stdin is not None
+                w.proc.stdin.close()  # the worker stops its streams and exits
+                try:
+                    await asyncio.wait_for(w.proc.wait(), 20.0)
+                except asyncio.TimeoutError:
+                    log.warning("worker %s (pid %s) did not stop in 20 s: killed", w.name, w.pid)
+                    w.proc.kill()
+                    await w.proc.wait()
+            if w.session is not None:
+                await w.session.close()
+            w.state = "stopped"
+
+        await asyncio.gather(*(stop(w) for w in self.workers), return_exceptions=True)
+        await asyncio.get_running_loop().run_in_executor(None, self._exit.close)  # MPS daemons
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    # -- watching ---------------------------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        while not self.closing:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            for w in self.workers:
+                if w.state == "ready" and w.proc is not None and w.proc.returncode is not None:
+                    await self._crashed(w)
+
+    async def _crashed(self, w: Worker) -> None:
+        w.state = "dead"
+        w.crashes += 1
+        w.last_exit = w.proc.returncode if w.proc is not None else None
+        self.crashes_total += 1
+        held = sorted(p.id for p in self.placed.values() if p.worker is w)
+        log.error("worker %s (pid %s, %s) exited with code %s; streams it held: %s", w.name, w.pid,
+                  w.device, w.last_exit, ", ".join(held) or "none")
+        for sid in held:
+            await self._move(self.placed[sid], exclude=w)
+        asyncio.get_running_loop().create_task(self._restart(w), name=f"restart-{w.name}")
+
+    async def _restart(self, w: Worker) -> None:
+        try:
+            await self._spawn(w)
+        except Exception as e:  # the pool goes on with the workers it has
+            w.state = "dead"
+            log.error("worker %s could not be started again: %s", w.name, e)
+
+    async def _move(self, p: Placed, exclude: Worker) -> None:
+        """Create a dead worker's stream again on another worker, with its source face."""
+        try:
+            target = self.choose(exclude=exclude)
+            status, _, payload = await self.forward(target, "POST", "/api/streams", json.dumps(p.body).encode(),
+                                                    "application/json", timeout=60.0)
+            if status != 201:
+                raise PoolError(status, _error_text(payload))
+            p.worker, p.moves, p.lost = target, p.moves + 1, None
+            if p.source is not None:
+                status, _, payload = await self.forward(target, "PUT", f"/api/streams/{p.id}/source",
+                                                        p.source[0], p.source[1], timeout=60.0)
+                if status != 200:
+                    log.error("stream %s: its source face was not accepted again on %s: %s", p.id,
+                              target.name, _error_text(payload))
+            log.warning("stream %s moved to worker %s", p.id, target.name)
+        except PoolError as e:
+            p.lost = f"its worker {exclude.name} died and no other worker could take it: {e}"
+            log.error("stream %s: %s", p.id, p.lost)
+
+    async def _refresh_loads(self) -> None:
+        while not self.closing:
+            await asyncio.gather(*(self._refresh(w) for w in self.workers if w.state == "ready"),
+                                 return_exceptions=True)
+            await asyncio.sleep(LOAD_INTERVAL_S)
+
+    async def _refresh(self, w: Worker) -> None:
+        status, _, payload = await self.forward(w, "GET", "/worker/load", timeout=5.0)
+        if status == 200:
+            w.load, w.load_at = json.loads(payload), time.monotonic()
+
+    # -- placement ------------------------------------------------------------------------------
+
+    def streams_on(self, w: Worker) -> int:
+        """Streams placed on `w`, those being created there included: a burst of creates must
+        spread before the workers' next load reports show them."""
+        return (sum(1 for p in self.placed.values() if p.worker is w)
+                + sum(1 for x in self._pending.values() if x is w))
+
+    def refusal(self, w: Worker) -> str | None:
+        """Why `w` takes no new stream now, or None."""
+        if w.state != "ready":
+            return f"{w.name}: {w.state}"
+        n = self.streams_on(w)
+        cap = int(w.load.get("max_streams", self.config.runtime.max_streams))
+        if n >= cap:
+            return f"{w.name}: {n} streams, its most (runtime.max_streams {cap})"
+        busy = float(w.load.get("busy", 0.0))
+        if busy > BUSY_MAX:
+            return f"{w.name}: device thread busy {busy:.0%} of the time"
+        over = {k: v for k, v in w.load.get("p99_over_budget", {}).items() if v > OVER_BUDGET}
+        if over:
+            worst = max(over, key=over.__getitem__)
+            return (f"{w.name}: stream {worst} is over its latency budget (p99 at "
+                    f"{over[worst]:.0%} of it)")
+        return None
+
+    def choose(self, exclude: Worker | None = None) -> Worker:
+        """The worker a new stream goes to: among those that take one, the least busy (the higher of
+        its device thread's busy share and its worst stream's p99 over budget), then the fewest
+        streams, then the first. PoolError 503 with every worker's reason when none takes it."""
+        reasons = []
+        fit = []
+        for w in self.workers:
+            if w is exclude:
+                continue
+            why = self.refusal(w)
+            if why is None:
+                fit.append(w)
+            else:
+                reasons.append(why)
+        if not fit:
+            raise PoolError(503, "no worker can take another stream within its latency budget ("
+                                 + "; ".join(reasons or ["no workers"]) + "): stop a stream, or start "
+                                 "swapstream serve with more --workers or GPUs")
+
+        def score(w: Worker) -> tuple[float, int, int]:
+            ratios = w.load.get("p99_over_budget", {}).values()
+            load = max([float(w.load.get("busy", 0.0)), *map(float, ratios)])
+            return (round(load, 1), self.streams_on(w), self.workers.index(w))
+
+        return min(fit, key=score)
+
+    # -- requests -------------------------------------------------------------------------------
+
+    async def forward(self, w: Worker, method: str, path: str, body: bytes | None = None,
+                      ctype: str | None = None, timeout: float = 30.0) -> tuple[int, dict[str, str], bytes]:
+        """One request to a worker's API; a worker that does not answer is a 503 for the client."""
+        import aiohttp
+
+        if w.session is None or w.state != "ready":
+            raise PoolError(503, f"worker {w.name} is {w.state}; try again in a few seconds")
+        headers = {"Content-Type": ctype} if ctype else {}
+        try:
+            async with w.session.request(method, f"http://worker{path}", data=body, headers=headers,
+                                         timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+                return r.status, dict(r.headers), await r.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            raise PoolError(503, f"worker {w.name} did not answer ({type(e).__name__}); "
+                                 f"try again in a few seconds") from None
+
+    async def create(self, raw: bytes, ctype: str) -> tuple[int, bytes]:
+        """Place and create a stream; the worker's own answer (status, JSON body) goes back."""
+        try:
+            body = json.loads(raw) if ctype == "application/json" else None
+        except (ValueError, UnicodeDecodeError):
+            body = None
+        if not isinstance(body, dict):
+            # Not a stream definition: any worker gives the exact error.
+            w = next((w for w in self.workers if w.state == "ready"), None)
+            if w is None:
+                raise PoolError(503, "no worker is running; try again in a few seconds")
+            status, _, payload = await self.forward(w, "POST", "/api/streams", raw, ctype)
+            return status, payload
+        sid = body.get("id")
+        if sid is None:
+            sid = body["id"] = f"s-{secrets.token_hex(4)}"
+        if isinstance(sid, str):
+            async with self._lock:
+                if sid in self.placed or sid in self._reserved:
+                    raise PoolError(409, f"a stream with id {sid!r} already exists (it may have ended): "
+                                         f"delete it first (DELETE /api/streams/{sid}) or choose another id")
+                self._reserved.add(sid)
+        try:
+            w = self.choose()
+            if isinstance(sid, str):
+                self._pending[sid] = w
+            status, _, payload = await self.forward(w, "POST", "/api/streams", json.dumps(body).encode(),
+                                                    "application/json", timeout=60.0)
+            if status == 201 and isinstance(sid, str):
+                self.placed[sid] = Placed(sid, w, body, secrets.token_urlsafe(16))
+        finally:
+            if isinstance(sid, str):
+                self._reserved.discard(sid)
+                self._pending.pop(sid, None)
+        return status, payload
+
+    def owner(self, sid: str) -> Placed:
+        p = self.placed.get(sid)
+        if p is None:
+            raise PoolError(404, f"no stream with id {sid!r}: GET /api/streams lists them")
+        if p.lost is not None:
+            raise PoolError(503, f"stream {sid!r} is not running: {p.lost}")
+        return p
+
+    def forget(self, sid: str) -> None:
+        self.placed.pop(sid, None)
+
+
+def _error_text(payload: bytes) -> str:
+    try:
+        return str(json.loads(payload)["error"])
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return payload[:200].decode(errors="replace")
+
+
+# -- metrics from many workers --------------------------------------------------------------------
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(\s+\S+)?$")
+
+
+def merge_metrics(texts: Sequence[tuple[str, str]]) -> str:
+    """One Prometheus text exposition from several workers' (name, text): every sample gets a
+    `worker` label, and each metric family is written once with every worker's samples, as the
+    format requires (a family's samples together, after its one HELP and TYPE)."""
+    families: dict[str, dict[str, Any]] = {}
+    for worker, text in texts:
+        current: dict[str, Any] | None = None
+        for line in text.splitlines():
+            if line.startswith("# HELP ") or line.startswith("# TYPE "):
+                kind, name = line[2:6], line.split(" ", 3)[2]
+                current = families.setdefault(name, {"HELP": None, "TYPE": None, "samples": []})
+                if current[kind] is None:
+                    current[kind] = line
+                continue
+            m = _SAMPLE.match(line)
+            if m is None or current is None:
+                continue
+            name, labels, value, ts = m.groups()
+            label = f'worker="{worker}"' + (f",{labels}" if labels else "")
+            current["samples"].append(f"{name}{{{label}}} {value}{ts or ''}")
+    out = []
+    for fam in families.values():
+        out += [x for x in (fam["HELP"], fam["TYPE"]) if x is not None]
+        out += fam["samples"]
+    return "\n".join(out) + "\n"

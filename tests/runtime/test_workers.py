@@ -1,0 +1,260 @@
+"""`serve --workers N` on the CPU: real worker processes behind one control API on loopback.
+
+What a user of the API must see: streams spread over the workers by load, one list, one /metrics
+(valid Prometheus text, a `worker` label on every sample), a killed worker's streams running again on
+another worker within 5 s with their source face, the crash in /metrics and the log with the stream
+ids, a new worker in its place, and a 503 with every worker's reason when no worker can take a
+stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+
+pytest.importorskip("av")
+pytest.importorskip("aiohttp")
+pytest.importorskip("prometheus_client")
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from swapstream.demo import astronaut  # noqa: E402
+from swapstream.runtime.workers import WorkerPool, merge_metrics  # noqa: E402
+
+from .conftest import TOKEN, runtime_config  # noqa: E402
+
+
+@dataclass
+class Pool:
+    url: str
+    pool: WorkerPool
+
+    def call(self, method: str, path: str, body: Any = None, *, raw: bytes | None = None,
+             ctype: str | None = None) -> tuple[int, Any]:
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        if data is not None:
+            headers["Content-Type"] = ctype or "application/json"
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                status, payload = r.status, r.read()
+        except urllib.error.HTTPError as e:
+            status, payload = e.code, e.read()
+        try:
+            return status, json.loads(payload)
+        except ValueError:
+            return status, payload.decode(errors="replace")
+
+
+def serve_pool(pool: WorkerPool) -> Iterator[Pool]:
+    from aiohttp import web
+
+    from swapstream.runtime.pool_api import mount_pool
+
+    loop = asyncio.new_event_loop()
+    app = web.Application()
+    mount_pool(app, pool, TOKEN, upload_max_bytes=8 * 1024 * 1024)
+    ready = threading.Event()
+    holder: dict[str, Any] = {}
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        runner = web.AppRunner(app)
+        try:
+            loop.run_until_complete(runner.setup())  # starts the workers (on_startup)
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            loop.run_until_complete(site.start())
+            holder["port"] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        except BaseException as e:
+            holder["error"] = e
+            ready.set()
+            return
+        ready.set()
+        loop.run_forever()
+        loop.run_until_complete(runner.cleanup())  # stops the workers
+        loop.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert ready.wait(120), "the worker pool did not start"
+    if "error" in holder:
+        raise holder["error"]
+    try:
+        yield Pool(f"http://127.0.0.1:{holder['port']}", pool)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(60)
+        # No worker outlives the server.
+        for w in pool.workers:
+            assert w.proc is None or w.proc.returncode is not None, w.name
+
+
+def make_pool(clip: tuple[Path, Any], tmp_path: Path, *overrides: str) -> WorkerPool:
+    return WorkerPool(runtime_config(*overrides), devices=["cpu"], per_device=2,
+                      hls_root=tmp_path / "hls", media_root=clip[0].parent)
+
+
+@pytest.fixture
+def pool(clip: tuple[Path, Any], tmp_path: Path) -> Iterator[Pool]:
+    yield from serve_pool(make_pool(clip, tmp_path))
+
+
+def stream(sid: str, **extra: Any) -> dict[str, Any]:
+    return {"id": sid, "input": {"file": "clip.mp4", "loop": True, "realtime": True},
+            "outputs": [{"type": "null"}]} | extra
+
+
+def face_png() -> bytes:
+    ok, buf = cv2.imencode(".png", cv2.cvtColor(astronaut(), cv2.COLOR_RGB2BGR))
+    assert ok
+    return buf.tobytes()
+
+
+def until(what: str, timeout: float, check: Callable[[], Any]) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def test_streams_spread_over_workers_behind_one_api(pool: Pool) -> None:
+    for sid in ("a", "b", "c", "d"):
+        status, info = pool.call("POST", "/api/streams", stream(sid))
+        assert status == 201, info
+    status, info = pool.call("PUT", "/api/streams/a/source", raw=face_png(), ctype="image/png")
+    assert status == 200 and info["source"] == {"set": True, "version": 1}
+    status, workers = pool.call("GET", "/api/workers")
+    assert status == 200
+    held = {w["name"]: w["streams"] for w in workers["workers"]}
+    # The least loaded worker takes each new stream: two each, whatever the order.
+    assert sorted(len(v) for v in held.values()) == [2, 2] and all(w["state"] == "ready" for w in workers["workers"])
+    _, listed = pool.call("GET", "/api/streams")
+    assert sorted(s["id"] for s in listed["streams"]) == ["a", "b", "c", "d"]
+    assert {s["worker"] for s in listed["streams"]} == {"w0", "w1"}
+    # A duplicate id is refused across workers, not only by the worker that holds it.
+    status, info = pool.call("POST", "/api/streams", stream("c"))
+    assert status == 409 and "already exists" in info["error"]
+    # The face swapped in frames of stream a, decoded by its worker.
+    until("faces swapped on stream a", 20,
+          lambda: pool.call("GET", "/api/streams/a")[1]["faces_swapped"] > 0)
+    status, text = pool.call("GET", "/metrics")
+    assert status == 200
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    out = [s for s in families["swapstream_frames_out"].samples]
+    assert {s.labels["worker"] for s in out} == {"w0", "w1"}
+    assert {s.labels["stream"] for s in out} == {"a", "b", "c", "d"}
+    assert {s.labels["worker"]: s.value for s in families["swapstream_worker_up"].samples} == {"w0": 1, "w1": 1}
+    # Validation is the workers' own, word for word.
+    status, info = pool.call("POST", "/api/streams", {"input": {"file": "../x"}, "outputs": [{"type": "null"}]})
+    assert status == 400 and "must be a relative name inside the media folder" in info["error"]
+    status, info = pool.call("POST", "/api/streams", raw=b"{nope", ctype="application/json")
+    assert status == 400 and "not valid JSON" in info["error"]
+    for sid in ("a", "b", "c", "d"):
+        status, info = pool.call("DELETE", f"/api/streams/{sid}")
+        assert status == 200 and info["state"] == "stopped"
+    assert pool.call("GET", "/api/streams")[1]["streams"] == []
+    status, info = pool.call("GET", "/api/streams/a")
+    assert status == 404
+
+
+def test_a_killed_worker_s_streams_move_within_5_s(pool: Pool, caplog: pytest.LogCaptureFixture) -> None:
+    for sid in ("x", "y"):
+        assert pool.call("POST", "/api/streams", stream(sid))[0] == 201
+        assert pool.call("PUT", f"/api/streams/{sid}/source", raw=face_png(), ctype="image/png")[0] == 200
+    victim = pool.call("GET", "/api/streams/x")[1]["worker"]
+    other = pool.call("GET", "/api/streams/y")[1]["worker"]
+    assert victim != other
+    until("frames out on x", 20, lambda: pool.call("GET", "/api/streams/x")[1]["frames_out"] > 5)
+    pid = next(w.pid for w in pool.pool.workers if w.name == victim)
+    assert pid is not None
+    caplog.set_level(logging.WARNING)
+    os.kill(pid, signal.SIGKILL)
+    t0 = time.monotonic()
+
+    def moved() -> dict[str, Any] | None:
+        status, info = pool.call("GET", "/api/streams/x")
+        ok = status == 200 and info["worker"] == other and info["state"] == "running" and info["frames_out"] > 0
+        return info if ok else None
+
+    info = until("stream x running on the other worker", 10, moved)
+    took = time.monotonic() - t0
+    assert took <= 5.0, f"moving took {took:.1f} s"
+    # With its source face: it is swapped again on the new worker.
+    assert info["source"]["set"] is True
+    until("faces swapped on the moved stream", 20,
+          lambda: pool.call("GET", "/api/streams/x")[1]["faces_swapped"] > 0)
+    # The other stream never stopped; the crash is reported with the streams it held.
+    assert pool.call("GET", "/api/streams/y")[1]["state"] == "running"
+    assert pool.call("GET", "/healthz")[0] == 200
+    crashed = [r.getMessage() for r in caplog.records if "exited with code" in r.getMessage()]
+    assert crashed and f"worker {victim}" in crashed[0] and "streams it held: x" in crashed[0]
+    _, text = pool.call("GET", "/metrics")
+    crashes = {s.labels["worker"]: s.value for f in text_string_to_metric_families(text)
+               if f.name == "swapstream_worker_crashes" for s in f.samples}
+    assert crashes[victim] == 1 and crashes[other] == 0
+    # A new worker takes the dead one's place, and takes streams again.
+    until("the restarted worker", 60, lambda: all(
+        w["state"] == "ready" for w in pool.call("GET", "/api/workers")[1]["workers"]))
+    status, info = pool.call("POST", "/api/streams", stream("z"))
+    assert status == 201 and info["worker"] == victim
+
+
+def test_no_worker_with_room_is_a_503_with_each_worker_s_reason(clip: tuple[Path, Any], tmp_path: Path) -> None:
+    for served in serve_pool(make_pool(clip, tmp_path, "runtime.max_streams=1")):
+        assert served.call("POST", "/api/streams", stream("a"))[0] == 201
+        assert served.call("POST", "/api/streams", stream("b"))[0] == 201
+        status, info = served.call("POST", "/api/streams", stream("c"))
+        assert status == 503
+        assert "no worker can take another stream" in info["error"]
+        assert "w0: 1 streams" in info["error"] and "w1: 1 streams" in info["error"]
+        # Nothing was half-created: the id is free for a later try.
+        assert "c" not in served.pool.placed
+        assert served.call("DELETE", "/api/streams/a")[0] == 200
+        assert served.call("POST", "/api/streams", stream("c"))[0] == 201
+
+
+def test_workers_over_their_latency_budget_take_no_new_stream(clip: tuple[Path, Any], tmp_path: Path) -> None:
+    for served in serve_pool(make_pool(clip, tmp_path)):
+        # A budget no CPU can meet: each worker gets one such stream, and both go over budget.
+        for sid in ("slow0", "slow1"):
+            status, info = served.call("POST", "/api/streams", stream(sid, budget_ms=0.5))
+            assert status == 201, info
+        until("both workers' load reports to show the budget missed", 20, lambda: all(
+            "over its latency budget" in (w["refusal"] or "") for w in served.call("GET", "/api/workers")[1]["workers"]))
+        status, info = served.call("POST", "/api/streams", stream("c"))
+        assert status == 503, info
+        assert "stream slow0 is over its latency budget" in info["error"]
+        assert "stream slow1 is over its latency budget" in info["error"]
+        assert "c" not in served.pool.placed
+
+
+def test_merged_metrics_keep_each_family_together() -> None:
+    a = ("# HELP m_total A counter.\n# TYPE m_total counter\nm_total{stream=\"s\"} 3.0\n"
+         "# HELP g A gauge.\n# TYPE g gauge\ng 1.0\n")
+    b = "# HELP m_total A counter.\n# TYPE m_total counter\nm_total{stream=\"t\"} 4.0\n"
+    text = merge_metrics([("w0", a), ("w1", b)])
+    assert text.splitlines() == [
+        "# HELP m_total A counter.", "# TYPE m_total counter",
+        'm_total{worker="w0",stream="s"} 3.0', 'm_total{worker="w1",stream="t"} 4.0',
+        "# HELP g A gauge.", "# TYPE g gauge", 'g{worker="w0"} 1.0']
+    fams = list(text_string_to_metric_families(text))
+    assert [f.name for f in fams] == ["m", "g"]
