@@ -2,7 +2,7 @@
 
 They come from the pinned `mediapipe` wheel, the last release that ships them. We take the files out of
 the wheel at setup and never import `mediapipe` itself: it pins numpy<2, pulls in jax and installs
-opencv-contrib-python, which clashes with opencv-python-headless (DESIGN.md).
+opencv-contrib-python, which clashes with opencv-python-headless.
 """
 
 from __future__ import annotations

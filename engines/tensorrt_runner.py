@@ -146,8 +146,8 @@ def _slug(text: str, limit: int = 40) -> str:
 
 @dataclass(frozen=True)
 class EngineCacheKey:
-    """Everything an engine depends on (DESIGN.md: GPU, TensorRT version, model hash), plus how it was
-    built. Two keys are equal exactly when one engine file can serve both."""
+    """Everything an engine depends on (the GPU, the TensorRT version, the model's hash), plus how it
+    was built. Two keys are equal exactly when one engine file can serve both."""
 
     model_sha256: str
     """SHA-256 of the ONNX file's bytes."""
@@ -246,11 +246,12 @@ _ANY_TYPE_OPS = frozenset({"Cast", "Shape", "Size"})
 def norm_statistics_nodes(graph: Any) -> set[int]:
     """Indices of the nodes that compute normalisation statistics, which stay in fp32.
 
-    MODELS.md: inswapper's instance norm uses eps 1e-8, below fp16's smallest subnormal (~6e-8), so in
-    fp16 the eps becomes 0 and a flat channel gives 0/0. Kept: InstanceNormalization,
-    LayerNormalization and GroupNormalization nodes, and for each ReduceMean the nodes that follow it
-    through Sub / square / ReduceMean / Add / Sqrt / Reciprocal, up to and including the Div or Mul
-    that applies the statistics (not past it: the affine part and what follows run in fp16).
+    Inswapper's instance norm uses eps 1e-8 (docs/neural.md, "The inswapper_128 architecture"),
+    below fp16's smallest subnormal (~6e-8), so in fp16 the eps becomes 0 and a flat channel gives
+    0/0. Kept: InstanceNormalization, LayerNormalization and GroupNormalization nodes, and for each
+    ReduceMean the nodes that follow it through Sub / square / ReduceMean / Add / Sqrt / Reciprocal,
+    up to and including the Div or Mul that applies the statistics (not past it: the affine part and
+    what follows run in fp16).
     """
     nodes = list(graph.node)
     consumers: dict[str, list[int]] = {}

@@ -1,9 +1,10 @@
 """The FaceFusion-compatible model zoo: one declarative table of every model we can download.
 
 Each entry says where the file comes from, under which licence, and exactly what the model expects
-and returns (MODELS.md), so that pre- and post-processing read their numbers from here instead of
-repeating them. FaceFusion keeps the same metadata per module, spread over its processors; keeping it
-in one place is what we borrow from it. Nothing here touches the network: `download.py` does that.
+and returns (docs/neural.md, "Model contracts"), so that pre- and post-processing read their numbers
+from here instead of repeating them. FaceFusion keeps the same metadata per module, spread over its
+processors; keeping it in one place is what we borrow from it. Nothing here touches the network:
+`download.py` does that.
 
 Conventions for every image model:
 - the crop is normalised as `(x / 255 - mean) / std` per channel, in the `channels` order;
@@ -87,7 +88,7 @@ class ModelSpec:
     dtype: DType = "float32"
     """Precision of the weights in the file (its inputs and outputs are float32 either way)."""
     detector_family: DetectorFamily | None = None
-    """Which decoder a detector's outputs need (MODELS.md, Detectors)."""
+    """Which decoder a detector's outputs need (docs/neural.md, "Detectors")."""
 
     def url_for(self, base_url: str = ASSETS_BASE_URL) -> str:
         """The file's URL under another base (a mirror, or a test server)."""
@@ -138,7 +139,7 @@ TEMPLATES: Mapping[str, np.ndarray] = MappingProxyType({
     "mtcnn_512": _pts(.36562865, .46733799, .63305391, .46585885, .50019127, .61942959,
                       .39032951, .77598822, .61178945, .77476328),
 })
-"""The five warp templates of MODELS.md, 5x2 float32, read-only."""
+"""The five warp templates (docs/neural.md, "Warp templates"), 5x2 float32, read-only."""
 
 _HALF = (0.5, 0.5, 0.5)
 _IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -178,7 +179,7 @@ def _detector(name: str, release: str, licence: str, family: DetectorFamily,
 
 
 _SPECS: tuple[ModelSpec, ...] = (
-    # Swappers (MODELS.md, Swappers).
+    # Swappers (docs/neural.md, "Swappers").
     _swapper("inswapper_128", "models-3.0.0", _NONCOMMERCIAL_INSIGHTFACE, "arcface_128", 128,
              (0.0, 0.0, 0.0), (1.0, 1.0, 1.0), embedding="emap", embedding_l2=True),
     _swapper("inswapper_128_fp16", "models-3.0.0", _NONCOMMERCIAL_INSIGHTFACE, "arcface_128", 128,
@@ -206,7 +207,7 @@ _SPECS: tuple[ModelSpec, ...] = (
     _converter("crossface_simswap"),
     _converter("crossface_hififace"),
     _converter("crossface_ghost"),
-    # Detectors (MODELS.md, Detectors). FaceFusion 3.x fetches yunet from models-3.4.0, the release
+    # Detectors (docs/neural.md, "Detectors"). FaceFusion 3.x fetches yunet from models-3.4.0, the release
     # that added it; it is in no earlier one.
     _detector("scrfd_2.5g", "models-3.0.0", _NONCOMMERCIAL_INSIGHTFACE, "scrfd", _HALF, _DETECT_STD),
     _detector("retinaface_10g", "models-3.0.0", _NONCOMMERCIAL_INSIGHTFACE, "retinaface", _HALF,
@@ -214,7 +215,8 @@ _SPECS: tuple[ModelSpec, ...] = (
     _detector("yoloface_8n", "models-3.0.0", "GPL-3.0 (yolov8-face, derronqi)", "yoloface",
               (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),
     _detector("yunet_2023_mar", "models-3.4.0", "MIT (YuNet, OpenCV)", "yunet", (0.0, 0.0, 0.0), _RAW_STD),
-    # Landmarks and recognition (MODELS.md). 2dfan4 is cropped from the box, not warped to a template.
+    # Landmarks and recognition (docs/neural.md, "Landmarks and recognition"). 2dfan4 is cropped from
+    # the box, not warped to a template.
     ModelSpec(name="2dfan4", kind="landmarker", release="models-3.0.0", file="2dfan4.onnx",
               licence="MIT (2DFAN4, breadbread1984)", size=256, channels="BGR"),
     ModelSpec(name="arcface_w600k_r50", kind="embedder", release="models-3.0.0",

@@ -1,7 +1,7 @@
 """Fused paste-back of a neural swapper's output into the frame, in place.
 
 `paste_back` does in one pass what FaceFusion does with two `cv2.warpAffine` calls and a blend
-(MODELS.md, "Masks and paste-back"): for every frame pixel in the bounding box of the crop, map it
+(docs/neural.md, "Masks and paste-back"): for every frame pixel in the bounding box of the crop, map it
 into the crop through the inverse of the alignment matrix, bilinear-sample the swapped crop and the
 box mask there, optionally colour-correct the sample, and blend `frame*(1-m) + crop*m`.
 

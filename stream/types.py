@@ -44,7 +44,7 @@ class Frame:
         return None if self.pts is None or self.time_base is None else float(self.pts * self.time_base)
 
 
-# The five alignment points, in the order every warp template in MODELS.md uses.
+# The five alignment points, in the order every warp template uses (docs/neural.md, "Warp templates").
 FIVE_POINT_NAMES: tuple[str, ...] = (
     "image_left_eye",
     "image_right_eye",

@@ -2,7 +2,8 @@
 
     python tools/bench_cpu.py [--seconds 4] [--out docs/benchmarks]
 
-Writes `cpu_pipeline.json` (records as DESIGN.md describes) and `cpu_pipeline.md` into --out.
+Writes `cpu_pipeline.json` (records as docs/performance.md, "Benchmark records", describes) and
+`cpu_pipeline.md` into --out.
 Stages are timed with perf_counter around each call, one frame at a time, single process.
 """
 

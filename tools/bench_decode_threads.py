@@ -36,9 +36,9 @@ def open_sources(clip: Path, sources: int) -> tuple[list[Any], list[Any], list[A
     frame iterators, and an RGB buffer for each."""
     import cupy
 
-    from swapstream.gpu import nvcodec
+    from swapstream.gpu.nvdemux import NvdecSource
 
-    srcs = [nvcodec.NvdecSource(clip, low_latency=True) for _ in range(sources)]
+    srcs = [NvdecSource(clip, low_latency=True) for _ in range(sources)]
     its = [iter(s) for s in srcs]
     first = next(its[0])
     rgbs = [cupy.empty((first.height, first.width, 3), cupy.uint8) for _ in srcs]
@@ -111,13 +111,15 @@ def count_for(seconds: float) -> int:
 
 
 def gil_probe(clip: Path, sources: int, read_pts: bool, seconds: float = 2.0) -> dict[str, Any]:
-    from swapstream.gpu import nvcodec
+    # nvdec owns `_frame_pts` and the `_wrap_frame` that calls it, so replacing it there reaches
+    # every NvdecSource's frames.
+    from swapstream.gpu import nvdec
 
     srcs, its, rgbs = open_sources(clip, sources)
     alone = count_for(seconds)
     stop = time.perf_counter() + seconds
     decoded = [0]
-    real = nvcodec._frame_pts
+    real = nvdec._frame_pts
 
     def paced() -> None:
         period = 1.0 / (30.0 * sources)
@@ -133,14 +135,14 @@ def gil_probe(clip: Path, sources: int, read_pts: bool, seconds: float = 2.0) ->
             due += period
 
     if not read_pts:
-        nvcodec._frame_pts = lambda frame: None  # type: ignore[assignment]  # the probe's variant only
+        nvdec._frame_pts = lambda frame: None  # type: ignore[assignment]  # the probe's variant only
     try:
         th = threading.Thread(target=paced)
         th.start()
         beside = count_for(seconds)
         th.join()
     finally:
-        nvcodec._frame_pts = real  # type: ignore[assignment]
+        nvdec._frame_pts = real  # type: ignore[assignment]
     for s in srcs:
         s.close()
     lost = max(0.0, 1.0 - beside / alone)

@@ -5,8 +5,8 @@
 For each op: median GPU time over many launches (CUDA events around each call, after warm-up), the
 bytes the op must move at the least (each input read once, each output written once), the achieved
 GB/s, and that rate as a fraction of the device-to-device copy bandwidth measured first in the same
-run. Writes kernels.json (records as DESIGN.md describes) and kernels.md into --out; device_check.sh
-copies them to docs/benchmarks/ when run from the repository.
+run. Writes kernels.json (records as docs/performance.md, "Benchmark records", describes) and
+kernels.md into --out; device_check.sh copies them to docs/benchmarks/ when run from the repository.
 """
 
 from __future__ import annotations

@@ -223,7 +223,7 @@ def run_ours(variant: str, clip: Path, frames: int, tmp: Path, decode: str,
     swap = with_mark(cfg, swap, mark)
     use_nvdec = False
     if decode in ("auto", "nvdec"):
-        from swapstream.gpu.nvcodec import nvdec_available
+        from swapstream.gpu.pynvc import nvdec_available
 
         use_nvdec, why = nvdec_available()
         print(f"NVDEC: {why}", flush=True)
@@ -263,7 +263,7 @@ def run_ours(variant: str, clip: Path, frames: int, tmp: Path, decode: str,
     n = 0
     decoder_caps: dict[str, Any] = {}
     if use_nvdec:
-        from swapstream.gpu.nvcodec import NvdecSource
+        from swapstream.gpu.nvdemux import NvdecSource
 
         # The clip has B-frames: low-latency mode is for live streams without them.
         with NvdecSource(clip, low_latency=False) as src:

@@ -115,7 +115,7 @@ class Source:
 
     def _open(self) -> None:
         if self.nvdec:
-            from swapstream.gpu.nvcodec import NvdecSource
+            from swapstream.gpu.nvdemux import NvdecSource
 
             self._src = NvdecSource(self.clip, low_latency=True)
             self._it = iter(self._src)

@@ -12,8 +12,8 @@ must move at the least (the frame read and written once) and the achieved GB/s; 
 label blend and for the whole per-frame disclosure step (label + mark) as the pipeline calls it; and
 the CPU figures of the NumPy path the CPU pipeline runs (a cached offset map added to the frame) in the
 same run. Before timing, the kernel's output is checked against the NumPy reference, bit for bit.
-Writes watermark.json (records as DESIGN.md describes) and watermark.md into --out; copy them to
-docs/benchmarks/.
+Writes watermark.json (records as docs/performance.md, "Benchmark records", describes) and
+watermark.md into --out; copy them to docs/benchmarks/.
 """
 
 from __future__ import annotations

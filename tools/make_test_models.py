@@ -44,10 +44,11 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 LEAKY_SLOPE = 0.2
 INSTANCE_NORM_EPS = 1e-8
-"""MODELS.md: the inswapper's instance norm eps (below fp16's range, so statistics stay in fp32)."""
+"""The inswapper's instance norm eps (below fp16's range, so statistics stay in fp32; docs/neural.md,
+"The inswapper_128 architecture")."""
 INSWAPPER_EPS_NAME = "onnx::Add_164"
 """Initializer that holds the norm eps in the real inswapper_128.onnx; one public port reads it by this
-name. Its presence there is known; its value (1e-8 per MODELS.md) is not verified against the file."""
+name. Its presence there is known; its value (1e-8 per docs/neural.md) is not verified against the file."""
 
 SCRFD_STRIDES = (8, 16, 32)
 SCRFD_ANCHORS_PER_CELL = 2
@@ -195,7 +196,8 @@ def model_param_count(model: onnx.ModelProto, exclude: Iterable[str] = ("emap", 
 
 
 def inswapper(width: int = 128, blocks: int = 6, seed: int = 0, dtype: str = "float32") -> onnx.ModelProto:
-    """The inswapper_128 architecture with random weights (MODELS.md), loadable by name like the real file.
+    """The inswapper_128 architecture with random weights (docs/neural.md, "The inswapper_128
+    architecture"), loadable by name like the real file.
 
     Inputs `target` (batch, 3, 128, 128) float32 RGB in [0, 1] (mean 0, std 1) and `source` (batch, 512)
     float32 (the emap latent); output `output` (batch, 3, 128, 128) float32 in (0, 1).

@@ -9,9 +9,9 @@ then the share of frames whose payload is recovered after
 - x264 `ultrafast` + `zerolatency` CBR 2 Mbit/s, as the live outputs encode;
 - each of those scaled to 854x480 (area) and re-encoded at CBR 1 Mbit/s;
 and the false detections on the same clips unmarked, through the same encodes, and on the test
-suite's small numbered clips. Writes watermark_robustness.json (records as DESIGN.md describes) and
-watermark_robustness.md into --out. tests/stream/test_watermark_robustness.py uses the helpers here
-on shorter clips.
+suite's small numbered clips. Writes watermark_robustness.json (records as docs/performance.md,
+"Benchmark records", describes) and watermark_robustness.md into --out.
+tests/stream/test_watermark_robustness.py uses the helpers here on shorter clips.
 """
 
 from __future__ import annotations

@@ -46,7 +46,8 @@ def load_topology() -> Topology:
 
 
 def five_points(landmarks: np.ndarray, topo: Topology) -> np.ndarray:
-    """The 5 alignment points (MODELS.md order) from the 468 landmarks, as (5, 2) float32."""
+    """The 5 alignment points (in the warp templates' order, docs/neural.md) from the 468 landmarks,
+    as (5, 2) float32."""
     xy = landmarks[:, :2]
     return np.stack([
         xy[topo.image_left_eye].mean(axis=0),

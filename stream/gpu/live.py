@@ -48,7 +48,7 @@ class GpuLiveJob(LiveJob, GpuFileJob):
         stream; the decoder and the swap loop come with the first frame's size."""
         import cupy
 
-        from .nvcodec import nvdec_available
+        from .pynvc import nvdec_available
 
         ok, why = nvdec_available()
         if not ok:
@@ -113,7 +113,7 @@ class GpuLiveJob(LiveJob, GpuFileJob):
 
     def _swap_decoded(self, frames: list[Any], pts: int | None, time_base: Any, behind: bool,
                       stats: LiveStats) -> list[LiveFrame]:
-        from .nvcodec import WARM_UP_PTS
+        from .nvdec import WARM_UP_PTS
 
         out = []
         for f in frames:
@@ -176,7 +176,7 @@ class GpuLiveJob(LiveJob, GpuFileJob):
         self.analyser.reset()
         loop.tracks.clear()
         if reader.packets:
-            from .nvcodec import warm_nvdec
+            from .nvdec import warm_nvdec
 
             with nvtx("warm-up"):
                 # The decoder the stream will use (its first connection's codec and reordering).
@@ -186,7 +186,7 @@ class GpuLiveJob(LiveJob, GpuFileJob):
 
     def _nvdec(self, codec: str, reorders: bool, time_base: Any) -> Any:
         if self._decoder is None:
-            from .nvcodec import NvdecAccessUnits
+            from .nvdec import NvdecAccessUnits
 
             # A stream that may reorder (B-frames: OBS's x264 presets) needs NVDEC's reordering
             # (NATIVE latency); one that cannot gets each frame out of its own access unit (LOW).

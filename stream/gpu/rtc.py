@@ -190,7 +190,7 @@ class NvdecRtcDecoder:
     def __call__(self, data: bytes, timestamp: int) -> list[Any]:
         import cupy
 
-        from .nvcodec import NvdecAccessUnits
+        from .nvdec import NvdecAccessUnits
 
         dec = self._dec
         if dec is None:
@@ -286,7 +286,7 @@ def gpu_whip_hooks(job: Any, gpu_id: int = 0) -> tuple[Callable[[], GpuFrameSwap
     `GpuFrameSwap` over a tracker of the job's analyser), the publisher hook (H.264 first; NVDEC
     where PyNvVideoCodec can decode, each publisher with its own decoder), and a line saying which
     decoder WebRTC video gets."""
-    from .nvcodec import nvdec_available
+    from .pynvc import nvdec_available
 
     nvdec, why = nvdec_available(gpu_id)
 

@@ -1,6 +1,6 @@
 """Pre- and post-processing for the zoo's face detectors: SCRFD / RetinaFace and YOLOface.
 
-Follows FaceFusion's `face_detector.py` (MODELS.md), with two deliberate differences:
+Follows FaceFusion's `face_detector.py` (docs/neural.md, "Detectors"), with two deliberate differences:
 - Geometry. A frame larger than the detector is shrunk by one factor `scale` (the same on both axes)
   and pasted at the top left of a zero canvas. The shrink is a box average by an integer factor and
   a bilinear warp for the rest, with pixel centres at integer coordinates (the `kernels.warp`
@@ -38,7 +38,7 @@ YOLOFACE_STRIDES = (8, 16, 32)
 YOLOFACE_ROW = 20
 """cx, cy, w, h, score, then 5 x (x, y, confidence)."""
 NMS_IOU = 0.4
-"""FaceFusion's IoU for one detector and no extra angles (MODELS.md)."""
+"""FaceFusion's IoU for one detector and no extra angles (docs/neural.md, "Detectors")."""
 
 Detections = tuple[np.ndarray, np.ndarray, np.ndarray]
 """boxes (K, 4) x1 y1 x2 y2, scores (K,), key points (K, 5, 2); float64, best score first."""

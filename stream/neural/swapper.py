@@ -31,7 +31,7 @@ OutputRange = Literal["0_1_clip", "std_mean"]
 
 @dataclass(frozen=True)
 class SwapContract:
-    """What a swapper model expects and returns (MODELS.md, "Swappers")."""
+    """What a swapper model expects and returns (docs/neural.md, "Swappers")."""
 
     size: int
     """Square input and output size in pixels."""

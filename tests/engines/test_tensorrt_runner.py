@@ -29,7 +29,8 @@ from swapstream.engines.tensorrt_runner import (EngineCacheKey, as_device_array,
 
 REPO = Path(__file__).resolve().parents[2]
 EPS = 1e-8
-"""MODELS.md's instance-norm eps: below fp16's smallest subnormal, so it rounds to 0 in fp16."""
+"""Inswapper's instance-norm eps (docs/neural.md): below fp16's smallest subnormal, so it rounds to 0
+in fp16."""
 
 # fp16 carries 11 significant bits (~5e-4 relative per rounding); a few layers of convolutions and two
 # norms accumulate a few of those, so the output's relative L2 error stays well under 1e-2 (measured:

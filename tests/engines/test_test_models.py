@@ -115,7 +115,7 @@ def test_inswapper_is_deterministic_per_seed(small_inswapper: "onnx.ModelProto")
 def test_inswapper_parameter_count_and_cost(small_inswapper: "onnx.ModelProto") -> None:
     # The counting functions agree with the built graph at small size...
     assert mtm.model_param_count(small_inswapper) == mtm.inswapper_param_count(WIDTH, BLOCKS)
-    # ...and the full size (not built here: 4.5 s and 2.8 GB) matches MODELS.md.
+    # ...and the full size (not built here: 4.5 s and 2.8 GB) matches docs/neural.md.
     full = mtm.inswapper_param_count(128, 6)
     print(f"full inswapper_128: {full:,} parameters, {mtm.inswapper_macs() / 1e9:.2f} GMAC per face")
     assert abs(full - 138.3e6) < 0.5e6

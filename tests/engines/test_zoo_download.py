@@ -163,9 +163,9 @@ INSWAPPER = get_spec("inswapper_128")
 
 
 # --------------------------------------------------------------------------------------------------
-# The zoo table against MODELS.md
+# The zoo table against docs/neural.md, "Model contracts"
 
-# MODELS.md, "Where the files come from" (yunet: FaceFusion 3.x fetches it from models-3.4.0).
+# docs/neural.md, "Where the files come from" (yunet: FaceFusion 3.x fetches it from models-3.4.0).
 RELEASES = {
     "models-3.0.0": "inswapper_128 inswapper_128_fp16 blendswap_256 simswap_256 simswap_unofficial_512 "
                     "ghost_1_256 ghost_2_256 ghost_3_256 uniface_256 scrfd_2.5g retinaface_10g "
@@ -175,7 +175,7 @@ RELEASES = {
     "models-3.4.0": "crossface_ghost crossface_hififace crossface_simswap yunet_2023_mar",
 }
 
-# MODELS.md, "Warp templates", verbatim.
+# docs/neural.md, "Warp templates", verbatim.
 TEMPLATE_TABLE = """
 | arcface_112_v1 | (.35473214,.45658929) (.64526786,.45658929) (.5,.61154464) (.37913393,.776875) (.62086607,.776875) |
 | arcface_112_v2 | (.34191607,.46157411) (.65653393,.45983393) (.500225,.64050536) (.37097589,.82469196) (.63151696,.82325089) |
@@ -186,7 +186,7 @@ TEMPLATE_TABLE = """
 
 HALF, ZERO, ONE = (0.5,) * 3, (0.0,) * 3, (1.0,) * 3
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
-# MODELS.md, "Swappers": template, size, mean, std, source input, embedding, L2, output.
+# docs/neural.md, "Swappers": template, size, mean, std, source input, embedding, L2, output.
 SWAPPERS = {
     "inswapper_128": ("arcface_128", 128, ZERO, ONE, "embedding", "emap", True, "0_1_clip"),
     "inswapper_128_fp16": ("arcface_128", 128, ZERO, ONE, "embedding", "emap", True, "0_1_clip"),
@@ -243,7 +243,8 @@ def test_swapper_contract_equals_models_md(name: str) -> None:
 
 
 def test_non_swapper_contracts() -> None:
-    # MODELS.md: detectors (x-127.5)/128, x/255 and raw; arcface x/127.5-1 on arcface_112_v2; 2dfan4 /255.
+    # docs/neural.md: detectors (x-127.5)/128, x/255 and raw; arcface x/127.5-1 on arcface_112_v2;
+    # 2dfan4 /255.
     x = np.array([0.0, 127.5, 255.0])
     for name, want in {"scrfd_2.5g": (x - 127.5) / 128, "retinaface_10g": (x - 127.5) / 128,
                        "yoloface_8n": x / 255, "yunet_2023_mar": x, "2dfan4": x / 255,

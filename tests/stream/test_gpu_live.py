@@ -40,7 +40,7 @@ def decode_playlist(folder: Path) -> tuple[list[np.ndarray], list[float], int]:
 
 def test_gpu_live_job_matches_the_cpu_live_job(cp: ModuleType, tmp_path: Path) -> None:
     from swapstream.gpu.live import GpuLiveJob
-    from swapstream.gpu.nvcodec import nvdec_available
+    from swapstream.gpu.pynvc import nvdec_available
 
     clip = tmp_path / "clip.mp4"
     assert write_demo_clip(clip, grace_hopper(), seconds=SECONDS, fps=FPS, size=(320, 240)) == FRAMES

@@ -19,7 +19,7 @@ pytest.importorskip("onnxruntime")
 from ..zoo_models import make_test_models as tm  # noqa: E402
 from .measures import psnr  # noqa: E402
 
-# arcface_128 and arcface_112_v2 from MODELS.md.
+# arcface_128 and arcface_112_v2 from docs/neural.md, "Warp templates".
 ARCFACE_128 = np.array([[.36167656, .40387734], [.63696719, .40235469], [.50019687, .56044219],
                         [.38710391, .72160547], [.61507734, .72034453]], np.float32)
 ARCFACE_112_V2 = np.array([[.34191607, .46157411], [.65653393, .45983393], [.500225, .64050536],

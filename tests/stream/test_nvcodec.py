@@ -1,6 +1,7 @@
-"""NVDEC and NVENC through PyNvVideoCodec (`swapstream.gpu.nvcodec`).
+"""NVDEC and NVENC through PyNvVideoCodec (`swapstream.gpu`: `pynvc`, `planes`, `nvdec`, `nvdemux`,
+`bitstream`, `nvenc`).
 
-Always run: the module imports without PyNvVideoCodec or CuPy; the availability checks say why not;
+Always run: the modules import without PyNvVideoCodec or CuPy; the availability checks say why not;
 the pure pieces (plane layout from array interfaces, the encoder's surface interfaces, the option
 builder, the access-unit splitter checked against libx264/libx265 output, the byte feeder, the
 packetizer); and the error paths, driven by a small fake PyNvVideoCodec module.
@@ -28,22 +29,12 @@ import numpy as np
 import pytest
 
 from swapstream.errors import ConfigError, InputError, InputNotFoundError, OutputError
-from swapstream.gpu import nvcodec
-from swapstream.gpu.nvcodec import (
-    ByteFeeder,
-    EncodedPacket,
-    NvdecSource,
-    NvencSink,
-    PlaneView,
-    bytes_source,
-    is_keyframe,
-    nv12_encoder_interfaces,
-    nv12_planes_from_interface,
-    nvdec_available,
-    nvenc_available,
-    nvenc_options,
-    split_access_units,
-)
+from swapstream.gpu import nvenc
+from swapstream.gpu.bitstream import is_keyframe, split_access_units
+from swapstream.gpu.nvdemux import ByteFeeder, NvdecSource, bytes_source
+from swapstream.gpu.nvenc import EncodedPacket, NvencSink, nvenc_options
+from swapstream.gpu.planes import PlaneView, nv12_encoder_interfaces, nv12_planes_from_interface
+from swapstream.gpu.pynvc import nvdec_available, nvenc_available
 from swapstream.kernels.nv12 import nv12_to_rgb_ref
 
 from .measures import psnr
@@ -55,10 +46,12 @@ HERE = Path(__file__).parent
 # Without PyNvVideoCodec
 
 
-def test_module_imports_without_pynvvideocodec_or_cupy() -> None:
+def test_modules_import_without_pynvvideocodec_or_cupy() -> None:
     # A fresh interpreter in which both imports fail, wherever the test runs (the GPU machine too).
     code = ("import sys; sys.modules['PyNvVideoCodec'] = None; sys.modules['cupy'] = None\n"
-            "import swapstream.gpu.nvcodec as m\n"
+            "import swapstream.gpu.bitstream, swapstream.gpu.nvdec, swapstream.gpu.nvdemux\n"
+            "import swapstream.gpu.nvenc, swapstream.gpu.planes\n"
+            "import swapstream.gpu.pynvc as m\n"
             "print(m.nvdec_available()); print(m.nvenc_available())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.splitlines() == [
@@ -252,7 +245,7 @@ def test_packetizer_times_delayed_and_batched_output(pyav: types.ModuleType) -> 
     packets = annexb_packets(pyav, *[STREAMS["h264"][i] for i in (0, 2)])
     units = [data for data, _ in packets]
     tb = Fraction(1, 15360)
-    packer = nvcodec._Packetizer("h264", tb)
+    packer = nvenc._Packetizer("h264", tb)
     sent = [512 * i + 7 for i in range(len(units))]
     out: list[EncodedPacket] = []
     for i, pts in enumerate(sent):
@@ -269,7 +262,7 @@ def test_packetizer_times_delayed_and_batched_output(pyav: types.ModuleType) -> 
 
 
 def test_bitstream_results_of_every_shape() -> None:
-    chunks = nvcodec._bitstream_bytes
+    chunks = nvenc._bitstream_bytes
     assert chunks(b"") == [] and chunks(None) == []
     assert chunks(b"ab") == [b"ab"] and chunks(bytearray(b"ab")) == [b"ab"]
     assert chunks([b"a", bytearray(b""), memoryview(b"b")]) == [b"a", b"b"]
@@ -647,7 +640,7 @@ def test_nvdec_access_units_from_our_demuxer(cp: types.ModuleType, nvc: types.Mo
                                              pyav: types.ModuleType, tmp_path: Path, container: str) -> None:
     # The way in for the GPU live job and WebRTC: Annex-B access units from our own demuxing
     # (LiveReader's mp4toannexb filter), handed to NVDEC one by one with their pts.
-    from swapstream.gpu.nvcodec import NvdecAccessUnits
+    from swapstream.gpu.nvdec import NvdecAccessUnits
     from swapstream.live.streams import LiveReader, VideoPacket
 
     clip = tmp_path / f"clip.{container}"
@@ -679,7 +672,8 @@ def test_nvdec_leaves_the_threads_cuda_context_alone(cp: types.ModuleType, nvc: 
     # PyTorch graph capture in the same thread fail with "invalid resource handle" on the H200.
     import gc
 
-    from swapstream.gpu.nvcodec import NvdecAccessUnits, primary_context
+    from swapstream.gpu.nvdec import NvdecAccessUnits
+    from swapstream.gpu.pynvc import primary_context
     from swapstream.live.streams import LiveReader, VideoPacket
 
     primary = primary_context(0)

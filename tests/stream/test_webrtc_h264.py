@@ -113,7 +113,7 @@ def test_whip_on_nvdec_and_the_gpu_swap_loop() -> None:
     from swapstream.config import load_config
     from swapstream.demo import astronaut
     from swapstream.gpu.job import GpuFileJob
-    from swapstream.gpu.nvcodec import nvdec_available
+    from swapstream.gpu.pynvc import nvdec_available
     from swapstream.gpu.rtc import DeviceVideoFrame, GpuFrameSwap, nvdec_decode
 
     ok, why = nvdec_available()
