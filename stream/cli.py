@@ -243,7 +243,7 @@ def live(
 @app.command()
 def serve(
     source: Annotated[Path, typer.Option("--source", "-s", help="Image with the face to put in.")],
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    host: Annotated[str, typer.Option(help="Address to listen on; one other than loopback needs --whip-token.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="HTTP port for WHIP (POST /whip).")] = 8080,
     config: Annotated[Optional[str], typer.Option("--config", "-c", help="Preset name or YAML file.")] = "live",
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config key: key=value.")] = None,
@@ -256,7 +256,8 @@ def serve(
     whip_token: Annotated[Optional[str], typer.Option(
         "--whip-token", envvar="SWAPSTREAM_WHIP_TOKEN",
         help="Require 'Authorization: Bearer TOKEN' on /whip and /whep (OBS: the WHIP Bearer Token "
-             "field). The preview pages send the one in their URL: /view?token=TOKEN.")] = None,
+             "field); needed with a --host other than loopback. The preview pages send the one in "
+             "their URL: /view?token=TOKEN.")] = None,
     max_sessions: Annotated[int, typer.Option(
         "--max-sessions", min=1, help="Most WHIP publishers (and, separately, WHEP viewers) at once.")] = 16,
 ) -> None:
@@ -264,9 +265,10 @@ def serve(
     and the multi-stream runtime: control API (/api/streams), /metrics, /dashboard (docs/runtime.md)."""
     from aiohttp import web
 
-    from .live.webrtc import WhipServer, tracking_swap
+    from .live.webrtc import WhipServer, require_whip_token, tracking_swap
     from .pipeline import FileJob
 
+    require_whip_token(host, whip_token)  # before the models load, as the folders below
     _check_serve_folders(hls_root, media_root)  # before the models load: bad paths fail at once
     cfg = _config(config, set_, None)
     if no_label:
@@ -277,14 +279,15 @@ def serve(
     _log_disclosure(job)
     if job_class is FileJob:
         # Each publisher gets its own tracker of the job's analyser (tracks, smoothing).
-        server = WhipServer(session_swap=tracking_swap(job), token=whip_token, max_sessions=max_sessions)
+        server = WhipServer(session_swap=tracking_swap(job), token=whip_token, max_sessions=max_sessions,
+                            settings=cfg.webrtc, host=host)
     else:
         from .gpu.rtc import gpu_whip_hooks
 
         session_swap, on_publisher, where = gpu_whip_hooks(job)
         err.print(Text(where), soft_wrap=True)
         server = WhipServer(session_swap=session_swap, on_publisher=on_publisher, token=whip_token,
-                            max_sessions=max_sessions)
+                            max_sessions=max_sessions, settings=cfg.webrtc, host=host)
     base = f"http://{host}:{port}"
     for line in (f"WHIP endpoint: {base}/whip  (OBS: Settings > Stream > Service WHIP)",
                  f"WHEP endpoint: {base}/whep  browser preview: {base}/",

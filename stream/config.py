@@ -7,12 +7,13 @@ Every field carries a one-line docstring, which pydantic keeps as the field's de
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import ConfigError
+from .netpolicy import DEFAULT_ALLOWED_HOSTS, HostPattern
 
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -146,6 +147,14 @@ class RuntimeConfig(_Section):
     """Largest source-face upload accepted by the control API."""
     upload_max_side: int = Field(4096, ge=64)
     """Largest width or height of an uploaded source image, in pixels."""
+    allowed_hosts: list[HostPattern] = Field(list(DEFAULT_ALLOWED_HOSTS), max_length=256)
+    """Where API streams may connect: name patterns (`*`: any public host, *.example.com), addresses and networks (10.0.0.0/8); private, link-local and metadata addresses only inside a listed network."""
+    allowed_ports: list[Annotated[int, Field(ge=1, le=65535)]] = Field([], max_length=64)
+    """Ports API streams may connect to besides their scheme's own (rtmp 1935, rtmps 443)."""
+    insecure_tls: bool = False
+    """Do not verify rtmps:// servers' certificates (labs only; logged as a warning); --insecure-tls sets it."""
+    tls_ca_file: Path | None = None
+    """CA certificates (PEM) rtmps:// servers are verified against; unset: $SSL_CERT_FILE, else the system's."""
 
 
 class WatermarkConfig(_Section):
@@ -177,6 +186,28 @@ class ConsentConfig(_Section):
     """Consent records file (default: $SWAPSTREAM_CONSENT_STORE, else the user data folder's swapstream/consent.json)."""
 
 
+class WebRtcConfig(_Section):
+    ice_servers: list[Annotated[str, Field(pattern=r"^stun:(?:[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\])(?::\d{1,5})?$")]] = Field(
+        [], max_length=4)
+    """STUN servers (stun:HOST[:PORT]) for the server's and the pages' WebRTC sessions; empty: none, so no third party is contacted."""
+    # A DNS name, or an IPv4/IPv6 literal (brackets optional); no port: any port is allowed.
+    allowed_hosts: list[Annotated[str, Field(
+        pattern=r"^(?:[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?\.?)+$|^\[?[0-9A-Fa-f:.]+\]?$",
+        max_length=253)]] = Field(["localhost", "127.0.0.1", "::1"], max_length=64)
+    """Names a /whip or /whep request's Host header may carry (any port), besides serve's --host: others get 421 (DNS rebinding)."""
+    cors_origins: list[Annotated[str, Field(pattern=r"^https?://[^/\s]+$", max_length=300)]] = Field(
+        [], max_length=64)
+    """Origins (https://site[:port]) whose pages may call /whip and /whep cross-origin; empty: no CORS headers (the pages are same-origin)."""
+    connect_timeout_s: float = Field(15.0, ge=1.0, le=300.0)
+    """Seconds a WHIP/WHEP session has to send its offer and reach ICE+DTLS 'connected'; after that it is dropped and its slot freed."""
+    max_sdp_bytes: int = Field(64 * 1024, ge=4096, le=1024 * 1024)
+    """Largest SDP offer accepted, in bytes (413 beyond); a browser's offer is 3-10 KB."""
+    max_m_sections: int = Field(8, ge=1, le=64)
+    """Most media sections (m= lines) in an offer (400 beyond); the pages and OBS send 2."""
+    max_candidates: int = Field(64, ge=1, le=1024)
+    """Most ICE candidates (a=candidate lines) in an offer (400 beyond): the server sends checks to each, and pairs them on its event loop."""
+
+
 class Config(_Section):
     swapper: str = "mesh"
     """Which swapper replaces the faces: `mesh` (built in, no downloads) or a zoo swapper such as inswapper_128."""
@@ -204,6 +235,8 @@ class Config(_Section):
     """The visible label."""
     consent: ConsentConfig = ConsentConfig()
     """Where consent records for source faces are kept (`swapstream consent`)."""
+    webrtc: WebRtcConfig = WebRtcConfig()
+    """WHIP/WHEP of `swapstream serve`: ICE servers, allowed Host names and origins, offer limits."""
 
 
 def _check_names(cfg: "Config", source: str) -> None:

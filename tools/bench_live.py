@@ -16,8 +16,8 @@ player's decoding are all in it; only capture and display are not. The first `--
   runs it) and receives the swapped video and the audio back on the same connection. The audio's
   offset from the video is measured too.
 
-Writes `live_latency.json` (records as DESIGN.md describes) and `live_latency.md` into --out. With
---only, the other path's records already in the JSON are kept.
+Writes `live_latency.json` (records as docs/performance.md, "Benchmark records", describes) and
+`live_latency.md` into --out. With --only, the other path's records already in the JSON are kept.
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def bench_rtmp(cfg: Config, size: tuple[int, int], fps: float, seconds: float,
 async def bench_webrtc(cfg: Config, size: tuple[int, int], fps: float, seconds: float,
                        warmup: float, gpu: bool = False) -> dict[str, Any]:
     from aiohttp import ClientSession, web
-    from aiortc import RTCPeerConnection, RTCSessionDescription
+    from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
     from swapstream.live.webrtc import AIORTC_AUDIO_PREFETCH_S, WhipServer, first_codec
 
@@ -206,7 +206,7 @@ async def bench_webrtc(cfg: Config, size: tuple[int, int], fps: float, seconds: 
     clock = ProbeClock(loop.time())
     video = StampedVideoTrack(clock, size=size, fps=fps)
     back = Received()
-    pc = RTCPeerConnection()
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # no STUN: aiortc's default is Google's
     pc.addTransceiver(video, direction="sendrecv")
     pc.addTransceiver(ToneTrack(clock), direction="sendrecv")
     pc.on("track", lambda track: asyncio.ensure_future(receive(track, back, keep_pixels=False)))

@@ -11,6 +11,9 @@
 # .whl-nvc (trimmed, below) fits beside them.
 #   .models   the built-in .tflite files (`swapstream setup` put them in the cache)
 #   .bench    the 720p30 and 1080p30 clips of tools/bench_streams.py and bench_pipeline.py
+#   .devtools/nginx  Debian's nginx and its RTMP module with the libraries they load, unpacked from
+#             the .deb files (the GPU machine has no Debian packages): the RTMP publishers and sinks
+#             of tools/bench_streams.py and bench_live.py. About 8 MB.
 # Versions are the ones the dev venv resolved from pyproject.toml, so both machines run the same.
 # The device keeps what an earlier call on a warm machine installed in /tmp/site, so two calls in
 # a row can carry different folders (tools/device_check.sh none installs without running anything).
@@ -87,4 +90,22 @@ cp "$models"/*.tflite .models/
 if [[ ! -f .bench/streams_1080p30.mp4 || ! -f .bench/streams_720p30.mp4 ]]; then
   $PY tools/make_bench_clips.py
 fi
-du -sh .whl-nvc .whl-av .whl-litert .whl-rtc .models .bench
+if [[ ! -x .devtools/nginx/nginx ]]; then
+  # nginx and the module must come from one build (a module checks nginx's signature when loaded).
+  # The libraries travel too, behind a wrapper that sets LD_LIBRARY_PATH for nginx alone: Python's
+  # own OpenSSL on the GPU machine must not be replaced by Debian's.
+  debs=$(mktemp -d)
+  (cd "$debs" && apt-get download -q nginx libnginx-mod-rtmp libpcre2-8-0 libcrypt1 libssl3 zlib1g >/dev/null) \
+    || { echo "error: apt-get download failed (run 'apt-get update' once)" >&2; exit 1; }
+  for d in "$debs"/*.deb; do dpkg -x "$d" "$debs/root"; done
+  mkdir -p .devtools/nginx/lib
+  cp "$debs/root/usr/sbin/nginx" .devtools/nginx/nginx.bin
+  cp "$debs/root/usr/lib/nginx/modules/ngx_rtmp_module.so" .devtools/nginx/
+  for l in libpcre2-8.so.0 libcrypt.so.1 libssl.so.3 libcrypto.so.3 libz.so.1; do
+    cp -L "$(find "$debs/root" -name "$l" | head -1)" .devtools/nginx/lib/
+  done
+  printf '#!/bin/sh\nd=$(dirname "$0")\nLD_LIBRARY_PATH="$d/lib" exec "$d/nginx.bin" "$@"\n' > .devtools/nginx/nginx
+  chmod +x .devtools/nginx/nginx
+  rm -rf "$debs"
+fi
+du -sh .whl-nvc .whl-av .whl-litert .whl-rtc .models .bench .devtools/nginx

@@ -24,20 +24,29 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import html
+import ipaddress
+import json
 import logging
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from aiortc import MediaStreamTrack
+from aiortc import MediaStreamTrack, RTCConfiguration, RTCIceServer
 from aiortc.mediastreams import MediaStreamError
 
+from ..config import WebRtcConfig
+from ..errors import ConfigError
 from ..runtime.queues import DropOldestQueue
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +84,12 @@ about five frames, while one slow frame moves the audio by a fifth of its excess
 LATENCY_SAMPLES = 1800
 """Swap-stage latencies a session keeps: its last minute at 30 fps, enough for a median and a p99,
 while a session that runs for hours holds no more."""
+
+ICE_SERVERS_META = '<meta name="swapstream-ice-servers" content="[]">'
+"""The line of the pages that carries the ICE servers their RTCPeerConnection uses: none as the
+file stands; the server writes `webrtc.ice_servers` into it when it serves a page."""
+WILDCARD_HOSTS = ("", "0.0.0.0", "::")
+"""--host values that listen on every address of the machine."""
 
 class RelayTrack(MediaStreamTrack):
     """An outgoing track fed with `put`: the newest `capacity` frames wait, older ones are dropped.
@@ -134,6 +149,71 @@ class Session:
     audio_line: DropOldestQueue[tuple[float, Any]] = field(
         default_factory=lambda: DropOldestQueue(AUDIO_LINE_FRAMES, name="audio line"))
     """Received audio frames with their arrival time, waiting for their release time."""
+    connect_timer: asyncio.TimerHandle | None = None
+    """Drops the session unless its connection is up by `webrtc.connect_timeout_s` after the answer."""
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether listening on `host` (serve's --host) reaches this machine only. Names other than
+    localhost count as not: what they resolve to is not known here, and is not looked up."""
+    name = host.strip().strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def require_whip_token(host: str, token: str | None) -> None:
+    """Refuse to serve WHIP/WHEP beyond loopback without a token: anyone who reached the port could
+    publish faces through the server and watch what it sends."""
+    if not token and not is_loopback_host(host):
+        raise ConfigError(f"--host {host} is reachable from other machines, and /whip and /whep would be "
+                          f"open to anyone there: give a token with --whip-token TOKEN (or "
+                          f"SWAPSTREAM_WHIP_TOKEN), or listen on --host 127.0.0.1")
+
+
+def host_name(value: str) -> str:
+    """The name in a Host header or an allowed-hosts entry, without port, brackets or final dot,
+    lower case: `[::1]:8080` -> `::1`, `LocalHost.:80` -> `localhost`."""
+    name = value.strip().lower()
+    if name.startswith("["):
+        end = name.find("]")
+        return name[1:end] if end > 0 else name
+    if name.count(":") == 1:  # one colon: name:port; more: a bare IPv6 address
+        name = name.split(":", 1)[0]
+    return name.rstrip(".")
+
+
+def own_addresses() -> set[str]:
+    """Every address of this machine's interfaces (read from the interfaces, no lookup): the Host
+    a client on the network names a server listening on all addresses by."""
+    import ifaddr  # aioice's dependency: aiortc gathers its ICE host candidates with it
+
+    found: set[str] = set()
+    for adapter in ifaddr.get_adapters():
+        for ip in adapter.ips:
+            found.add(ip.ip if isinstance(ip.ip, str) else ip.ip[0])
+    return {host_name(a) for a in found}
+
+
+def count_m_sections(sdp: str) -> int:
+    """The media sections of an SDP (lines that start with `m=`), without parsing it."""
+    return sdp.count("\nm=") + sdp.startswith("m=")
+
+
+async def read_limited(request: Any, limit: int) -> bytes | None:
+    """The request's body, or None as soon as more than `limit` bytes have come (the rest unread):
+    the Content-Length, when there is one, was checked, but a chunked body has none."""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await request.content.readany():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def first_codec(sdp: str, kind: str = "video") -> str | None:
@@ -243,7 +323,8 @@ class WhipServer:
 
     def __init__(self, swap: SwapFn | None = None, *, token: str | None = None, max_sessions: int = 16,
                  frame_swap: FrameSwapFn | None = None, on_publisher: PeerHook | None = None,
-                 session_swap: SessionSwapFactory | None = None) -> None:
+                 session_swap: SessionSwapFactory | None = None, settings: WebRtcConfig | None = None,
+                 host: str | None = None) -> None:
         """`token`: when given, POST and DELETE on /whip and /whep need `Authorization: Bearer
         TOKEN` (OBS's WHIP "Bearer Token" field); the preview pages send the one in their URL's
         `?token=`. `max_sessions`: publishers, and separately viewers, beyond
@@ -251,7 +332,9 @@ class WhipServer:
         replaces `swap` where frames need more than an RGB array (the GPU path); `on_publisher`
         prepares each publisher's connection (the GPU path prefers H.264 and routes it to NVDEC).
         `session_swap` makes a frame swap per publisher (`tracking_swap`), which `swapstream serve`
-        uses: with one shared swap, two publishers' faces would share one tracker."""
+        uses: with one shared swap, two publishers' faces would share one tracker. `settings`: the
+        config's `webrtc` section (ICE servers, allowed Host names and origins, offer limits);
+        `host`: the address served on, whose name requests may carry in their Host header too."""
         from aiohttp import web
 
         if sum(x is not None for x in (swap, frame_swap, session_swap)) != 1:
@@ -260,6 +343,9 @@ class WhipServer:
             raise ValueError(f"max_sessions must be at least 1, got {max_sessions}")
         self.token = token
         self.max_sessions = max_sessions
+        self.settings = settings if settings is not None else WebRtcConfig()
+        self.allowed_hosts = self._allowed_hosts(self.settings.allowed_hosts, host)
+        """Host header names (`host_name`) that /whip and /whep answer to."""
         # Every form is a factory of per-publisher frame swaps; a shared one is the same each time.
         if session_swap is None:
             shared: FrameSwapFn = frame_swap if frame_swap is not None else _rgb_frame_swap(swap)  # type: ignore[arg-type]
@@ -269,74 +355,237 @@ class WhipServer:
         self.sessions: dict[str, Session] = {}
         self.viewers: dict[str, Session] = {}
         """WHEP viewers: each gets the newest swapped frame of any publisher."""
+        self.opening: dict[str, int] = {"WHIP": 0, "WHEP": 0}
+        """Offers of each kind past the session-cap check and not yet answered: they count against
+        the cap while they negotiate, so that offers arriving together cannot all pass it."""
+        self._background: set[asyncio.Task[Any]] = set()
         self.app = web.Application()
-        self.app.router.add_post("/whip", self._post)
-        self.app.router.add_delete("/whip/{sid}", self._delete)
-        self.app.router.add_post("/whep", self._post_whep)
-        self.app.router.add_delete("/whep/{sid}", self._delete)
+        for kind, post in (("whip", self._post), ("whep", self._post_whep)):
+            self.app.router.add_post(f"/{kind}", self._guarded(post))
+            self.app.router.add_delete(f"/{kind}/{{sid}}", self._guarded(self._delete))
+            self.app.router.add_route("OPTIONS", f"/{kind}", self._guarded(self._options))
+            self.app.router.add_route("OPTIONS", f"/{kind}/{{sid}}", self._guarded(self._options))
         self.app.router.add_get("/health", self._health)
         self.app.router.add_get("/", self._page)
         self.app.router.add_get("/view", self._view_page)
         self.app.on_shutdown.append(self._shutdown)
         # One worker: frames of all sessions are swapped in order, never concurrently on one model.
-        from concurrent.futures import ThreadPoolExecutor
-
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swap")
+        # Offers are parsed here first, off the event loop that serves every session and the API;
+        # one thread, so that a burst of offers takes no more than one core from the swap.
+        self._sdp_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sdp")
+
+    @staticmethod
+    def _allowed_hosts(configured: Iterable[str], host: str | None) -> frozenset[str]:
+        names = {host_name(h) for h in configured}
+        if host is not None:
+            names.add(host_name(host))
+            if host_name(host) in WILDCARD_HOSTS:
+                # Listening everywhere, the server is named by any of its addresses; an address is
+                # never a rebound name, so this opens nothing to DNS rebinding.
+                names |= own_addresses()
+        return frozenset(names - set(WILDCARD_HOSTS))
+
+    def _serve_page(self, name: str) -> Any:
+        from aiohttp import web
+
+        page = (STATIC / name).read_text()
+        if ICE_SERVERS_META not in page:  # the page would quietly fall back to no ICE servers
+            raise RuntimeError(f"{name} lacks its ICE servers line {ICE_SERVERS_META}")
+        servers = html.escape(json.dumps(self.settings.ice_servers), quote=True)
+        page = page.replace(ICE_SERVERS_META, ICE_SERVERS_META.replace('"[]"', f'"{servers}"'))
+        return web.Response(text=page, content_type="text/html")
 
     async def _page(self, request: Any) -> Any:
         """The preview page: publishes the browser's camera over WHIP and plays the swapped video."""
-        from aiohttp import web
-
-        return web.Response(text=(STATIC / "index.html").read_text(), content_type="text/html")
+        return self._serve_page("index.html")
 
     async def _view_page(self, request: Any) -> Any:
         """View-only page (WHEP), e.g. for an OBS Browser Source."""
+        return self._serve_page("view.html")
+
+    def _guarded(self, handler: Callable[[Any], Coroutine[Any, Any, Any]]) -> Callable[[Any], Coroutine[Any, Any, Any]]:
+        """`handler` behind the Host check, with the CORS headers of an allowed Origin added to what
+        it answers."""
+
+        async def guarded(request: Any) -> Any:
+            refused = self._misdirected(request)
+            if refused is not None:
+                return refused
+            return self._cors(request, await handler(request))
+
+        return guarded
+
+    def _misdirected(self, request: Any) -> Any:
+        """None when the Host header names this server; else the 421 to answer. A page the browser
+        got from an attacker's name that now resolves to us (DNS rebinding) sends that name."""
         from aiohttp import web
 
-        return web.Response(text=(STATIC / "view.html").read_text(), content_type="text/html")
+        given = request.headers.get("Host")
+        if given is not None and host_name(given) in self.allowed_hosts:
+            return None
+        # repr: the header may hold undecodable bytes (as surrogates), which text= cannot encode.
+        return web.Response(status=421, text=f"Host {given!r} is not a name of this server: if it is, add "
+                                             f"it to webrtc.allowed_hosts (--set 'webrtc.allowed_hosts=[...]')\n")
+
+    def _cors(self, request: Any, response: Any) -> Any:
+        """CORS headers for an Origin in `webrtc.cors_origins`; none otherwise (the pages are
+        same-origin), so a foreign page's browser refuses to send or read."""
+        if not self.settings.cors_origins:
+            return response
+        response.headers["Vary"] = "Origin"  # the answer differs by Origin: caches must keep it apart
+        origin = request.headers.get("Origin")
+        if origin not in self.settings.cors_origins:
+            return response
+        response.headers["Access-Control-Allow-Origin"] = origin
+        if request.method == "OPTIONS":
+            response.headers["Access-Control-Allow-Methods"] = "POST, DELETE, OPTIONS"
+            response.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type"
+            response.headers["Access-Control-Max-Age"] = "600"
+        else:
+            response.headers["Access-Control-Expose-Headers"] = "Location"
+        return response
+
+    async def _options(self, request: Any) -> Any:
+        """OPTIONS (RFC 9725 section 4.1): what the endpoint takes, and the CORS preflight. Needs no
+        token: browsers send a preflight without credentials."""
+        from aiohttp import web
+
+        headers = {"Allow": "POST, OPTIONS" if "sid" not in request.match_info else "DELETE, OPTIONS"}
+        if "sid" not in request.match_info:
+            headers["Accept-Post"] = "application/sdp"
+        return web.Response(status=204, headers=headers)
+
+    def _rtc_configuration(self) -> RTCConfiguration:
+        """The peer connection's configuration: the configured ICE servers only. aiortc's own default
+        (no configuration) is Google's STUN server, contacted by every session."""
+        return RTCConfiguration(iceServers=[RTCIceServer(urls=u) for u in self.settings.ice_servers])
+
+    def _full(self, kind: str) -> Any:
+        from aiohttp import web
+
+        return web.Response(status=503, text=f"too many {kind} sessions ({self.max_sessions}): end one, "
+                                             f"or start `swapstream serve` with a larger --max-sessions\n")
+
+    async def _read_offer(self, request: Any, kind: str) -> str | web.Response:
+        """The offer's SDP, checked cheaply (size, media sections) before anything parses it; else
+        the response refusing it."""
+        from aiohttp import web
+
+        if request.content_type != "application/sdp":
+            return web.Response(status=415, text=f"{kind} offers must be Content-Type: application/sdp\n")
+        limit = self.settings.max_sdp_bytes
+        too_large = web.Response(status=413, text=f"the offer is larger than {limit} bytes "
+                                                  f"(webrtc.max_sdp_bytes)\n")
+        # Answered without reading the rest, and not kept alive: aiohttp drops what still comes (for
+        # at most its lingering time, 10 s) and closes.
+        too_large.force_close()
+        if request.content_length is not None and request.content_length > limit:
+            return too_large
+        try:
+            body = await asyncio.wait_for(read_limited(request, limit), self.settings.connect_timeout_s)
+        except asyncio.TimeoutError:
+            response = web.Response(status=408, text=f"the offer did not arrive within "
+                                                     f"{self.settings.connect_timeout_s:g} s\n")
+            response.force_close()
+            return response
+        if body is None:
+            return too_large
+        try:
+            sdp = body.decode("utf-8")
+        except UnicodeDecodeError:
+            return web.Response(status=400, text="the offer is not UTF-8 text\n")
+        sections = count_m_sections(sdp)
+        if sections > self.settings.max_m_sections:
+            return web.Response(status=400, text=f"the offer has {sections} media sections, more than "
+                                                 f"{self.settings.max_m_sections} (webrtc.max_m_sections)\n")
+        candidates = sdp.count("a=candidate:")
+        if candidates > self.settings.max_candidates:
+            return web.Response(status=400, text=f"the offer has {candidates} ICE candidates, more than "
+                                                 f"{self.settings.max_candidates} (webrtc.max_candidates)\n")
+        if "m=video" not in sdp:
+            return web.Response(status=400, text="the offer has no video section\n")
+        return sdp
 
     async def _negotiate(self, request: Any, kind: str, sessions: dict[str, Session], *,
                          before: Callable[[Any, Session], None] | None = None,
                          after: Callable[[Any, Session], None] | None = None) -> Any:
         """The WHIP/WHEP exchange: check the offer, build a peer connection, answer 201 with a
-        Location, and drop the session when the connection ends. `before` runs before the offer is
-        applied (to catch the "track" event it fires), `after` once its transceivers exist."""
+        Location, and drop the session when the connection ends, or when it is not up within
+        `webrtc.connect_timeout_s`. `before` runs before the offer is applied (to catch the "track"
+        event it fires), `after` once its transceivers exist."""
         from aiohttp import web
         from aiortc import RTCPeerConnection, RTCSessionDescription
+        from aiortc.sdp import SessionDescription
 
         refused = self._unauthorised(request)
         if refused is not None:
             return refused
-        if len(sessions) >= self.max_sessions:
-            return web.Response(status=503, text=f"too many {kind} sessions ({self.max_sessions}): end one, "
-                                                 f"or start `swapstream serve` with a larger --max-sessions\n")
-        if request.content_type != "application/sdp":
-            return web.Response(status=415, text=f"{kind} offers must be Content-Type: application/sdp\n")
-        sdp = await request.text()
-        if "m=video" not in sdp:
-            return web.Response(status=400, text="the offer has no video section\n")
-        pc = RTCPeerConnection()
-        session = Session(pc=pc)
-        sid = uuid.uuid4().hex
-        if before is not None:
-            before(pc, session)
+        if len(sessions) + self.opening[kind] >= self.max_sessions:
+            return self._full(kind)  # early, before reading the offer: the check that counts is below
+        sdp = await self._read_offer(request, kind)
+        if not isinstance(sdp, str):
+            return sdp
+        # Checked and counted with no await in between: every offer that passes holds a slot until
+        # it is answered (then the session holds it) or refused.
+        if len(sessions) + self.opening[kind] >= self.max_sessions:
+            return self._full(kind)
+        self.opening[kind] += 1
         try:
-            await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
-            if after is not None:
-                after(pc, session)
-            await pc.setLocalDescription(await pc.createAnswer())
-        except Exception as e:  # aiortc raises ValueError and others for offers it cannot take
-            await pc.close()
-            return web.Response(status=400, text=f"cannot use this offer: {e}\n")
+            loop = asyncio.get_running_loop()
+            try:
+                # The limits bound what aiortc parses again on the loop; this parse, in a thread,
+                # refuses what it cannot take before a connection is built.
+                await loop.run_in_executor(self._sdp_pool, SessionDescription.parse, sdp)
+            except Exception as e:  # aiortc's parser asserts and raises ValueError and others
+                why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+                return web.Response(status=400, text=f"cannot parse this offer ({why})\n")
+            pc = RTCPeerConnection(self._rtc_configuration())
+            session = Session(pc=pc)
+            sid = uuid.uuid4().hex
+            try:
+                if before is not None:
+                    before(pc, session)
+                await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+                if after is not None:
+                    after(pc, session)
+                await pc.setLocalDescription(await pc.createAnswer())
+            except asyncio.CancelledError:
+                self._spawn(pc.close())  # the client left: the connection ends without us
+                raise
+            except Exception as e:  # aiortc raises ValueError and others for offers it cannot take
+                await pc.close()
+                return web.Response(status=400, text=f"cannot use this offer: {e}\n")
 
-        @pc.on("connectionstatechange")
-        async def on_state() -> None:
-            if pc.connectionState in ("failed", "closed"):
-                await self._drop(sessions, sid)
+            @pc.on("connectionstatechange")
+            async def on_state() -> None:
+                if pc.connectionState == "connected" and session.connect_timer is not None:
+                    session.connect_timer.cancel()
+                elif pc.connectionState in ("failed", "closed"):
+                    await self._drop(sessions, sid)
 
-        sessions[sid] = session
-        return web.Response(status=201, text=pc.localDescription.sdp, content_type="application/sdp",
-                            headers={"Location": f"/{kind.lower()}/{sid}"})
+            sessions[sid] = session
+            session.connect_timer = loop.call_later(self.settings.connect_timeout_s, self._expire,
+                                                    sessions, sid, kind)
+            return web.Response(status=201, text=pc.localDescription.sdp, content_type="application/sdp",
+                                headers={"Location": f"/{kind.lower()}/{sid}"})
+        finally:
+            self.opening[kind] -= 1
+
+    def _expire(self, sessions: dict[str, Session], sid: str, kind: str) -> None:
+        """The connect timeout: a session whose connection is not up is dropped, so that offers
+        never followed by ICE and DTLS do not hold slots for aiortc's own timeouts (a minute)."""
+        s = sessions.get(sid)
+        if s is not None and s.pc.connectionState != "connected":
+            log.warning("%s session %s not connected after %g s (state %s): dropped", kind, sid,
+                        self.settings.connect_timeout_s, s.pc.connectionState)
+            self._spawn(self._drop(sessions, sid))
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run `coro` on its own, kept referenced until it ends (the loop holds tasks weakly)."""
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _post_whep(self, request: Any) -> Any:
         """WHEP: a viewer's recvonly offer gets the swapped video (and the audio) of the current
@@ -442,6 +691,7 @@ class WhipServer:
             s.audio_frames_out += 1
 
     async def _delete(self, request: Any) -> Any:
+        """DELETE on a session's Location: ends it."""
         from aiohttp import web
 
         refused = self._unauthorised(request)
@@ -460,8 +710,14 @@ class WhipServer:
             return None
         from aiohttp import web
 
-        given = request.headers.get("Authorization", "")
-        if hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+        # aiohttp hands header bytes that are not UTF-8 over as surrogates, which a plain encode()
+        # refuses (that was a 500): surrogateescape gives back the bytes that came, to compare.
+        try:
+            given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            given = b""
+        expected = f"Bearer {self.token}".encode("utf-8", "surrogateescape")
+        if given and hmac.compare_digest(given, expected):
             return None
         return web.Response(status=401, text="missing or wrong bearer token (Authorization: Bearer ...)\n",
                             headers={"WWW-Authenticate": 'Bearer realm="whip"'})
@@ -470,6 +726,8 @@ class WhipServer:
         s = sessions.pop(sid, None)
         if s is None:
             return
+        if s.connect_timer is not None:
+            s.connect_timer.cancel()
         for task in s.tasks:
             task.cancel()
         await s.pc.close()
@@ -479,3 +737,4 @@ class WhipServer:
             for sid in list(sessions):
                 await self._drop(sessions, sid)
         self._pool.shutdown(wait=False)
+        self._sdp_pool.shutdown(wait=False)

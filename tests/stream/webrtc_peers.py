@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 from aiohttp import ClientSession, web
-from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
+from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 from swapstream.config import load_config
 from swapstream.demo import astronaut
@@ -46,9 +46,15 @@ async def connect(http: ClientSession, url: str, pc: RTCPeerConnection, *, token
     return r.headers["Location"]
 
 
+def local_peer() -> RTCPeerConnection:
+    """A peer connection without ICE servers: aiortc's default configuration contacts Google's STUN
+    server, and a test must reach nothing beyond this machine."""
+    return RTCPeerConnection(RTCConfiguration(iceServers=[]))
+
+
 def publisher(tracks: list[MediaStreamTrack], got: Received) -> RTCPeerConnection:
     """A WHIP publisher that sends `tracks` and receives what comes back into `got`."""
-    pc = RTCPeerConnection()
+    pc = local_peer()
     for t in tracks:
         pc.addTransceiver(t, direction="sendrecv")
     pc.on("track", lambda track: asyncio.ensure_future(receive(track, got)))
@@ -57,7 +63,7 @@ def publisher(tracks: list[MediaStreamTrack], got: Received) -> RTCPeerConnectio
 
 def viewer(kinds: tuple[str, ...], got: Received) -> RTCPeerConnection:
     """A WHEP viewer (receive only)."""
-    pc = RTCPeerConnection()
+    pc = local_peer()
     for k in kinds:
         pc.addTransceiver(k, direction="recvonly")
     pc.on("track", lambda track: asyncio.ensure_future(receive(track, got)))
