@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ from rich.text import Text
 from . import __version__
 from .config import Config, describe, load_config
 from .console import err, out, run_app
+from .redact import install_log_redaction, redact_url
 
 app = typer.Typer(
     name="swapstream",
@@ -51,6 +53,8 @@ def _root(
 ) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    # Every line the CLI logs, FFmpeg's and aiohttp's included, without stream keys or tokens.
+    install_log_redaction()
 
 
 def _config(config: Optional[str], overrides: list[str] | None, models_dir: Optional[Path]) -> Config:
@@ -215,19 +219,21 @@ def live(
     loop: Annotated[bool, typer.Option("--loop", help="Play a file input again from the start each time it ends (stop with Ctrl+C or --max-frames).")] = False,
     no_label: Annotated[bool, typer.Option("--no-label", help="Do not draw the visible 'AI-modified' "
                         "label (logs a warning; the invisible mark stays).")] = False,
+    insecure_tls: Annotated[bool, typer.Option("--insecure-tls", help=INSECURE_TLS_HELP)] = False,
 ) -> None:
     """Swap faces in a live stream: pull RTMP; push RTMP, write HLS and/or feed a virtual camera,
     without building up latency."""
     cfg = _config(config, set_, None)
     if no_label:
         cfg.disclosure.label_live = False
+    _insecure_tls(cfg, insecure_tls)
     job = _live_job_class(cfg)(cfg)
     try:
         job.set_source(source)
         _log_disclosure(job)
-        outputs = [x for x in (rtmp_out, str(hls_dir) if hls_dir else None,
+        outputs = [x for x in (redact_url(rtmp_out) if rtmp_out else None, str(hls_dir) if hls_dir else None,
                                (vcam_device or "virtual camera") if vcam else None) if x]
-        err.print(Text(f"live: {input} -> {', '.join(outputs)}"))
+        err.print(Text(f"live: {redact_url(input)} -> {', '.join(outputs)}"))  # no stream keys on screen
         stats = job.run_live(input, rtmp_out=rtmp_out, hls_dir=hls_dir, max_frames=max_frames,
                              reconnect_seconds=reconnect, vcam=vcam, vcam_device=vcam_device,
                              loop=loop)
@@ -250,16 +256,26 @@ def serve(
     no_label: Annotated[bool, typer.Option("--no-label", help="Do not draw the visible 'AI-modified' "
                         "label (logs a warning; the invisible mark stays).")] = False,
     api_token: Annotated[Optional[str], typer.Option("--api-token", envvar="SWAPSTREAM_API_TOKEN",
-                         help="Bearer token of the stream control API (default: a random one, printed).")] = None,
+                         help="Bearer token of the stream control API (default: a random one, printed). "
+                              "On the command line it shows in ps: prefer SWAPSTREAM_API_TOKEN or "
+                              "--api-token-file.")] = None,
+    api_token_file: Annotated[Optional[Path], typer.Option(
+        "--api-token-file", envvar="SWAPSTREAM_API_TOKEN_FILE",
+        help="Read the control API's bearer token from this file (its first line).")] = None,
     hls_root: Annotated[Optional[Path], typer.Option("--hls-root", help="Folder for the HLS outputs of API streams.")] = None,
     media_root: Annotated[Optional[Path], typer.Option("--media-root", help="Folder whose files API streams may use as inputs.")] = None,
     whip_token: Annotated[Optional[str], typer.Option(
         "--whip-token", envvar="SWAPSTREAM_WHIP_TOKEN",
         help="Require 'Authorization: Bearer TOKEN' on /whip and /whep (OBS: the WHIP Bearer Token "
              "field); needed with a --host other than loopback. The preview pages send the one in "
-             "their URL: /view?token=TOKEN.")] = None,
+             "their URL: /view?token=TOKEN. On the command line it shows in ps: prefer "
+             "SWAPSTREAM_WHIP_TOKEN or --whip-token-file.")] = None,
+    whip_token_file: Annotated[Optional[Path], typer.Option(
+        "--whip-token-file", envvar="SWAPSTREAM_WHIP_TOKEN_FILE",
+        help="Read the WHIP/WHEP bearer token from this file (its first line).")] = None,
     max_sessions: Annotated[int, typer.Option(
         "--max-sessions", min=1, help="Most WHIP publishers (and, separately, WHEP viewers) at once.")] = 16,
+    insecure_tls: Annotated[bool, typer.Option("--insecure-tls", help=INSECURE_TLS_HELP)] = False,
 ) -> None:
     """Serve WebRTC: a WHIP endpoint (OBS 30+, browsers) whose publisher gets the swapped video back;
     and the multi-stream runtime: control API (/api/streams), /metrics, /dashboard (docs/runtime.md)."""
@@ -268,11 +284,14 @@ def serve(
     from .live.webrtc import WhipServer, require_whip_token, tracking_swap
     from .pipeline import FileJob
 
+    api_token = _token(api_token, api_token_file, "--api-token", "SWAPSTREAM_API_TOKEN")
+    whip_token = _token(whip_token, whip_token_file, "--whip-token", "SWAPSTREAM_WHIP_TOKEN")
     require_whip_token(host, whip_token)  # before the models load, as the folders below
     _check_serve_folders(hls_root, media_root)  # before the models load: bad paths fail at once
     cfg = _config(config, set_, None)
     if no_label:
         cfg.disclosure.label_live = False
+    _insecure_tls(cfg, insecure_tls)
     job_class = _job_class(cfg)
     job = job_class(cfg, live=True)  # its output is a live WebRTC stream: labelled by default
     job.set_source(source)
@@ -294,12 +313,30 @@ def serve(
                  f"view for an OBS Browser Source: {base}/view?bg=transparent  (or ?bg=chroma&color=00ff00)"):
         err.print(Text(line), soft_wrap=True)  # URLs unbroken, to copy into OBS
     _mount_runtime(server.app, cfg, api_token, hls_root, media_root, f"http://{host}:{port}")
+    from .runtime.api import RedactingAccessLogger
+
     try:
-        web.run_app(server.app, host=host, port=port, print=None)
+        # The access log (with -v) without ?token= queries, tokens in Referers or HLS view keys.
+        web.run_app(server.app, host=host, port=port, print=None, access_log_class=RedactingAccessLogger)
     except OSError as e:
         raise _listen_error(e, host, port) from None
     finally:
         job.close()
+
+
+INSECURE_TLS_HELP = ("Do not verify rtmps:// servers' certificates (a lab server with a self-signed "
+                     "one); logged as a warning. Better: give its CA with SSL_CERT_FILE or "
+                     "--set runtime.tls_ca_file=PATH.")
+
+
+def _insecure_tls(cfg: Config, flag: bool) -> None:
+    """--insecure-tls: rtmps:// without certificate checks (runtime.insecure_tls), said in the log."""
+    if flag:
+        cfg.runtime.insecure_tls = True
+    if cfg.runtime.insecure_tls:
+        logging.getLogger("swapstream").warning(
+            "--insecure-tls (runtime.insecure_tls): rtmps:// certificates are not verified; whoever "
+            "is on the path can read the stream keys")
 
 
 def _listen_error(e: OSError, host: str, port: int) -> Exception:
@@ -320,6 +357,35 @@ def _listen_error(e: OSError, host: str, port: int) -> Exception:
         return ConfigError(f"cannot listen on {where}: {host!r} is not an address of this machine. "
                            f"Give one with --host (127.0.0.1, or 0.0.0.0 for all), or another --port")
     return e
+
+
+def _token(value: Optional[str], file: Optional[Path], option: str, env: str) -> Optional[str]:
+    """A bearer token from `option`-file, or from `option` / `env`; None when neither is given.
+
+    A token on the command line is readable by every user of the machine (ps, /proc/PID/cmdline):
+    it still works, with a warning that names the two ways that do not show."""
+    from .errors import ConfigError
+
+    if file is not None:
+        if value is not None:
+            raise ConfigError(f"both {option}-file and {option} (or {env}) are given: keep one")
+        try:
+            lines = file.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            why = e.strerror if isinstance(e, OSError) and e.strerror else "not UTF-8 text"
+            raise ConfigError(f"cannot read {option}-file '{file}': {why}. Give a readable file whose "
+                              f"first line is the token") from None
+        value = lines[0].strip() if lines else ""
+        if not value:
+            raise ConfigError(f"{option}-file '{file}' is empty: put the token on its first line")
+    elif value is not None and any(a == option or a.startswith(option + "=") for a in sys.argv[1:]):
+        err.print(Text(f"warning: {option} on the command line is visible to every user of this "
+                       f"machine (ps); set {env} or use {option}-file instead"), soft_wrap=True)
+    if value is not None and not re.fullmatch(r"[\x21-\x7e]+", value):
+        raise ConfigError(f"the token of {option} must be printable ASCII without spaces (it travels in "
+                          f"an HTTP header): use a random string such as the output of "
+                          f"`python -c 'import secrets; print(secrets.token_urlsafe(24))'`")
+    return value
 
 
 def _check_serve_folders(hls_root: Optional[Path], media_root: Optional[Path]) -> None:

@@ -28,13 +28,20 @@ class DetectorConfig(_Section):
     """BlazeFace variant: short_range for faces filling a good part of the frame, full_range for small faces."""
     min_score: float = Field(0.5, ge=0.0, le=1.0)
     """Minimum detection confidence."""
-    max_faces: int = Field(4, ge=1, le=64)
+    # Each tracked face costs a landmark inference and a swap on every frame: 16 faces at 30 fps is
+    # already ~500 landmark runs a second for one stream (the broadcast preset uses 8).
+    max_faces: int = Field(4, ge=1, le=16)
     """Most faces tracked and swapped per frame."""
+    # No upper bound: a larger value only costs less. (The controller's detect_less step multiplies it
+    # by runtime.detect_less_factor, and a bound here could refuse that assignment.)
     detect_every: int = Field(1, ge=1)
     """Run the detector every N frames; landmarks track the faces in between."""
     nms_iou: float = Field(0.3, gt=0.0, le=1.0)
     """Overlap above which two detections are merged (weighted NMS)."""
-    threads: int = Field(1, ge=1)
+    # Each stream's analyser runs three LiteRT interpreters (two detectors, the landmarks), each with
+    # this many threads: at 4 a stream adds about a dozen, where 64 took a process from 11 threads to
+    # 209. The models take 128-192 pixel inputs: past 4 threads the hand-offs cost what they save.
+    threads: int = Field(1, ge=1, le=4)
     """CPU threads for the LiteRT detector and landmark models."""
 
 
@@ -80,7 +87,9 @@ class EncodeConfig(_Section):
     preset: Literal["ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow",
                     "slower", "veryslow"] = "veryfast"
     """x264 speed/compression preset."""
-    threads: int = Field(0, ge=0)
+    # x264 keeps frames in flight per thread (memory and latency): 16 covers a 4K file encode; a live
+    # stream runs best on 1-2.
+    threads: int = Field(0, ge=0, le=16)
     """Encoder threads (0: let x264 choose)."""
 
 
@@ -117,38 +126,49 @@ class NeuralConfig(_Section):
 class RuntimeConfig(_Section):
     max_wait_ms: float = Field(4.0, ge=0.0, le=1000.0)
     """Longest a face waits for others to fill a swap batch (multi-stream runtime)."""
-    budget_ms: float = Field(250.0, gt=0.0)
+    # A minute, as the API's per-stream budget_ms: a frame older than that is no longer live.
+    budget_ms: float = Field(250.0, gt=0.0, le=60000.0)
     """Default latency budget of a stream: a frame's arrival to its encoding, at the p99."""
-    queue_frames: int = Field(2, ge=1, le=64)
+    # Three queues per stream, each frame a decoded picture (6 MB at 1080p): 16 is ~300 MB a stream,
+    # and every queued frame is latency.
+    queue_frames: int = Field(2, ge=1, le=16)
     """Frames each stage of a stream may hold; beyond that the oldest is dropped (live policy)."""
-    max_streams: int = Field(32, ge=1)
+    # A stream holds at least three threads of its own plus its decoder's and encoder's: 256 streams
+    # is over a thousand threads, past what one process schedules well.
+    max_streams: int = Field(32, ge=1, le=256)
     """Most streams one process runs at once."""
-    controller_interval: float = Field(0.5, gt=0.0)
+    # A controller that looks less than once a minute no longer follows the load.
+    controller_interval: float = Field(0.5, gt=0.0, le=60.0)
     """Seconds between two looks of the degradation controller."""
-    min_samples: int = Field(10, ge=1)
+    # A stream keeps the latencies of its last 600 frames since a change: more could never be reached.
+    min_samples: int = Field(10, ge=1, le=600)
     """Frames since a stream's last change before the controller trusts its p99."""
-    down_cooldown: float = Field(1.0, ge=0.0)
+    # The controller's hold times: an hour is already longer than any load change they smooth over.
+    down_cooldown: float = Field(1.0, ge=0.0, le=3600.0)
     """Seconds after a change before a stream steps down again."""
     up_ratio: float = Field(0.6, gt=0.0, lt=1.0)
     """A stream steps back up only while its p99 is under this fraction of its budget..."""
-    up_hold: float = Field(3.0, ge=0.0)
+    up_hold: float = Field(3.0, ge=0.0, le=3600.0)
     """... for this many seconds (hysteresis)."""
     gpu_high: float = Field(0.9, gt=0.0, le=1.0)
     """GPU utilisation above which the GPU counts as saturated."""
-    gpu_high_for: float = Field(3.0, ge=0.0)
+    gpu_high_for: float = Field(3.0, ge=0.0, le=3600.0)
     """Seconds of saturation before a stream on that GPU steps down."""
     gpu_low: float = Field(0.75, gt=0.0, lt=1.0)
     """Streams on a GPU step up only while its utilisation is under this."""
-    detect_less_factor: int = Field(4, ge=2)
+    # 16x fewer detections is already one every 16 x detect_every frames: new faces wait seconds.
+    detect_less_factor: int = Field(4, ge=2, le=16)
     """The `detect_less` step runs the detector this many times less often."""
     low_res_scale: float = Field(0.5, gt=0.05, lt=1.0)
     """The `low_res` step swaps faces at this fraction of the resolution."""
-    upload_max_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    # An upload is held in memory while it is checked: 64 MiB is far above any face photo.
+    upload_max_bytes: int = Field(8 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024)
     """Largest source-face upload accepted by the control API."""
-    upload_max_side: int = Field(4096, ge=64)
+    # Decoded to RGB before the face is found: 8192 px a side is up to 200 MB.
+    upload_max_side: int = Field(4096, ge=64, le=8192)
     """Largest width or height of an uploaded source image, in pixels."""
     allowed_hosts: list[HostPattern] = Field(list(DEFAULT_ALLOWED_HOSTS), max_length=256)
-    """Where API streams may connect: name patterns (`*`: any public host, *.example.com), addresses and networks (10.0.0.0/8); private, link-local and metadata addresses only inside a listed network."""
+    """Where API streams may connect: name patterns (`*`: any public host, *.example.com), addresses and networks (10.0.0.0/8); private and link-local addresses only inside a listed network, metadata ones only listed themselves."""
     allowed_ports: list[Annotated[int, Field(ge=1, le=65535)]] = Field([], max_length=64)
     """Ports API streams may connect to besides their scheme's own (rtmp 1935, rtmps 443)."""
     insecure_tls: bool = False

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.text import Text
 
 from .errors import USER_ERRORS
+from .redact import redact_text
 
 err = Console(stderr=True, highlight=False)
 """Progress, prompts and errors."""
@@ -26,5 +27,6 @@ def run_app(app: typer.Typer) -> None:
         app()
     except USER_ERRORS as e:
         # Text, not markup: paths and values may contain "[...]", which Rich would read as style tags.
-        err.print(Text("error: ", style="bold red") + Text(str(e)), soft_wrap=True)
+        # Errors quote the URLs they failed on: shown without stream keys or tokens.
+        err.print(Text("error: ", style="bold red") + Text(redact_text(str(e))), soft_wrap=True)
         sys.exit(getattr(e, "exit_code", 2))

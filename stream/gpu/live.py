@@ -21,12 +21,14 @@ from typing import Any
 from ..errors import InputError
 from ..live.job import LiveFrame, LiveJob, LiveStats
 from ..live.streams import LiveReader, VideoPacket
+from ..redact import RedactingFilter
 from ..types import Frame
 from .job import GpuFileJob
 from .loop import HOST_NV12_MATRIX, GpuSwapLoop, nvtx
 from .ring import Ring
 
 log = logging.getLogger(__name__)
+log.addFilter(RedactingFilter())  # its lines quote input and output URLs: no stream keys
 
 FIRST_ITEMS = 8
 """Input items whose timings `first_items` keeps (where a slow start goes)."""
@@ -66,7 +68,7 @@ class GpuLiveJob(LiveJob, GpuFileJob):
         """Per input item, the first few: decode and swap milliseconds, frames out, backlog."""
         self._last_timing: dict[str, Any] = {}
         self._reader = LiveReader(url, reconnect_seconds=reconnect_seconds, loop=loop, realtime=True,
-                                  packets=ok)
+                                  packets=ok, outbound=self._outbound())
         return self._reader
 
     def _live_frames(self, item: Frame | VideoPacket, backlog: int, buffer_frames: int,

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..io.video import AudioPacket
+from ..netpolicy import Outbound
 from ..pipeline import FileJob
 from ..types import Frame
 from .streams import LiveReader, LiveWriter, VideoPacket, is_file_input
@@ -169,7 +170,13 @@ class LiveJob(FileJob):
 
     def _live_reader(self, url: str, *, reconnect_seconds: float, loop: bool) -> LiveReader:
         """The input: decoded RGB frames here; the GPU job takes compressed packets for NVDEC."""
-        return LiveReader(url, reconnect_seconds=reconnect_seconds, loop=loop, realtime=True)
+        return LiveReader(url, reconnect_seconds=reconnect_seconds, loop=loop, realtime=True,
+                          outbound=self._outbound())
+
+    def _outbound(self) -> Outbound:
+        """The operator typed these URLs: no outbound policy; rtmps:// verified unless
+        runtime.insecure_tls (--insecure-tls)."""
+        return Outbound.from_config(self.config.runtime, enforce=False)
 
     def _live_frames(self, item: Frame | VideoPacket, backlog: int, buffer_frames: int,
                      stats: LiveStats) -> list[LiveFrame]:
@@ -197,7 +204,7 @@ class LiveJob(FileJob):
                                       crf=self.config.encode.crf)
         out: list[LiveOutput] = []
         if rtmp_out:
-            out.append(LiveWriter(rtmp_out, kind="rtmp", **common))
+            out.append(LiveWriter(rtmp_out, kind="rtmp", outbound=self._outbound(), **common))
         if hls_dir is not None:
             out.append(LiveWriter(str(hls_dir / "index.m3u8"), kind="hls", **common))
         if vcam:

@@ -9,6 +9,7 @@ the server before any media flows.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -16,10 +17,25 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from ..errors import SwapStreamError
+from ..errors import ConfigError, SwapStreamError
 
 RTMP_MODULE_PATHS = ("/usr/lib/nginx/modules/ngx_rtmp_module.so",
                      "/usr/share/nginx/modules/ngx_rtmp_module.so")
+
+# What may be pasted into nginx.conf. Allowlists, matched whole (`fullmatch`): nginx ends a directive
+# at ';', opens and closes blocks at '{' '}', quotes with ' and ", comments with '#', expands '$'
+# and escapes with '\'; whitespace separates arguments and a newline could start a directive.
+APP_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+CONF_PATH = re.compile(r"/[A-Za-z0-9._/+@%,=:~-]{0,1023}")
+AUTH_URL = re.compile(r"https?://(?:[A-Za-z0-9.-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\])(?::[0-9]{1,5})?"
+                      r"(?:/[A-Za-z0-9._~/%+=&?:@,!-]{0,1000})?")
+USER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
+
+
+def _checked(what: str, value: str, pattern: re.Pattern[str], expected: str) -> str:
+    if not pattern.fullmatch(value):
+        raise ConfigError(f"{what} {value!r} cannot go into nginx.conf: it must be {expected}")
+    return value
 
 
 def nginx_rtmp_config(*, rtmp_port: int, prefix: Path, app: str = "live",
@@ -29,7 +45,25 @@ def nginx_rtmp_config(*, rtmp_port: int, prefix: Path, app: str = "live",
     `prefix` (pid, logs and temp files there), with live streams only (no recording) and, when
     `auth_url` is given, publishers checked by an HTTP callback (2xx accepts, anything else refuses).
     `user`: nginx started as root looks up its build's default user (www-data on Debian) unless
-    told one, and refuses to start on a machine without it; `NginxRtmp` passes root's own name."""
+    told one, and refuses to start on a machine without it; `NginxRtmp` passes root's own name.
+
+    Every value is checked against an allowlist before it is written (a `;`, brace, quote, space or
+    newline would end the directive and start another): ConfigError names the value and the rule."""
+    _checked("the RTMP application name", app, APP_NAME, "1-64 letters, digits, '_' or '-'")
+    path_rule = ("an absolute path of letters, digits and . _ / + @ % , = : ~ - (no spaces, quotes, "
+                 "';', braces, '#', '$' or '\\')")
+    _checked("the nginx prefix folder", str(prefix), CONF_PATH, path_rule)
+    if module_path is not None:
+        _checked("the RTMP module path", module_path, CONF_PATH, path_rule)
+    if auth_url is not None:
+        _checked("the on_publish URL", auth_url, AUTH_URL,
+                 "an http:// or https:// URL with a host, an optional port and a path without spaces, "
+                 "quotes, ';', braces, '#', '$' or '\\'")
+    if user is not None:
+        _checked("the nginx user", user, USER_NAME, "a user name of letters, digits, '_', '.' or '-'")
+    if isinstance(rtmp_port, bool) or not isinstance(rtmp_port, int) or not 1 <= rtmp_port <= 65535:
+        raise ConfigError(f"the RTMP port {rtmp_port!r} cannot go into nginx.conf: it must be a whole "
+                          f"number from 1 to 65535")
     load = f"load_module {module_path};\n" if module_path else ""
     auth = f"            on_publish {auth_url};\n" if auth_url else ""
     who = f"user {user};\n" if user else ""

@@ -23,9 +23,12 @@ import numpy as np
 from ..disclosure import SYNTHETIC_TAGS
 from ..errors import InputError, InputNotFoundError, OutputError
 from ..io.video import AudioPacket
+from ..netpolicy import Connection, Outbound
+from ..redact import RedactingFilter
 from ..types import Frame
 
 log = logging.getLogger(__name__)
+log.addFilter(RedactingFilter())  # its lines quote input and output URLs: no stream keys
 
 
 _NETWORK_URL = re.compile(r"^(?!file://)[a-z][a-z0-9+.-]*://", re.IGNORECASE)
@@ -41,6 +44,21 @@ def rtmp_input_options() -> dict[str, str]:
     """FFmpeg options for pulling a live RTMP stream with the least buffering."""
     return {"rtmp_live": "live", "fflags": "nobuffer", "flags": "low_delay",
             "analyzeduration": "1000000", "probesize": "500000"}
+
+
+MEDIA_FORMATS = ("mov", "mp4", "matroska", "flv", "mpegts", "avi", "nut", "h264", "hevc", "mpeg")
+"""Demuxers a media-root file may be read with: containers of H.264 or HEVC video that name no other
+file. Playlists (hls), concat lists, image sequences and session descriptions (sdp) can make FFmpeg
+read other files or connect elsewhere, and are left out."""
+
+
+def media_file_options() -> dict[str, str]:
+    """FFmpeg options for a file a request named (a --media-root file): read through the file
+    protocol only (no http, no tcp from inside the file), with the demuxers of MEDIA_FORMATS, and
+    MP4/MOV data references to other files left off. FFmpeg checks the demuxer against the list
+    after probing and before it reads the file's header, so a playlist never opens what it names."""
+    return {"protocol_whitelist": "file", "format_whitelist": ",".join(MEDIA_FORMATS),
+            "enable_drefs": "0"}
 
 
 def x264_live_options(fps: float, *, preset: str = "ultrafast", crf: int = 23,
@@ -95,11 +113,17 @@ class LiveReader:
 
     def __init__(self, url: str, *, reconnect_seconds: float = 60.0, open_timeout: float = 5.0,
                  read_timeout: float = 2.0, loop: bool = False, realtime: bool = False,
-                 packets: bool = False) -> None:
+                 packets: bool = False, outbound: Outbound | None = None, media: bool = False) -> None:
         self.url = url
         self.packets = packets
         """Yield the video as `VideoPacket`s (Annex-B access units for NVDEC) instead of decoding it."""
         self.is_file = is_file_input(url)
+        self.outbound = outbound or Outbound()
+        """Where a network input may connect (the API's policy; none for the operator's own URL)
+        and how rtmps:// is verified."""
+        self.media = media and self.is_file
+        """A file a request named: opened with `media_file_options`."""
+        self._connections: dict[int, Connection] = {}
         self.loop = loop and self.is_file
         self.realtime = realtime and self.is_file
         self.reconnect_seconds = reconnect_seconds
@@ -130,8 +154,28 @@ class LiveReader:
         self._container: Any = None
 
     def _open(self) -> Any:
-        opts = rtmp_input_options() if self.url.startswith("rtmp") else {}
-        return av.open(self.url, options=opts, timeout=self.timeouts)
+        if self.is_file:
+            return av.open(self.url, options=media_file_options() if self.media else {},
+                           timeout=self.timeouts)
+        # Each connection is checked (and pinned, or relayed over verified TLS) on its own: a
+        # reconnect looks the name up again.
+        conn = self.outbound.connect(self.url, timeout=self.timeouts[0])
+        try:
+            opts = rtmp_input_options() if conn.url.startswith("rtmp") else {}
+            if self.outbound.policy is not None:
+                opts["protocol_whitelist"] = "rtmp,tcp"  # what was checked, and nothing it leads to
+            c = av.open(conn.url, options=opts, timeout=self.timeouts)
+        except BaseException:
+            conn.close()
+            raise
+        self._connections[id(c)] = conn
+        return c
+
+    def _close_container(self, c: Any) -> None:
+        c.close()
+        conn = self._connections.pop(id(c), None)
+        if conn is not None:
+            conn.close()
 
     def open(self) -> None:
         """First connection: a failure here is the user's input error."""
@@ -141,6 +185,12 @@ class LiveReader:
             if self.is_file and isinstance(e, FileNotFoundError):
                 raise InputNotFoundError(f"live input file '{self.url}' does not exist. Check the "
                                          f"path.") from None
+            if self.media and isinstance(e, av.error.ArgumentError):
+                # What FFmpeg answers for a demuxer off `format_whitelist` (a playlist, a list).
+                raise InputError(f"live input file '{Path(self.url).name}' is not a video file of a "
+                                 f"kind read from the media folder ({', '.join(MEDIA_FORMATS)}): "
+                                 f"playlists (.m3u8) and concat lists, which name other files, are "
+                                 f"refused. Give an MP4, MKV, FLV or TS file.") from None
             raise InputError(f"cannot open live input '{self.url}': {e}. Check the URL and that "
                              f"the stream is being published.") from None
         if not self._container.streams.video:
@@ -148,7 +198,7 @@ class LiveReader:
         v = self._container.streams.video[0]
         if v.codec_context.name not in ("h264", "hevc"):
             name = v.codec_context.name
-            self._container.close()
+            self._close_container(self._container)
             raise InputError(f"live input '{self.url}' is {name} video; publish H.264 (in OBS: "
                              f"Output > Encoder x264 or NVENC H.264)")
         self._time_base = v.time_base
@@ -175,7 +225,7 @@ class LiveReader:
         """After the iteration has ended: release the first connection's container, kept open as
         the writers' audio template. Safe to call twice."""
         if self._template is not None:
-            self._template.close()
+            self._close_container(self._template)
             self._template = None
 
     def __iter__(self) -> Iterator[Frame | VideoPacket | AudioPacket]:
@@ -190,7 +240,7 @@ class LiveReader:
                 log.warning("live input '%s' %s: %s", self.url, "failed" if self.is_file else "dropped", e)
             finally:
                 if self._container is not self._template:
-                    self._container.close()
+                    self._close_container(self._container)
             if self._stopped:
                 return
             if self.is_file:
@@ -317,7 +367,7 @@ class LiveReader:
                     self.reconnects += 1
                     log.info("live input '%s' reconnected (%d)", self.url, self.reconnects)
                     return True
-                self._container.close()
+                self._close_container(self._container)
             except (av.error.FFmpegError, OSError):
                 pass
             delay = min(delay * 2, 2.0)  # back off, but retry at least every 2 s
@@ -341,9 +391,13 @@ class LiveWriter:
 
     def __init__(self, target: str, *, width: int, height: int, fps: float, time_base: Fraction,
                  audio_from: Any = None, kind: str = "rtmp", crf: int = 23,
-                 segment_seconds: float = 1.0, reconnect_seconds: float = 30.0) -> None:
+                 segment_seconds: float = 1.0, reconnect_seconds: float = 30.0,
+                 outbound: Outbound | None = None) -> None:
         self.target = target
         self.kind = kind
+        self.outbound = outbound or Outbound()
+        """Where an RTMP push may connect and how rtmps:// is verified (as `LiveReader.outbound`)."""
+        self._conn: Connection | None = None
         self.width, self.height = width - width % 2, height - height % 2
         self.fps = fps
         self.time_base = time_base
@@ -370,7 +424,13 @@ class LiveWriter:
                 c = av.open(self.target, "w", format="hls",
                             options=hls_options(folder, segment_seconds=self.segment_seconds))
             else:
-                c = av.open(self.target, "w", format="flv", timeout=5.0)
+                conn = self.outbound.connect(self.target, timeout=5.0)
+                try:
+                    c = av.open(conn.url, "w", format="flv", timeout=5.0)
+                except BaseException:
+                    conn.close()
+                    raise
+                self._conn = conn
         except (av.error.FFmpegError, OSError) as e:
             raise OutputError(f"cannot open live output '{self.target}': {e}. Check the URL or "
                               f"folder, and that the server accepts this stream key.") from None
@@ -439,6 +499,7 @@ class LiveWriter:
         except (av.error.FFmpegError, OSError):
             pass
         self._c = None
+        self._release()
         now = time.monotonic()
         if self._down_since is None:
             # A new outage: try again at once, then back off.
@@ -480,6 +541,13 @@ class LiveWriter:
         except (av.error.FFmpegError, OSError):
             pass
         self._c = None
+        self._release()
+
+    def _release(self) -> None:
+        """The connection's TLS relay, if any (it ends by itself too, once FFmpeg has closed)."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
 
 ProgressFn = Callable[[int], None]

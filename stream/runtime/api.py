@@ -15,12 +15,20 @@
 | `GET /dashboard` | the dashboard page (it asks for the token) |
 
 Nothing a request sends becomes a path unchecked: inputs are RTMP URLs, or file names resolved inside
-`--media-root` and refused if they leave it; HLS goes into `--hls-root/<stream id>/`, with ids that
-match `[a-z0-9][a-z0-9_-]*`; HLS files are served only under names the writer uses; presets are
-names from configs/, never paths; config overrides cannot touch the server's settings (`models_dir`,
-`runtime`, `consent`, `disclosure`, `watermark`: every stream has the server's). Uploaded
-images are checked for size, declared type and magic bytes, and their dimensions are read from the
-header before OpenCV decodes them from memory.
+`--media-root` and refused if they leave it, read with FFmpeg's file protocol only and the demuxers of
+`live.streams.MEDIA_FORMATS` (no playlist reads what it names); every input and RTMP output URL goes
+through the outbound policy (`swapstream.netpolicy`: runtime.allowed_hosts / allowed_ports), refused
+with one 403 whatever the cause, and rtmps:// certificates are verified; HLS goes into
+`--hls-root/<stream id>/`, with ids that match `[a-z0-9][a-z0-9_-]*`; HLS files are served only
+under names the writer uses; presets are names from configs/, never paths; config overrides cannot
+touch the server's settings (`models_dir`, `runtime`, `consent`, `disclosure`, `watermark`: every
+stream has the server's). Uploaded images are checked for size, declared type and magic bytes, and
+their dimensions are read from the header before OpenCV decodes them from memory.
+
+Answers never show a stream key or token (`swapstream.redact`), and neither does the access log of
+`RedactingAccessLogger`. A bearer header that is not UTF-8 is a 401. DELETE answers within
+`manager.REMOVE_WAIT_S` and the stream finishes stopping after it if it must; then the HLS folder the
+server made for it goes.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import logging
 import re
 import secrets
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -39,15 +48,20 @@ from typing import Any, Literal
 import cv2
 import numpy as np
 from aiohttp import web
+from aiohttp.web_log import AccessLogger
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..config import PRESETS_DIR
 from ..errors import ConfigError, ConsentError, EngineUserError, InputError, NoFaceError, SwapStreamError
-from .manager import SERVER_SETTINGS, STREAM_ID, StreamNotFound, StreamRequestError, StreamRuntime
+from ..netpolicy import OutboundPolicy, OutboundRefused, UrlSyntaxError, parse_rtmp_url
+from ..redact import MASK, RedactingFilter, redact_text
+from .manager import (REMOVE_WAIT_S, SERVER_SETTINGS, STREAM_ID, StreamNotFound, StreamRequestError,
+                      StreamRuntime)
 from .metrics import CONTENT_TYPE
 from .stream import InputSpec, OutputSpec, StreamPipeline, StreamSpec
 
 log = logging.getLogger(__name__)
+log.addFilter(RedactingFilter())
 
 STATIC = Path(__file__).resolve().parent / "static"
 
@@ -55,7 +69,13 @@ IMAGE_TYPES = {"image/png": "png", "image/jpeg": "jpeg", "image/webp": "webp"}
 # The writer names segments seg_%05d.ts: five digits at least, more after segment 99999. ASCII
 # digits only, and the whole name (`fullmatch`: `$` alone would let a trailing newline through).
 HLS_FILE = re.compile(r"index\.m3u8|seg_[0-9]{5,}\.ts")
-RTMP_URL = re.compile(r"^rtmps?://[A-Za-z0-9.\-\[\]:]+(:\d+)?/[\x21-\x7e]{1,1000}$")
+# FFmpeg writes a live playlist (and, with some flags, a segment) as NAME.tmp, then renames it; a
+# writer stopped in between leaves the .tmp behind.
+HLS_LEFTOVER = re.compile(r"(?:index\.m3u8|seg_[0-9]{5,}\.ts)(?:\.tmp)?")
+# The view key is the credential of an HLS URL: /hls/<id>/<key>/<file>.
+HLS_KEY_IN_PATH = re.compile(r"(/hls/[^/\s?]+/)[^/\s?]+")
+# Matched with `fullmatch` (as every id and URL here): `$` alone would let a trailing newline through.
+RTMP_URL = re.compile(r"rtmps?://[A-Za-z0-9.\-\[\]:]+/[\x21-\x7e]{1,1000}")
 FORBIDDEN_OVERRIDES = SERVER_SETTINGS
 
 
@@ -73,9 +93,12 @@ class ApiSettings:
     """Stream id -> the secret in its HLS URL."""
 
     def __post_init__(self) -> None:
-        if len(self.token) < 16:
-            raise ConfigError("the API token must be at least 16 characters: set SWAPSTREAM_API_TOKEN "
-                              "or --api-token to a long random string (or leave both unset to get one)")
+        # Printable ASCII without spaces: what a client can send in an HTTP header unchanged. The
+        # upper bound keeps the whole header under aiohttp's 8190-byte line limit.
+        if not re.fullmatch(r"[\x21-\x7e]{16,4096}", self.token):
+            raise ConfigError("the API token must be 16 to 4096 printable ASCII characters without "
+                              "spaces: set SWAPSTREAM_API_TOKEN, --api-token-file or --api-token to a "
+                              "long random string (or leave them unset to get one)")
 
 
 # -- request bodies -------------------------------------------------------------------------------
@@ -111,7 +134,9 @@ class CreateBody(_Body):
 
 
 def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
+    # Messages quote inputs and outputs, and an input's errors (FFmpeg's) quote its URL again: no
+    # stream key or query in an answer, even to the client that sent them (proxies log answers).
+    return web.json_response({"error": redact_text(message)}, status=status)
 
 
 class ApiError(Exception):
@@ -251,6 +276,7 @@ class ControlApi:
     def __init__(self, runtime: StreamRuntime, settings: ApiSettings) -> None:
         self.runtime = runtime
         self.settings = settings
+        runtime.on_removed.append(self._remove_hls)
 
     def add_routes(self, app: web.Application) -> None:
         r = app.router
@@ -276,7 +302,13 @@ class ControlApi:
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token:
             raise ApiError(401, "the Authorization header must be 'Bearer TOKEN'")
-        if not hmac.compare_digest(token.strip().encode(), self.settings.token.encode()):
+        try:
+            # aiohttp hands over bytes that are not UTF-8 as surrogates, which do not encode:
+            # such a header is a wrong token (401), not a server error.
+            given = token.strip().encode()
+        except UnicodeEncodeError:
+            raise ApiError(401, "invalid bearer token") from None
+        if not hmac.compare_digest(given, self.settings.token.encode()):
             raise ApiError(401, "invalid bearer token")
 
     def _stream(self, request: web.Request) -> StreamPipeline:
@@ -307,6 +339,10 @@ class ControlApi:
             if e.status == 401:
                 resp.headers["WWW-Authenticate"] = 'Bearer realm="swapstream"'
             return resp
+        except OutboundRefused as e:
+            # Refused again when the stream connected (its name resolved elsewhere since): the same
+            # answer as at the request's check.
+            return _error(403, str(e))
         except StreamRequestError as e:
             return _error(e.status, str(e))
         except ConsentError as e:
@@ -322,12 +358,16 @@ class ControlApi:
 
     # -- health ---------------------------------------------------------------------------------
 
+    # Both answer from memory, on the loop, without a lock or an executor: nothing they do can wait
+    # behind a stream (priority.py says what keeps the loop itself responsive under load).
+
     async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"ok": True})
 
     async def readyz(self, request: web.Request) -> web.Response:
         ok, why = self.runtime.ready()
         return web.json_response({"ready": ok, "reason": why, "streams": self.runtime.active(),
+                                  "stopping": len(self.runtime.stopping),
                                   "devices": [s.name for s in self.runtime.slots],
                                   "nvml": self.runtime.gpu.available or self.runtime.gpu.reason},
                                  status=200 if ok else 503)
@@ -360,7 +400,9 @@ class ControlApi:
     async def stop(self, request: web.Request) -> web.StreamResponse:
         async def h() -> web.Response:
             p = self._stream(request)
-            await self.runtime.remove_stream(p.id)
+            # Bounded: a stream whose frames wait behind a busy device finishes stopping (and its
+            # HLS files go, `_remove_hls`) after the answer; its state then says "stopping".
+            await self.runtime.remove_stream(p.id, wait=REMOVE_WAIT_S)
             if p.id not in self.runtime.streams:  # not taken again by a new stream meanwhile
                 self.settings.view_keys.pop(p.id, None)
             return web.json_response(self._info(p))
@@ -379,7 +421,7 @@ class ControlApi:
                 body = CreateBody.model_validate(raw)
             except ValidationError as e:
                 raise ApiError(400, _pydantic_message(e)) from None
-            spec = self._spec(body)
+            spec = await self._spec(body)
             p = await self.runtime.add_stream(spec)
             # The view key is set only once the stream is this request's: a create that loses the
             # id to another (409) or whose stream is removed while starting never touches the key
@@ -393,9 +435,9 @@ class ControlApi:
 
         return await self._guard(request, h)
 
-    def _spec(self, body: CreateBody) -> StreamSpec:
+    async def _spec(self, body: CreateBody) -> StreamSpec:
         sid = body.id or f"s-{secrets.token_hex(4)}"
-        if not STREAM_ID.match(sid):
+        if not STREAM_ID.fullmatch(sid):
             raise ApiError(400, f"field 'id': {sid!r} is not valid: use 1-63 lower-case letters, "
                                 f"digits, '-' or '_', starting with a letter or digit")
         if sid in self.runtime.streams:
@@ -405,10 +447,14 @@ class ControlApi:
         if (inp.url is None) == (inp.file is None):
             raise ApiError(400, "field 'input': give either 'url' (rtmp://...) or 'file' (a name "
                                 "inside the server's --media-root)")
+        outbound: list[tuple[str, str]] = []
+        """(field, URL) of every URL the stream would connect to, for the outbound policy."""
         if inp.url is not None:
-            if not RTMP_URL.match(inp.url):
+            if not RTMP_URL.fullmatch(inp.url):
                 raise ApiError(400, f"field 'input.url': {inp.url!r} is not an rtmp:// or rtmps:// URL "
                                     f"with a host and a path")
+            self._check_url_syntax("input.url", inp.url)
+            outbound.append(("input.url", inp.url))
             source = InputSpec(inp.url, realtime=False, loop=False,
                                reconnect_seconds=inp.reconnect_seconds)
         else:
@@ -417,9 +463,11 @@ class ControlApi:
         outputs = []
         for i, o in enumerate(body.outputs):
             if o.type == "rtmp":
-                if o.url is None or not RTMP_URL.match(o.url):
+                if o.url is None or not RTMP_URL.fullmatch(o.url):
                     raise ApiError(400, f"field 'outputs.{i}.url': an rtmp output needs an rtmp:// "
                                         f"or rtmps:// URL, got {o.url!r}")
+                self._check_url_syntax(f"outputs.{i}.url", o.url)
+                outbound.append((f"outputs.{i}.url", o.url))
                 outputs.append(OutputSpec("rtmp", o.url))
             elif o.type == "hls":
                 if o.url is not None:
@@ -442,8 +490,25 @@ class ControlApi:
             if key.split(".")[0] in FORBIDDEN_OVERRIDES:
                 raise ApiError(400, f"field 'set': {key!r} cannot be set per stream over the API "
                                     f"(it is the server's setting)")
+        # Last, once the request is otherwise valid: a name is looked up only for a stream that
+        # would start. Every refusal is the same 403, whatever its cause (netpolicy's module doc).
+        policy = OutboundPolicy.from_config(self.runtime.config.runtime)
+        for where, url in outbound:
+            try:
+                await policy.check(url)
+            except OutboundRefused as e:
+                raise ApiError(403, f"field '{where}': {e}") from None
         return StreamSpec(sid, source, tuple(outputs), swapper=body.swapper, preset=body.preset,
                           overrides=tuple(body.set), budget_ms=body.budget_ms)
+
+    @staticmethod
+    def _check_url_syntax(where: str, url: str) -> None:
+        """The URL's host and port are well formed (before any policy: a typo is the client's to fix,
+        and says nothing about the network)."""
+        try:
+            parse_rtmp_url(url)
+        except UrlSyntaxError as e:
+            raise ApiError(400, f"field '{where}': {e}") from None
 
     def _media_file(self, name: str) -> Path:
         root = self.settings.media_root
@@ -505,11 +570,61 @@ class ControlApi:
         if not HLS_FILE.fullmatch(name) or self.settings.hls_root is None:
             return _error(404, f"no HLS file {name!r}")
         path = self.settings.hls_root / sid / name
-        if not path.is_file():
+        # Read in a thread: a segment is up to megabytes, and the loop answers /healthz meanwhile.
+        body = await asyncio.get_running_loop().run_in_executor(None, _read_if_file, path)
+        if body is None:
             return _error(404, f"HLS file {name!r} is not written yet")
         ctype = "application/vnd.apple.mpegurl" if name.endswith(".m3u8") else "video/mp2t"
-        return web.Response(body=path.read_bytes(), content_type=ctype,
-                            headers={"Cache-Control": "no-cache"})
+        return web.Response(body=body, content_type=ctype, headers={"Cache-Control": "no-cache"})
+
+    async def _remove_hls(self, p: StreamPipeline) -> None:
+        """Once a removed stream is down (its writer closed): delete the HLS output the server made
+        for it, `--hls-root/<id>/`, and nothing else."""
+        root = self.settings.hls_root
+        if root is None:
+            return
+        folder = root / p.id
+        if any(o.kind == "hls" and Path(o.target) == folder for o in p.spec.outputs):
+            await asyncio.get_running_loop().run_in_executor(None, remove_hls_output, folder)
+
+
+def _read_if_file(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes() if path.is_file() else None
+    except FileNotFoundError:  # the writer deleted an old segment between the check and the read
+        return None
+
+
+def remove_hls_output(folder: Path) -> None:
+    """Delete what an HLS writer left in `folder` (its playlist, segments and their .tmp files), then
+    the folder if that empties it. Other files, links and subfolders stay, and so does the folder
+    then: it is the server's only as far as the writer filled it."""
+    if folder.is_symlink() or not folder.is_dir():
+        return
+    for f in folder.iterdir():
+        if HLS_LEFTOVER.fullmatch(f.name) and not f.is_symlink() and f.is_file():
+            f.unlink(missing_ok=True)
+    try:
+        folder.rmdir()
+    except OSError:
+        log.warning("HLS folder %s was kept: it holds files the HLS writer did not make", folder)
+
+
+class RedactingAccessLogger(AccessLogger):
+    """aiohttp's access log without credentials: queries (`/view?token=...`), URLs in headers (a
+    Referer with a token) and HLS view keys (`/hls/<id>/<key>/...`) are masked. Give it to
+    `web.run_app(..., access_log_class=RedactingAccessLogger)` or `web.AppRunner`."""
+
+    def _format_line(self, request: web.BaseRequest, response: web.StreamResponse,
+                     time: float) -> Iterable[tuple[str | tuple[str, str], str]]:
+        # Each value is redacted before it is formatted into the line or passed as `extra`
+        # (structured handlers read the request line and headers from there).
+        return [(key, _redact_access(value) if isinstance(value, str) else value)
+                for key, value in super()._format_line(request, response, time)]
+
+
+def _redact_access(value: str) -> str:
+    return HLS_KEY_IN_PATH.sub(lambda m: m.group(1) + MASK, redact_text(value))
 
 
 def mount_runtime(app: web.Application, runtime: StreamRuntime, settings: ApiSettings) -> ControlApi:

@@ -20,22 +20,31 @@ import logging
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..config import Config, load_config
 from ..errors import ConfigError, SwapStreamError
+from ..redact import RedactingFilter
 from .batcher import BatchRecord, DynamicBatcher
 from .controller import ControllerSettings, DegradationController
 from .engines import EngineFactory, SwapEngine, SwapFailed, SwapItem, default_engine_factory
 from .metrics import GpuMonitor, RuntimeMetrics, RuntimeSnapshot
+from .priority import SwitchInterval, media_thread
 from .stream import StoppedWhileStarting, StreamPipeline, StreamSpec
 
 log = logging.getLogger(__name__)
+log.addFilter(RedactingFilter())  # stream errors quote input and output URLs
 
 T = TypeVar("T")
+
+REMOVE_WAIT_S = 1.0
+"""Longest the API's DELETE waits for a stream to be down: 1 s keeps the answer within the 2 s that
+DELETE promises, with room for a loaded machine. A stream whose frames wait behind a busy device, or
+whose output is slow to close, finishes stopping afterwards: its id stays taken and its threads
+count against `runtime.max_streams` until it has."""
 
 STREAM_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
@@ -104,7 +113,7 @@ class DeviceSlot:
         self.controller = controller
         m = re.match(r"^cuda:(\d+)$", name)
         self.gpu_index: int | None = int(m.group(1)) if m else None
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"swap-{name}")
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"swap-{name}", initializer=media_thread)
         self._engines: dict[str, SwapEngine] = {}
         self.streams: set[str] = set()
         self._busy: deque[tuple[float, float]] = deque(maxlen=2000)
@@ -257,6 +266,11 @@ class StreamRuntime:
         self.streams: dict[str, StreamPipeline] = {}
         """Every stream until it is removed: live ones, and those that ended or failed (with their
         final state and counts; at most `runtime.max_streams` of these, the oldest go first)."""
+        self.stopping: dict[str, StreamPipeline] = {}
+        """Removed streams that are still stopping (their threads finishing): ids stay taken."""
+        self.on_removed: list[Callable[[StreamPipeline], Awaitable[None]]] = []
+        """Called once a removed (or crowded-out) stream is down, e.g. to delete its HLS files."""
+        self._removals: dict[str, asyncio.Task[None]] = {}
         self._watchers: set[asyncio.Task[None]] = set()
         self._control_task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
@@ -264,6 +278,7 @@ class StreamRuntime:
         self.closing = False
 
     async def start(self) -> None:
+        SwitchInterval.acquire()  # priority.py: the control loop waits less for the GIL
         for s in self.slots:
             s.batcher.start()
         self._control_task = asyncio.get_running_loop().create_task(self._control(), name="controller")
@@ -273,6 +288,7 @@ class StreamRuntime:
         self.closing = True
         await asyncio.gather(*(p.stop() for p in list(self.streams.values())), return_exceptions=True)
         self.streams.clear()
+        await asyncio.gather(*self._removals.values(), return_exceptions=True)
         for t in list(self._watchers):
             t.cancel()
         await asyncio.gather(*self._watchers, return_exceptions=True)
@@ -282,13 +298,17 @@ class StreamRuntime:
         for s in self.slots:
             await s.close()
         self.gpu.close()
+        if self.started:
+            SwitchInterval.release()
         self.started = False
 
     # -- streams --------------------------------------------------------------------------------
 
     def active(self) -> int:
-        """Streams that hold resources: starting, running or being stopped (not ended or failed)."""
-        return sum(1 for p in list(self.streams.values()) if p.state in ("starting", "running", "stopping"))
+        """Streams that hold resources: starting, running or being stopped (not ended or failed),
+        removed ones that are still stopping included."""
+        return (sum(1 for p in list(self.streams.values()) if p.state in ("starting", "running", "stopping"))
+                + sum(1 for p in list(self.stopping.values()) if p.state in ("running", "stopping")))
 
     def _loads(self) -> list[SlotLoad]:
         samples = {g.index: g for g in self.gpu.sample()}
@@ -301,7 +321,7 @@ class StreamRuntime:
 
     async def add_stream(self, spec: StreamSpec) -> StreamPipeline:
         """Start a stream. Bad ids, presets, overrides, swappers and inputs raise SwapStreamError."""
-        if not STREAM_ID.match(spec.stream_id):
+        if not STREAM_ID.fullmatch(spec.stream_id):
             raise StreamRequestError(f"stream id {spec.stream_id!r} is not valid: use 1-63 lower-case "
                                 f"letters, digits, '-' or '_', starting with a letter or digit")
         if spec.swapper not in self.swappers:
@@ -314,6 +334,9 @@ class StreamRuntime:
             if spec.stream_id in self.streams:
                 raise StreamRequestError(f"a stream with id {spec.stream_id!r} already exists (it may have "
                                          f"ended): remove it first or choose another id", 409)
+            if spec.stream_id in self.stopping:
+                raise StreamRequestError(f"the stream with id {spec.stream_id!r} was removed and is still "
+                                         f"stopping: try again in a few seconds or choose another id", 409)
             if self.active() >= self.config.runtime.max_streams:
                 raise StreamRequestError(f"the runtime already runs {self.active()} streams "
                                     f"(runtime.max_streams); stop one first", 503)
@@ -360,6 +383,12 @@ class StreamRuntime:
                           key=lambda q: q.finished or 0.0)
         for old in finished[:max(0, len(finished) - self.config.runtime.max_streams)]:
             self._forget(old)
+            # Its id stays taken while its files go, so that a new stream of that id keeps its own.
+            self.stopping[old.id] = old
+            try:
+                await self._removed(old)
+            finally:
+                self.stopping.pop(old.id, None)
 
     def _forget(self, p: StreamPipeline) -> None:
         if self.streams.get(p.id) not in (None, p):
@@ -375,15 +404,48 @@ class StreamRuntime:
             raise StreamNotFound(f"no stream with id {stream_id!r}")
         return p
 
-    async def remove_stream(self, stream_id: str) -> StreamPipeline:
-        """Stop a stream and forget it; returns it (with its final counts)."""
+    async def remove_stream(self, stream_id: str, wait: float | None = None) -> StreamPipeline:
+        """Stop a stream and forget it; returns it (with its final counts once it is down).
+
+        `wait`: return after this many seconds even if the stream is not down yet (its `state` is
+        then still "stopping"); it is forgotten at once, and finishes stopping in the background
+        with its id kept in `stopping`. None: return once it is down."""
         p = self.get(stream_id)
+        # Forgotten first, so that nothing (the API, /metrics, the controller) sees it again; the id
+        # stays taken in `stopping` until its threads are gone and `on_removed` has run.
+        self._forget(p)
+        self.stopping[p.id] = p
+        task = asyncio.get_running_loop().create_task(self._finish_removal(p), name=f"remove-{p.id}")
+        self._removals[p.id] = task
+        # asyncio.wait, not wait_for: a DELETE whose client goes away leaves the removal running.
+        done, _ = await asyncio.wait({task}, timeout=wait)
+        if task in done:
+            task.result()  # what went wrong while stopping, if anything
+        else:
+            log.warning("stream %s: still stopping after %.1f s; it finishes in the background",
+                        p.id, wait)
+        return p
+
+    async def _finish_removal(self, p: StreamPipeline) -> None:
         try:
             await p.stop()
+            log.info("stream %s stopped: %d frames in, %d out", p.id, p.frames_in, p.frames_out)
         finally:
-            self._forget(p)
-        log.info("stream %s stopped: %d frames in, %d out", p.id, p.frames_in, p.frames_out)
-        return p
+            # Its last frames were counted while it stopped: their series go again (the id is still
+            # reserved, so no new stream of that id has any yet).
+            self.metrics.remove_stream(p.id)
+            try:
+                await self._removed(p)
+            finally:
+                self.stopping.pop(p.id, None)
+                self._removals.pop(p.id, None)
+
+    async def _removed(self, p: StreamPipeline) -> None:
+        for hook in list(self.on_removed):
+            try:
+                await hook(p)
+            except Exception:  # a cleanup that fails must not keep the id taken or stop the others
+                log.exception("stream %s: cleanup after removal failed", p.id)
 
     async def set_source(self, stream_id: str, image: Any) -> StreamPipeline:
         p = self.get(stream_id)

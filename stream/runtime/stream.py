@@ -25,7 +25,6 @@ from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -33,10 +32,13 @@ import numpy as np
 from ..config import Config
 from ..errors import InputError, SwapStreamError
 from ..io.video import AudioPacket
+from ..netpolicy import Outbound
+from ..redact import RedactingFilter, redact_text, redact_url  # noqa: F401 - redact_url: its old home
 from ..types import Face, Frame
 from .controller import DETECT_LESS, LOW_RES, MESH, StreamObservation, ladder
 from .engines import SwapFailed, SwapItem
 from .metrics import StreamSnapshot
+from .priority import media_thread
 from .queues import DropOldestQueue, QueueClosed
 
 if TYPE_CHECKING:
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
     from .metrics import RuntimeMetrics
 
 log = logging.getLogger(__name__)
+log.addFilter(RedactingFilter())  # input and output URLs carry stream keys
 
 State = Literal["starting", "running", "stopping", "stopped", "ended", "failed"]
 
@@ -91,29 +94,6 @@ class StreamSpec:
 
 class StoppedWhileStarting(SwapStreamError):
     """`stop()` came while `start()` was opening the input: the start was abandoned and undone."""
-
-
-def redact_url(url: str) -> str:
-    """A URL fit to show through the API: no password or user name, no query (keys and passphrases
-    travel there: `?key=...`, SRT's `passphrase=`), and for RTMP no stream key (the last part of a
-    path of two or more parts). Anything that is not a URL is given back as it is."""
-    if "://" not in url:
-        return url
-    try:
-        p = urlsplit(url)
-        host = p.hostname or ""
-        port = p.port
-    except ValueError:  # a malformed URL: show only its scheme
-        return url.split("://", 1)[0] + "://***"
-    netloc = ("***@" if p.username or p.password else "") + host + (f":{port}" if port else "")
-    path = p.path
-    if p.scheme in ("rtmp", "rtmps"):
-        parts = path.split("/")
-        named = [i for i, x in enumerate(parts) if x]
-        if len(named) >= 2:
-            parts[named[-1]] = "***"
-        path = "/".join(parts)
-    return urlunsplit((p.scheme, netloc, path, "***" if p.query else "", ""))
 
 
 class NullSink:
@@ -198,9 +178,15 @@ class StreamPipeline:
         self.consent: Any = None
         self._identities: dict[str, Any] = {}
         self._identity_lock = asyncio.Lock()
-        self._analyse_pool = ThreadPoolExecutor(1, thread_name_prefix=f"analyse-{self.id}")
-        self._encode_pool = ThreadPoolExecutor(1, thread_name_prefix=f"encode-{self.id}")
+        # Media threads run below the control loop's priority (priority.py): the API answers first.
+        self._analyse_pool = ThreadPoolExecutor(1, thread_name_prefix=f"analyse-{self.id}",
+                                                initializer=media_thread)
+        self._encode_pool = ThreadPoolExecutor(1, thread_name_prefix=f"encode-{self.id}",
+                                               initializer=media_thread)
         self._reader: Any = None
+        # The runtime's URLs come from API requests: every connection goes through the server's
+        # outbound policy (runtime.allowed_hosts / allowed_ports), rtmps:// is verified.
+        self._outbound = Outbound.from_config(rc, enforce=True)
         self._analyser: Any = None
         self._sinks: list[Any] = []
         self._thread: threading.Thread | None = None
@@ -243,7 +229,7 @@ class StreamPipeline:
         # A file ends at its end, or with `loop` LiveReader opens it again and carries the
         # timestamps on; only a network input reconnects. Pacing stays here (`_read`).
         self._reader = LiveReader(inp.url, reconnect_seconds=inp.reconnect_seconds,
-                                  loop=inp.loop and is_file)
+                                  loop=inp.loop and is_file, outbound=self._outbound, media=is_file)
 
         def stopped_yet() -> None:
             if self._stop.is_set():
@@ -307,8 +293,12 @@ class StreamPipeline:
             self._tasks = []
         loop = asyncio.get_running_loop()
         if self._thread is not None:
-            # The reader notices the stop between two reads (at most its 2 s read timeout).
-            await loop.run_in_executor(None, self._thread.join, 5.0)
+            # The reader notices the stop between two reads (at most its 2 s read timeout). Polled,
+            # not joined in the default executor: its few workers also serve /metrics, and streams
+            # stopping together queued there behind each other's joins.
+            deadline = loop.time() + 5.0
+            while self._thread.is_alive() and loop.time() < deadline:
+                await asyncio.sleep(0.02)
         if self._reader is not None and (self._thread is None or not self._thread.is_alive()):
             self._reader.close()  # the writers are closed: their audio template may go
         if self._analyser is not None:
@@ -324,6 +314,8 @@ class StreamPipeline:
         self._encode_pool.shutdown(wait=False)
 
     def _fail(self, message: str) -> None:
+        # The message becomes the stream's `error` in the API: the input's errors quote its URL.
+        message = redact_text(message)
         if self.state not in ("stopped", "failed"):
             log.error("stream %s failed: %s", self.id, message)
             self.state = "failed"
@@ -387,6 +379,7 @@ class StreamPipeline:
 
     def _read(self, loop: asyncio.AbstractEventLoop, pace: bool) -> None:
         """Reader thread: decode, stamp the arrival time, hand over to the loop."""
+        media_thread()
         t0: float | None = None
         time0 = 0.0
         try:
@@ -549,7 +542,7 @@ class StreamPipeline:
             if o.kind == "null":
                 sinks.append(NullSink())
             elif o.kind == "rtmp":
-                sinks.append(LiveWriter(o.target, kind="rtmp", **common))
+                sinks.append(LiveWriter(o.target, kind="rtmp", outbound=self._outbound, **common))
             else:
                 Path(o.target).mkdir(parents=True, exist_ok=True)
                 sinks.append(LiveWriter(str(Path(o.target) / "index.m3u8"), kind="hls", **common))

@@ -109,6 +109,7 @@ def test_create_swap_replace_face_live_and_stop(served: Served, long_clip: tuple
                                 "-i", str(path), "-c", "copy", "-f", "flv", nginx.url("in")],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         viewer = Viewer(nginx.url("out"))
+        served.runtime.config.runtime.allowed_ports = [nginx.port]  # the outbound policy's, for nginx
         try:
             time.sleep(0.8)
             # A generous budget: this test is about the life cycle, not about the controller.

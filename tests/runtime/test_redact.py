@@ -24,3 +24,37 @@ def test_secrets_never_reach_the_api(url: str, shown: str) -> None:
     for secret in ("KEY", "abc", "secret", "u:p"):
         if secret in url:
             assert secret not in redact_url(url)
+
+
+@pytest.mark.parametrize("text,shown", [
+    ("cannot open live input 'rtmp://h:1935/live/KEY': [Errno 5] I/O error: 'rtmp://h/live/KEY'",
+     "cannot open live input 'rtmp://h:1935/live/***': [Errno 5] I/O error: 'rtmp://h/live/***'"),
+    ('GET /view?token=KEY&bg=x HTTP/1.1', 'GET /view?*** HTTP/1.1'),    # an access log's request line
+    ('"http://127.0.0.1:8080/view?token=KEY"', '"http://127.0.0.1:8080/view?***"'),  # a Referer
+    ("passphrase=KEY streamid=x", "passphrase=*** streamid=x"),
+    ("override 'a' must look like key=value, e.g. mesh.keep_eyes=true",  # config help stays readable
+     "override 'a' must look like key=value, e.g. mesh.keep_eyes=true"),
+    ("input 'clip.mp4' ended", "input 'clip.mp4' ended"),
+])
+def test_messages_lose_their_secrets_and_keep_the_rest(text: str, shown: str) -> None:
+    from swapstream.redact import redact_text
+
+    assert redact_text(text) == shown
+
+
+def test_the_log_filter_redacts_arguments_and_tracebacks() -> None:
+    import logging
+
+    from swapstream.redact import RedactingFilter
+
+    try:
+        raise OSError("connection to 'rtmp://h/live/KEY' refused")
+    except OSError:
+        import sys
+
+        record = logging.LogRecord("x", logging.WARNING, __file__, 1, "live input '%s' dropped",
+                                   ("rtmp://h/live/KEY",), sys.exc_info())
+    assert RedactingFilter().filter(record)
+    text = logging.Formatter().format(record)
+    assert "KEY" not in text and "live input 'rtmp://h/live/***' dropped" in text
+    assert "connection to 'rtmp://h/live/***' refused" in text

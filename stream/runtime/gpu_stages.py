@@ -1,0 +1,203 @@
+"""The GPU side of a runtime stream's stages: decode into GPU memory, analysis batched across the
+device's streams, and compose (label, watermark, NV12) on the device, so that a frame crosses to
+the host once, as NV12 for the encoder, or not at all for a null sink.
+
+```
+reader thread                 device thread (one per GPU)                 encode thread
+LiveReader packets ─► NVDEC ─► track_many (every stream's frames) ─► swap ─► label, mark, NV12
+ (or PyAV + upload)   RGB on       one landmark call for all          batch    ─► pinned host ─► x264
+                      the GPU                                                  (null sink: nothing)
+```
+
+The CPU implementations of the same stages are the stream's own (`runtime.stream`): PyAV frames, a
+LiteRT analyser per stream in its thread, the disclosure on host arrays. A stream takes these when
+its device is a GPU; everything else about it (queues, drop policy, batcher, controller, metrics)
+is the same object.
+
+Each class keeps to one thread: `GpuDecode` to the stream's reader thread, `DeviceAnalysis` to the
+device thread (its networks and CUDA graphs are not for concurrent calls), `GpuCompose` to the
+stream's encode thread. Each thread works on CUDA streams of its own and waits for its work before
+handing a frame on, so the next stage reads finished data.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from ..config import Config
+from ..types import Face, Frame
+
+log = logging.getLogger(__name__)
+
+HOST_NV12_MATRIX = "bt601"
+"""The matrix of NV12 handed to x264: the one the CPU path's RGB -> YUV conversion uses (swscale's
+default), so both paths give players the same untagged video."""
+PINNED_FRAMES = 3
+"""Host NV12 buffers per stream: the encoder copies each into x264's frame before the next comes."""
+PREVIEW_EVERY_S = 1.0
+"""How often a GPU stream copies its output picture to the host for the API's preview."""
+
+
+class GpuDecode:
+    """Frames of one stream on the GPU: NVDEC decodes the reader's access units into GPU memory
+    (NV12 -> RGB on the decoder's stream); without NVDEC, PyAV's host frames are uploaded."""
+
+    def __init__(self, name: str, nvdec: bool) -> None:
+        import cupy
+
+        self.name = name
+        self.nvdec = nvdec
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self._decoder: Any = None
+        self._key: tuple[str, bool] | None = None
+        self.frames = 0
+
+    def decode(self, item: Any) -> list[Frame]:
+        """The frames an input item gives: a `VideoPacket` (0 or more frames: a reordering decoder
+        holds some back) or a host `Frame` (uploaded)."""
+        import cupy
+
+        if isinstance(item, Frame):
+            with self.stream:
+                data = cupy.asarray(item.data)
+            self.stream.synchronize()
+            self.frames += 1
+            return [replace(item, data=data)]
+        dec = self._decoder_for(item.codec, item.reorders, item.time_base)
+        out = []
+        for f in dec.decode(item.data, item.pts):
+            out.append(self._to_rgb(f, item.pts, item.time_base))
+        return out
+
+    def flush(self, time_base: Fraction | None) -> list[Frame]:
+        if self._decoder is None:
+            return []
+        return [self._to_rgb(f, None, time_base) for f in self._decoder.flush()]
+
+    def _decoder_for(self, codec: str, reorders: bool, time_base: Fraction) -> Any:
+        from ..gpu.nvdec import NvdecAccessUnits
+
+        if self._decoder is not None and self._key != (codec, reorders):
+            # A new publisher with another codec or with B-frames: a decoder of its own.
+            self._decoder.close()
+            self._decoder = None
+        if self._decoder is None:
+            # LOW latency gives each frame out of its own access unit; a stream that may reorder
+            # needs NVDEC's reordering (NATIVE), as in the live job.
+            self._decoder = NvdecAccessUnits(codec=codec, time_base=time_base, name=self.name,
+                                             stream=self.stream, low_latency=not reorders)
+            self._key = (codec, reorders)
+        return self._decoder
+
+    def _to_rgb(self, f: Any, pts: int | None, time_base: Fraction | None) -> Frame:
+        import cupy
+
+        with self.stream:
+            rgb = cupy.empty((f.height, f.width, 3), cupy.uint8)
+        f.copy_to(rgb).synchronize()  # NV12 -> RGB done before another thread reads it
+        self.frames += 1
+        return Frame(rgb, f.pts if f.pts is not None else pts, time_base, self.frames - 1)
+
+    def close(self) -> None:
+        if self._decoder is not None:
+            self._decoder.close()
+            self._decoder = None
+
+
+class DeviceAnalysis:
+    """One GPU's face analysis: one `GpuFaceAnalyser` (networks, CUDA graphs), one tracker per
+    stream, and `track_many` over the frames that several streams submitted together. Built, used
+    and closed in the device thread only."""
+
+    def __init__(self, config: Config) -> None:
+        import cupy
+
+        from ..gpu.analyser import GpuFaceAnalyser
+
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        with self.stream:
+            self.analyser = GpuFaceAnalyser(config, mesh_batch=min(8, max(4, config.detector.max_faces)))
+            t0 = time.perf_counter()
+            # Every landmark batch size before the first frame: a size met mid-stream is a stall
+            # of seconds (its CUDA graph is captured then).
+            captured = self.analyser.prepare()
+        log.info("GPU analysis ready in %.1f s: %s", time.perf_counter() - t0, captured)
+        self._trackers: dict[str, Any] = {}
+
+    def track(self, items: list[tuple[str, Frame]]) -> list[list[Face]]:
+        """Faces of each (stream id, frame), with each stream's own tracks."""
+        from ..face.analyser import track_many
+
+        pairs = []
+        for sid, frame in items:
+            t = self._trackers.get(sid)
+            if t is None:
+                t = self._trackers[sid] = self.analyser.tracker()
+            pairs.append((t, frame))
+        with self.stream:
+            found = track_many(pairs)
+            self.stream.synchronize()
+        return found
+
+    def forget(self, stream_id: str) -> None:
+        self._trackers.pop(stream_id, None)
+
+    def close(self) -> None:
+        self._trackers.clear()
+        self.analyser.close()
+
+
+class GpuCompose:
+    """One stream's output on the GPU: the label and the watermark drawn on the device frame, then
+    NV12 and one download into pinned memory for the encoder (none for a null sink)."""
+
+    def __init__(self, disclosure: Any) -> None:
+        import cupy
+
+        self.disclosure = disclosure
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self._nv12: Any = None
+        self._pinned: list[Any] = []
+        self._next = 0
+        self._preview_at = 0.0
+
+    def compose(self, frame: Frame, swapped: bool, download: bool) -> np.ndarray | None:
+        """Apply the disclosure in place; the NV12 picture on the host when `download`. Returns when
+        the device work is done (the frame's latency ends with it)."""
+        import cupy
+        import cupyx
+
+        from ..kernels.nv12 import rgb_to_nv12
+
+        rgb = frame.data
+        h, w = rgb.shape[:2]
+        with self.stream:
+            self.disclosure.apply(rgb, swapped)
+            if not download:
+                self.stream.synchronize()
+                return None
+            if self._nv12 is None or self._nv12.shape != (h * 3 // 2, w):
+                self._nv12 = cupy.empty((h * 3 // 2, w), cupy.uint8)
+                self._pinned = [cupyx.empty_pinned((h * 3 // 2, w), np.uint8) for _ in range(PINNED_FRAMES)]
+            rgb_to_nv12(rgb, self._nv12[:h], self._nv12[h:], matrix=HOST_NV12_MATRIX)
+            host = self._pinned[self._next % len(self._pinned)]
+            self._next += 1
+            self._nv12.get(stream=self.stream, out=host, blocking=False)
+            self.stream.synchronize()
+        return host
+
+    def preview(self, frame: Frame) -> np.ndarray | None:
+        """The frame on the host for the API's preview, at most every PREVIEW_EVERY_S."""
+        now = time.monotonic()
+        if now - self._preview_at < PREVIEW_EVERY_S:
+            return None
+        self._preview_at = now
+        with self.stream:
+            host = frame.data.get(stream=self.stream)
+        return host
