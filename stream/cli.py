@@ -276,6 +276,15 @@ def serve(
     max_sessions: Annotated[int, typer.Option(
         "--max-sessions", min=1, help="Most WHIP publishers (and, separately, WHEP viewers) at once.")] = 16,
     insecure_tls: Annotated[bool, typer.Option("--insecure-tls", help=INSECURE_TLS_HELP)] = False,
+    workers: Annotated[int, typer.Option(
+        "--workers", min=0, max=64,
+        help="Worker processes per GPU (or on the CPU, when there is none) that run the API's streams, "
+             "behind this one server; a worker that dies has its streams started again on the others. "
+             "0: the streams run in this process.")] = 0,
+    mps: Annotated[Optional[bool], typer.Option(
+        "--mps/--no-mps",
+        help="Run each GPU's workers as clients of an NVIDIA MPS daemon that serve starts and stops, so "
+             "their kernels share the GPU at once (default: on with 2 or more workers on a GPU).")] = None,
 ) -> None:
     """Serve WebRTC: a WHIP endpoint (OBS 30+, browsers) whose publisher gets the swapped video back;
     and the multi-stream runtime: control API (/api/streams), /metrics, /dashboard (docs/runtime.md)."""
@@ -312,7 +321,8 @@ def serve(
                  f"WHEP endpoint: {base}/whep  browser preview: {base}/",
                  f"view for an OBS Browser Source: {base}/view?bg=transparent  (or ?bg=chroma&color=00ff00)"):
         err.print(Text(line), soft_wrap=True)  # URLs unbroken, to copy into OBS
-    _mount_runtime(server.app, cfg, api_token, hls_root, media_root, f"http://{host}:{port}")
+    _mount_runtime(server.app, cfg, api_token, hls_root, media_root, f"http://{host}:{port}",
+                   workers=workers, mps=mps)
     from .runtime.api import RedactingAccessLogger
 
     try:
@@ -411,15 +421,37 @@ def _check_serve_folders(hls_root: Optional[Path], media_root: Optional[Path]) -
 
 
 def _mount_runtime(app_: object, cfg: Config, token: Optional[str], hls_root: Optional[Path],
-                   media_root: Optional[Path], base: str) -> None:
-    """The multi-stream runtime and its control API on the serve app (swapstream.runtime); the
-    folders were checked by `_check_serve_folders`."""
+                   media_root: Optional[Path], base: str, *, workers: int = 0,
+                   mps: Optional[bool] = None) -> None:
+    """The multi-stream runtime and its control API on the serve app (swapstream.runtime): in this
+    process, or with `workers` worker processes per device behind it (runtime.workers). The folders
+    were checked by `_check_serve_folders`."""
     from .runtime.api import ApiSettings, mount_runtime, new_token
-    from .runtime.manager import StreamRuntime
+    from .runtime.manager import StreamRuntime, default_devices
+    from .runtime.metrics import GpuMonitor
 
     chosen = token or new_token()
-    mount_runtime(app_, StreamRuntime(cfg), ApiSettings(chosen, hls_root=hls_root,  # type: ignore[arg-type]
-                                                         media_root=media_root))
+    if workers:
+        from .runtime.pool_api import mount_pool
+        from .runtime.workers import WorkerPool
+
+        ApiSettings(chosen)  # the token's checks, as in one process
+        monitor = GpuMonitor()
+        devices = default_devices(monitor) if cfg.device != "cpu" else ["cpu"]
+        monitor.close()
+        on_gpu = devices != ["cpu"]
+        use_mps = (workers >= 2 and on_gpu) if mps is None else mps
+        if use_mps and not on_gpu:
+            from .errors import ConfigError
+
+            raise ConfigError("--mps needs an NVIDIA GPU, and none is usable here: leave --mps out")
+        mount_pool(app_, WorkerPool(cfg, devices=devices, per_device=workers, hls_root=hls_root,  # type: ignore[arg-type]
+                                    media_root=media_root, mps=use_mps), chosen, cfg.runtime.upload_max_bytes)
+        err.print(Text(f"{workers} worker process(es) on each of {', '.join(devices)}"
+                       + (" under MPS" if use_mps else "")))
+    else:
+        mount_runtime(app_, StreamRuntime(cfg), ApiSettings(chosen, hls_root=hls_root,  # type: ignore[arg-type]
+                                                             media_root=media_root))
     err.print(Text(f"stream API: {base}/api/streams  dashboard: {base}/dashboard  metrics: {base}/metrics"))
     if token is None:
         # Printed once, on the terminal that started the server; set SWAPSTREAM_API_TOKEN to choose it.

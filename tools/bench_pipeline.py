@@ -89,10 +89,19 @@ def neural_config(models: Path, max_batch: int = 1, overrides: list[str] | None 
     """A config for the full-size inswapper architecture (random weights) in a private models folder.
     `max_batch`: faces per model call (1 for one stream's latency; the multi-stream bench batches 4);
     `overrides`: more KEY=VALUE settings on top of the `live` preset."""
+    from swapstream.config import load_config
+
+    write_synthetic_models(models)
+    return load_config("live", [f"models_dir={models}", "swapper=inswapper_128", "neural.download=false",
+                                "neural.runner=auto", f"neural.max_batch={max_batch}", *(overrides or [])])
+
+
+def write_synthetic_models(models: Path) -> None:
+    """The built-in face models and the full-size inswapper architecture with random weights (and
+    an arcface stand-in), with their hash files, in `models`: what the neural benchmarks run."""
     sys.path.insert(0, str(TOOLS))
     import make_test_models as tm
 
-    from swapstream.config import load_config
     from swapstream.engines.builtin import BUILTIN_MODELS, builtin_model_path
     from swapstream.engines.zoo import crc32_file
 
@@ -107,8 +116,6 @@ def neural_config(models: Path, max_batch: int = 1, overrides: list[str] | None 
         path = models / f"{name}.onnx"
         path.write_bytes(model.SerializeToString())
         (models / f"{name}.hash").write_text(crc32_file(path))
-    return load_config("live", [f"models_dir={models}", "swapper=inswapper_128", "neural.download=false",
-                                "neural.runner=auto", f"neural.max_batch={max_batch}", *(overrides or [])])
 
 
 def with_mark(cfg: Any, swap: Any, info: dict[str, Any]) -> Any:

@@ -122,7 +122,8 @@ class DeviceAnalysis:
 
         self.stream = cupy.cuda.Stream(non_blocking=True)
         with self.stream:
-            self.analyser = GpuFaceAnalyser(config, mesh_batch=min(8, max(4, config.detector.max_faces)))
+            # Landmark batches as large as an analysis batch of one-face frames (manager.ANALYSIS_BATCH).
+            self.analyser = GpuFaceAnalyser(config, mesh_batch=8)
             t0 = time.perf_counter()
             # Every landmark batch size before the first frame: a size met mid-stream is a stall
             # of seconds (its CUDA graph is captured then).
@@ -130,15 +131,19 @@ class DeviceAnalysis:
         log.info("GPU analysis ready in %.1f s: %s", time.perf_counter() - t0, captured)
         self._trackers: dict[str, Any] = {}
 
-    def track(self, items: list[tuple[str, Frame]]) -> list[list[Face]]:
-        """Faces of each (stream id, frame), with each stream's own tracks."""
+    def track(self, items: list[tuple[str, Frame, Config]]) -> list[list[Face]]:
+        """Faces of each (stream id, frame, stream config), with each stream's own tracks."""
         from ..face.analyser import track_many
 
         pairs = []
-        for sid, frame in items:
+        for sid, frame, cfg in items:
             t = self._trackers.get(sid)
             if t is None:
                 t = self._trackers[sid] = self.analyser.tracker()
+                # The stream's own config: its preset's cadence and tracking settings, and the
+                # detector cadence the degradation controller changes for this stream alone. The
+                # networks are the device's, whatever it says.
+                t.config = cfg
             pairs.append((t, frame))
         with self.stream:
             found = track_many(pairs)

@@ -25,6 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import numpy as np
+
 from ..config import Config, load_config
 from ..errors import ConfigError, SwapStreamError
 from ..redact import RedactingFilter
@@ -40,6 +42,10 @@ log.addFilter(RedactingFilter())  # stream errors quote input and output URLs
 
 T = TypeVar("T")
 
+ANALYSIS_BATCH = 8
+"""Most frames (of any streams) analysed in one call on a GPU: the landmark model's batch when each
+has one face (its CUDA graphs are captured up to this size)."""
+
 REMOVE_WAIT_S = 1.0
 """Longest the API's DELETE waits for a stream to be down: 1 s keeps the answer within the 2 s that
 DELETE promises, with room for a loaded machine. A stream whose frames wait behind a busy device, or
@@ -48,7 +54,7 @@ count against `runtime.max_streams` until it has."""
 
 STREAM_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
-SERVER_SETTINGS = ("models_dir", "runtime", "consent", "disclosure", "watermark")
+SERVER_SETTINGS = ("models_dir", "runtime", "consent", "disclosure", "watermark", "webrtc")
 """Config keys that are the server's, never a stream's: where files are read (models, consent
 records), the runtime itself, and what every output must carry (label, watermark). Every stream
 gets the server's values, whatever its preset says; the API refuses overrides of them."""
@@ -123,6 +129,16 @@ class DeviceSlot:
         self.batcher = DynamicBatcher(self._run, max_batch=config.neural.max_batch,
                                       max_wait=config.runtime.max_wait_ms / 1e3, executor=self._pool,
                                       observer=self._observed, name=f"batcher-{name}")
+        self._analysis: Any = None
+        """On a GPU: the device's face analysis (gpu_stages.DeviceAnalysis), built in its thread."""
+        self.analysis_batcher: DynamicBatcher | None = None
+        if self.gpu_index is not None:
+            # The streams' frames are analysed together, one landmark call for all of them, in the
+            # same thread as the swaps (the networks are not for concurrent calls): the same batcher
+            # rules, a frame counting as one.
+            self.analysis_batcher = DynamicBatcher(self._analyse_batch, max_batch=ANALYSIS_BATCH,
+                                                   max_wait=config.runtime.max_wait_ms / 1e3,
+                                                   executor=self._pool, name=f"analysis-{name}")
 
     def _device(self) -> Any:
         """A context that makes this slot's GPU current in the calling (worker) thread."""
@@ -153,11 +169,15 @@ class DeviceSlot:
         try:
             with self._device():
                 engine = self._engine(str(key))
-                if self.gpu_index is not None:
+                # Engines swap in place: a copy (on the GPU, microseconds; on the CPU a fraction of
+                # a millisecond per frame, next to milliseconds per face) lets a batch that fails
+                # part-way give its frames back whole.
+                backup = [f.copy() for f in host]
+                if self.gpu_index is not None and any(isinstance(f, np.ndarray) for f in host):
                     import cupy
 
-                    # Frames come from the host decoder: up for the swap, back down for the encoder.
-                    # A failure before the download leaves the host frames as they were.
+                    # Host frames (a caller without the GPU stages): up for the swap, back down for
+                    # the encoder. A failure before the download leaves them as they were.
                     for it in items:
                         it.frame = cupy.asarray(it.frame)
                     counts = list(engine.swap(items))
@@ -165,10 +185,12 @@ class DeviceSlot:
                         it.frame.get(out=h)
                         it.frame = h
                 else:
-                    # Engines swap in place: a copy (a fraction of a millisecond per frame, next to
-                    # milliseconds per face) lets a batch that fails part-way give its frames back whole.
-                    backup = [f.copy() for f in host]
                     counts = list(engine.swap(items))
+                    if self.gpu_index is not None:
+                        import cupy
+
+                        # The stream's encode thread reads the frames next, on its own CUDA stream.
+                        cupy.cuda.get_current_stream().synchronize()
         except Exception as e:
             for it, h, b in itertools.zip_longest(items, host, backup):
                 it.frame = h
@@ -192,6 +214,49 @@ class DeviceSlot:
     def _observed(self, r: BatchRecord) -> None:
         self.metrics.observe_batch(self.name, r.faces, r.seconds, r.waited, r.late)
 
+    def _analyse_batch(self, key: Hashable, items: list[tuple[str, Any, Config]]) -> list[Any]:
+        """Frames of several streams analysed together, in the worker thread (GPU slots)."""
+        t0 = time.monotonic()
+        try:
+            with self._device():
+                if self._analysis is None:
+                    from .gpu_stages import DeviceAnalysis
+
+                    self._analysis = DeviceAnalysis(self.config)
+                return self._analysis.track(items)
+        except Exception as e:  # each stream fails with the reason; the device goes on
+            log.exception("%s: face analysis of %d frame(s) failed", self.name, len(items))
+            return [e for _ in items]
+        finally:
+            t1 = time.monotonic()
+            self._busy.append((t1, t1 - t0))
+
+    async def analyse(self, stream_id: str, frame: Any, cfg: Config, deadline: float) -> Any:
+        """Faces of a stream's GPU frame, tracked with the stream's own tracks (`cfg`: its config,
+        whose detector cadence the controller changes)."""
+        assert self.analysis_batcher is not None, "analysis batches are for GPU slots"
+        return await self.analysis_batcher.submit(stream_id, "analyse", 1, deadline, (stream_id, frame, cfg))
+
+    async def warm(self) -> None:
+        """Build the GPU analysis (networks, every CUDA graph) before the first stream needs it."""
+        if self.gpu_index is None:
+            return
+
+        def build() -> None:
+            with self._device():
+                if self._analysis is None:
+                    from .gpu_stages import DeviceAnalysis
+
+                    self._analysis = DeviceAnalysis(self.config)
+
+        await asyncio.get_running_loop().run_in_executor(self._pool, build)
+
+    async def forget(self, stream_id: str) -> None:
+        """Drop a removed stream's tracks (GPU slots), in the thread that owns them."""
+        if self._analysis is not None:
+            analysis = self._analysis
+            await asyncio.get_running_loop().run_in_executor(self._pool, analysis.forget, stream_id)
+
     async def call(self, engine: str, fn: Callable[[SwapEngine], T]) -> T:
         """Run `fn(engine)` in the worker thread (between batches), e.g. to compute an identity."""
         def work() -> T:
@@ -208,8 +273,13 @@ class DeviceSlot:
 
     async def close(self) -> None:
         await self.batcher.close()
+        if self.analysis_batcher is not None:
+            await self.analysis_batcher.close()
 
         def close_engines() -> None:
+            if self._analysis is not None:
+                self._analysis.close()
+                self._analysis = None
             for e in self._engines.values():
                 try:
                     e.close()
@@ -281,6 +351,11 @@ class StreamRuntime:
         SwitchInterval.acquire()  # priority.py: the control loop waits less for the GIL
         for s in self.slots:
             s.batcher.start()
+            if s.analysis_batcher is not None:
+                s.analysis_batcher.start()
+        # GPU analysis is built and its graphs captured now: a first stream would otherwise wait
+        # seconds for it, and every stream on the device behind that one.
+        await asyncio.gather(*(s.warm() for s in self.slots))
         self._control_task = asyncio.get_running_loop().create_task(self._control(), name="controller")
         self.started = True
 

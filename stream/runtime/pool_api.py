@@ -231,7 +231,9 @@ class PoolApi:
         if not path.is_file():
             return web.json_response({"error": f"HLS file {name!r} is not written yet"}, status=404)
         ctype = "application/vnd.apple.mpegurl" if name.endswith(".m3u8") else "video/mp2t"
-        return web.Response(body=path.read_bytes(), content_type=ctype, headers={"Cache-Control": "no-cache"})
+        # Off the loop: a segment is megabytes, and the loop serves every request of every stream.
+        body = await asyncio.get_running_loop().run_in_executor(None, path.read_bytes)
+        return web.Response(body=body, content_type=ctype, headers={"Cache-Control": "no-cache"})
 
 
 CREATE_LIMIT = 64 * 1024

@@ -188,6 +188,10 @@ class StreamPipeline:
         # outbound policy (runtime.allowed_hosts / allowed_ports), rtmps:// is verified.
         self._outbound = Outbound.from_config(rc, enforce=True)
         self._analyser: Any = None
+        self._decode: Any = None
+        """On a GPU: gpu_stages.GpuDecode (frames into GPU memory); None on the CPU."""
+        self._compose: Any = None
+        """On a GPU: gpu_stages.GpuCompose (label, mark, NV12 on the device); None on the CPU."""
         self._sinks: list[Any] = []
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -226,10 +230,26 @@ class StreamPipeline:
         if is_file and not Path(inp.url).is_file():
             self._shutdown_pools()
             raise InputError(f"input file '{inp.url}' does not exist")
+        gpu = self.slot.gpu_index is not None
+        nvdec = False
+        if gpu:
+            from ..gpu.pynvc import nvdec_available
+            from .gpu_stages import GpuCompose, GpuDecode
+
+            # The GPU stages of this same pipeline: NVDEC (or an upload) into GPU memory, analysis
+            # with the device's other streams, label, mark and NV12 on the device.
+            nvdec, why = nvdec_available(self.slot.gpu_index or 0)
+            if not nvdec:
+                log.warning("stream %s: decoded on the CPU and uploaded (%s)", self.id, why)
+            with self.slot._device():
+                self._decode = GpuDecode(self.id, nvdec)
+                self._compose = GpuCompose(self.disclosure)
         # A file ends at its end, or with `loop` LiveReader opens it again and carries the
-        # timestamps on; only a network input reconnects. Pacing stays here (`_read`).
+        # timestamps on; only a network input reconnects. Pacing stays here (`_read`). With NVDEC
+        # the reader hands over access units, which the decoder turns into GPU frames.
         self._reader = LiveReader(inp.url, reconnect_seconds=inp.reconnect_seconds,
-                                  loop=inp.loop and is_file, outbound=self._outbound, media=is_file)
+                                  loop=inp.loop and is_file, outbound=self._outbound, media=is_file,
+                                  packets=nvdec)
 
         def stopped_yet() -> None:
             if self._stop.is_set():
@@ -239,7 +259,8 @@ class StreamPipeline:
             stopped_yet()
             await loop.run_in_executor(self._analyse_pool, self._reader.open)
             stopped_yet()
-            self._analyser = await loop.run_in_executor(self._analyse_pool, FaceAnalyser, self.cfg)
+            if not gpu:  # on a GPU the device's analysis serves every stream (DeviceSlot.analyse)
+                self._analyser = await loop.run_in_executor(self._analyse_pool, FaceAnalyser, self.cfg)
             stopped_yet()
         except BaseException:
             self._close_unstarted()
@@ -304,6 +325,10 @@ class StreamPipeline:
         if self._analyser is not None:
             await loop.run_in_executor(self._analyse_pool, self._analyser.close)
             self._analyser = None
+        if self._decode is not None:
+            await self.slot.forget(self.id)
+            if self._thread is None or not self._thread.is_alive():
+                self._decode.close()  # the reader thread is done with it
         self._shutdown_pools()
         if self.state == "stopping":
             self.state = "stopped"
@@ -382,6 +407,10 @@ class StreamPipeline:
         media_thread()
         t0: float | None = None
         time0 = 0.0
+        if self._decode is not None:
+            import cupy
+
+            cupy.cuda.Device(self.slot.gpu_index).use()  # this thread's GPU: the stream's device
         try:
             for item in self._reader:
                 if self._stop.is_set():
@@ -390,7 +419,9 @@ class StreamPipeline:
                     loop.call_soon_threadsafe(self.audio.append, item)
                     continue
                 if pace:
-                    ft = item.time if item.time is not None else item.index / 30.0
+                    ft = (item.time if isinstance(item, Frame) and item.time is not None
+                          else float(item.pts * item.time_base) if getattr(item, "time_base", None)
+                          else item.index / 30.0)
                     now = time.monotonic()
                     if t0 is None or now - (t0 + ft - time0) > 0.1:
                         # Start, or fell behind (a file reopened when looping): re-anchor the clock
@@ -399,8 +430,14 @@ class StreamPipeline:
                     wait = t0 + ft - time0 - now
                     if wait > 0 and self._stop.wait(wait):
                         break
-                item.stream_id = self.id
-                loop.call_soon_threadsafe(self._arrive, _Work(item, time.monotonic()))
+                frames = [item] if self._decode is None else self._decode.decode(item)
+                for f in frames:
+                    f.stream_id = self.id
+                    loop.call_soon_threadsafe(self._arrive, _Work(f, time.monotonic()))
+            if self._decode is not None and not self._stop.is_set():
+                for f in self._decode.flush(self._reader.time_base):  # what a reordering decoder held
+                    f.stream_id = self.id
+                    loop.call_soon_threadsafe(self._arrive, _Work(f, time.monotonic()))
         except SwapStreamError as e:
             self._tell(loop, self._fail, str(e))
         except Exception as e:  # a decoder failure we did not expect: this stream ends, not the process
@@ -430,7 +467,11 @@ class StreamPipeline:
                 w = await self.in_q.get()
                 t = time.monotonic()
                 self.metrics.observe_stage(self.id, "queue", t - w.arrived)
-                w.faces = await loop.run_in_executor(self._analyse_pool, self._analyser.track, w.frame)
+                if self._decode is not None:
+                    w.faces = await self.slot.analyse(self.id, w.frame, self.cfg,
+                                                      w.arrived + self.budget_ms / 1e3)
+                else:
+                    w.faces = await loop.run_in_executor(self._analyse_pool, self._analyser.track, w.frame)
                 self.metrics.observe_stage(self.id, "analyse", time.monotonic() - t)
                 self.swap_q.put(w)
         except QueueClosed:
@@ -503,7 +544,8 @@ class StreamPipeline:
                 self.frames_out += 1
                 self.faces_swapped += w.swapped
                 self.frames_swapped += 1 if w.swapped else 0
-                self.latest = w.frame.data
+                if self._compose is None:  # a GPU stream's preview comes from _write, now and then
+                    self.latest = w.frame.data
         except QueueClosed:
             if self.state == "running":
                 self.state = "ended"  # the input ended and every frame went out
@@ -522,11 +564,31 @@ class StreamPipeline:
             self.done.set()
 
     def _write(self, frame: Frame, swapped: bool, audio: list[AudioPacket]) -> None:
-        self.disclosure.apply(frame.data, swapped)
         if not self._sinks:
             self._sinks = self._open_sinks(frame)
+        if self._compose is not None:
+            self._write_gpu(frame, swapped, audio)
+            return
+        self.disclosure.apply(frame.data, swapped)
         for s in self._sinks:
             s.write(frame)
+            for p in audio:
+                s.write_audio(p)
+
+    def _write_gpu(self, frame: Frame, swapped: bool, audio: list[AudioPacket]) -> None:
+        """Label and mark on the device; the encoders get NV12 from one download, a null sink
+        nothing (its frame is done when the device work is)."""
+        with self.slot._device():
+            nv12 = self._compose.compose(frame, swapped,
+                                         download=any(not isinstance(s, NullSink) for s in self._sinks))
+            preview = self._compose.preview(frame)
+        if preview is not None:
+            self.latest = preview
+        for s in self._sinks:
+            if isinstance(s, NullSink):
+                s.write(frame)
+            else:
+                s.write_nv12(nv12, frame.pts, frame.time_base)
             for p in audio:
                 s.write_audio(p)
 

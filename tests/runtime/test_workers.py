@@ -258,3 +258,47 @@ def test_merged_metrics_keep_each_family_together() -> None:
         "# HELP g A gauge.", "# TYPE g gauge", 'g{worker="w0"} 1.0']
     fams = list(text_string_to_metric_families(text))
     assert [f.name for f in fams] == ["m", "g"]
+
+
+def test_serve_with_workers_from_the_command_line(clip: tuple[Path, Any], tmp_path: Path) -> None:
+    """`swapstream serve --workers 1` as a user starts it: the API answers for its worker's streams,
+    and stopping the server (SIGTERM) stops the worker too."""
+    import socket
+    import subprocess
+    import sys
+
+    face = tmp_path / "face.png"
+    face.write_bytes(face_png())
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "swapstream.cli", "serve", "-s", str(face), "--port", str(port),
+                             "--workers", "1", "--media-root", str(clip[0].parent), "--api-token-file",
+                             str(token_file), "--config", "multi_stream"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    served = Pool(f"http://127.0.0.1:{port}", None)  # type: ignore[arg-type]
+    try:
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"serve exited: {proc.stdout.read() if proc.stdout else ''}")
+            try:
+                return served.call("GET", "/readyz")[0] == 200
+            except OSError:
+                return False
+
+        until("serve --workers 1 to be ready", 120, ready)
+        status, info = served.call("POST", "/api/streams", stream("cli"))
+        assert status == 201 and info["worker"] == "w0", info
+        workers = served.call("GET", "/api/workers")[1]["workers"]
+        pid = workers[0]["pid"]
+        until("frames out", 20, lambda: served.call("GET", "/api/streams/cli")[1]["frames_out"] > 0)
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode is not None
+    assert "1 worker process(es) on each of cpu" in out
+    # The worker went with the server.
+    until("the worker to exit", 20, lambda: not Path(f"/proc/{pid}").exists()
+          or "zombie" in Path(f"/proc/{pid}/status").read_text().lower())
