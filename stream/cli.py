@@ -248,7 +248,8 @@ def live(
 
 @app.command()
 def serve(
-    source: Annotated[Path, typer.Option("--source", "-s", help="Image with the face to put in.")],
+    source: Annotated[Optional[Path], typer.Option(
+        "--source", "-s", help="Image with the face WHIP publishers get (needed unless --no-webrtc).")] = None,
     host: Annotated[str, typer.Option(help="Address to listen on; one other than loopback needs --whip-token.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="HTTP port for WHIP (POST /whip).")] = 8080,
     config: Annotated[Optional[str], typer.Option("--config", "-c", help="Preset name or YAML file.")] = "live",
@@ -281,6 +282,9 @@ def serve(
         help="Worker processes per GPU (or on the CPU, when there is none) that run the API's streams, "
              "behind this one server; a worker that dies has its streams started again on the others. "
              "0: the streams run in this process.")] = 0,
+    no_webrtc: Annotated[bool, typer.Option(
+        "--no-webrtc", help="Serve the stream API alone: no WHIP/WHEP endpoints and no models loaded "
+                            "for them (an RTMP/HLS-only server).")] = False,
     mps: Annotated[Optional[bool], typer.Option(
         "--mps/--no-mps",
         help="Run each GPU's workers as clients of an NVIDIA MPS daemon that serve starts and stops, so "
@@ -290,17 +294,28 @@ def serve(
     and the multi-stream runtime: control API (/api/streams), /metrics, /dashboard (docs/runtime.md)."""
     from aiohttp import web
 
-    from .live.webrtc import WhipServer, require_whip_token, tracking_swap
-    from .pipeline import FileJob
+    from .errors import ConfigError
 
     api_token = _token(api_token, api_token_file, "--api-token", "SWAPSTREAM_API_TOKEN")
-    whip_token = _token(whip_token, whip_token_file, "--whip-token", "SWAPSTREAM_WHIP_TOKEN")
-    require_whip_token(host, whip_token)  # before the models load, as the folders below
     _check_serve_folders(hls_root, media_root)  # before the models load: bad paths fail at once
     cfg = _config(config, set_, None)
     if no_label:
         cfg.disclosure.label_live = False
     _insecure_tls(cfg, insecure_tls)
+    if no_webrtc:
+        app_ = web.Application()
+        _mount_runtime(app_, cfg, api_token, hls_root, media_root, f"http://{host}:{port}",
+                       workers=workers, mps=mps)
+        _run_app(app_, host, port)
+        return
+    if source is None:
+        raise ConfigError("serve needs --source FACE.jpg: the face WHIP publishers get (or --no-webrtc "
+                          "for the stream API alone)")
+    from .live.webrtc import WhipServer, require_whip_token, tracking_swap
+    from .pipeline import FileJob
+
+    whip_token = _token(whip_token, whip_token_file, "--whip-token", "SWAPSTREAM_WHIP_TOKEN")
+    require_whip_token(host, whip_token)  # before the models load, as the folders
     job_class = _job_class(cfg)
     job = job_class(cfg, live=True)  # its output is a live WebRTC stream: labelled by default
     job.set_source(source)
@@ -323,15 +338,22 @@ def serve(
         err.print(Text(line), soft_wrap=True)  # URLs unbroken, to copy into OBS
     _mount_runtime(server.app, cfg, api_token, hls_root, media_root, f"http://{host}:{port}",
                    workers=workers, mps=mps)
+    try:
+        _run_app(server.app, host, port)
+    finally:
+        job.close()
+
+
+def _run_app(app_: object, host: str, port: int) -> None:
+    from aiohttp import web
+
     from .runtime.api import RedactingAccessLogger
 
     try:
         # The access log (with -v) without ?token= queries, tokens in Referers or HLS view keys.
-        web.run_app(server.app, host=host, port=port, print=None, access_log_class=RedactingAccessLogger)
+        web.run_app(app_, host=host, port=port, print=None, access_log_class=RedactingAccessLogger)  # type: ignore[arg-type]
     except OSError as e:
         raise _listen_error(e, host, port) from None
-    finally:
-        job.close()
 
 
 INSECURE_TLS_HELP = ("Do not verify rtmps:// servers' certificates (a lab server with a self-signed "

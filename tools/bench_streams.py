@@ -126,7 +126,9 @@ def start_serve(args: argparse.Namespace, work: Path, port: int, token: str,
     face = work / "face.png"
     cv2.imwrite(str(face), cv2.cvtColor(astronaut(), cv2.COLOR_RGB2BGR))
     (work / "token").write_text(token)
-    cmd = [sys.executable, "-m", "swapstream.cli", "serve", "-s", str(face), "--host", "127.0.0.1",
+    # The stream API alone (--no-webrtc): the streams measured are the API's; WHIP would only load
+    # models beside them.
+    cmd = [sys.executable, "-m", "swapstream.cli", "serve", "--no-webrtc", "--host", "127.0.0.1",
            "--port", str(port), "--workers", str(args.workers), "--media-root", str(work / "media"),
            "--api-token-file", str(work / "token"), "--config", "multi_stream",
            "--set", f"swapper={args.swapper}", "--set", f"runtime.budget_ms={args.budget_ms}",

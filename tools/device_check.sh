@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the `device` tool), from the repository root:
-#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|live|all|none]
+#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|serve|live|all|none]
 #     (default: all; bench = kernels + swap + pipeline; none = install the carried wheels only)
 #   tools/device_check.sh pytest ARGS...    (pytest with ARGS, in the same environment)
 # Installs the carried wheels (.whl/, ignored by git), makes `swapstream` importable from this tree,
@@ -92,22 +92,17 @@ fi
 if [[ "$what" == streams || "$what" == all ]]; then
   # Each stage's GPU time per stream frame, on a quiet GPU (what a frame costs at most).
   python3 tools/bench_frame_gpu.py --clip720 .bench/streams_720p30.mp4 --clip1080 .bench/streams_1080p30.mp4 --out "$OUT" ${FRAME_GPU_ARGS---compiled} 2>&1 | tee "$OUT/bench_frame_gpu.log" || rc=1
-  # Both sinks (STREAMS_SINKS, a comma list) in one run per worker count in STREAMS_WORKERS
-  # (default 8), decoding with NVDEC in feeder threads where PyNvVideoCodec is carried (the x264
-  # sink needs PyAV too: carry .whl-nvc and .whl-av together). The default settings are the ones
-  # that reached the targets (docs/performance.md): the workers as clients of one MPS daemon
-  # (--mps), random arrival phases (unrelated live sources), one face per stream with the
-  # multi_stream preset's detector and compiled networks, an 8 ms gather window; 720p and 1080p at
-  # N=32 and 40: 8 configurations of about 18 s after a start-up of about 3 min.
-  # STREAMS_ARGS replaces them, e.g. "--ns 16,24 --res 720 --seconds 3 --gather-ms 0,4".
-  sinks="${STREAMS_SINKS:-null,x264}"
-  sinks="${sinks// /,}"  # "null x264" (the older form) works too
-  defaults="--ns 32,40 --res 720,1080 --seconds 4 --gather-ms 8 --phases random --mps --warm-first --set detector.max_faces=1 --set detector.detect_every=10 --set landmarks.compile=true"
-  for w in ${STREAMS_WORKERS:-8}; do
-    python3 tools/bench_streams.py --clip720 .bench/streams_720p30.mp4 --clip1080 .bench/streams_1080p30.mp4 \
-      --out "$OUT" --sink "$sinks" --workers "$w" --tag "_${sinks//,/_}_w${w}" ${STREAMS_ARGS:-$defaults} \
-      2>&1 | tee "$OUT/bench_streams_${sinks//,/_}_w${w}.log" || rc=1
-  done
+fi
+if [[ "$what" == serve || "$what" == all ]]; then
+  # The stream benchmark: a load generator driving `swapstream serve --workers` (MPS on with 2 or
+  # more workers), so the figures are the product's own. The defaults are the targets' setup: the
+  # full-size inswapper architecture (random weights), one face per stream, random arrival phases,
+  # the multi_stream preset's compiled networks. SERVE_ARGS replaces them, e.g.
+  # "--workers 4 --ns 8 --res 720p --sink null --seconds 5". RTMP sources and sinks need
+  # .devtools/nginx (tools/device_prepare.sh).
+  defaults="--workers 8 --ns 16,32 --res 720p --source file --sink null --seconds 8 --settle 6 --swapper inswapper_128 --synthetic-models --set neural.max_batch=4 --set detector.max_faces=1 --set detector.detect_every=10 --set landmarks.compile=true"
+  python3 tools/bench_streams.py --clip 720p=.bench/streams_720p30.mp4 --clip 1080p=.bench/streams_1080p30.mp4 \
+    --out "$OUT" --name "${SERVE_NAME:-serve_streams}" ${SERVE_ARGS:-$defaults} 2>&1 | tee "$OUT/bench_serve.log" || rc=1
 fi
 # The device tool brings back a limited number of files: pack the logs into one.
 tar -czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log 2>/dev/null) 2>/dev/null && (cd "$OUT" && rm -f *.log)

@@ -90,8 +90,11 @@ class GpuDecode:
         if self._decoder is None:
             # LOW latency gives each frame out of its own access unit; a stream that may reorder
             # needs NVDEC's reordering (NATIVE), as in the live job.
+            import cupy
+
             self._decoder = NvdecAccessUnits(codec=codec, time_base=time_base, name=self.name,
-                                             stream=self.stream, low_latency=not reorders)
+                                             gpu_id=cupy.cuda.Device().id, stream=self.stream,
+                                             low_latency=not reorders)
             self._key = (codec, reorders)
         return self._decoder
 
