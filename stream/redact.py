@@ -27,11 +27,17 @@ _SECRET_PAIR = re.compile(r"(?i)\b(token|access_token|api_token|stream_?key|pass
                           r"passwd|secret|signature)=([^&\s'\"<>]+)")
 
 
+# The URL forms that messages teach (`give rtmp://HOST[:PORT]/APP/KEY`): placeholders, no secret.
+_PLACEHOLDER_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://HOST(?:\[:PORT\]|:PORT)?"
+                              r"(?:/(?:APP|KEY|PATH|NAME|STREAM|\.\.\.))*/?")
+
+
 def redact_url(url: str) -> str:
     """A URL fit to show: no password or user name, no query (keys and passphrases travel there:
     `?key=...`, SRT's `passphrase=`), and for RTMP no stream key (the last part of a path of two or
-    more parts). Anything that is not a URL is given back as it is."""
-    if "://" not in url:
+    more parts). Anything that is not a URL, or is a form with placeholders only
+    (`rtmp://HOST[:PORT]/APP/KEY`), is given back as it is."""
+    if "://" not in url or _PLACEHOLDER_URL.fullmatch(url):
         return url
     try:
         p = urlsplit(url)

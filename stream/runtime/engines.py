@@ -110,18 +110,31 @@ def swap_scaled(frame: np.ndarray, faces: list[Face], scale: float,
     return n
 
 
+def source_analyser(config: Config, device: str) -> Any:
+    """The analyser of uploaded source images: LiteRT on the CPU; on a GPU the same networks through
+    PyTorch (so a GPU machine needs no LiteRT), uncompiled, since a source face is analysed once per
+    upload and compiling would only add seconds."""
+    if device.startswith("cuda"):
+        from ..gpu.analyser import GpuFaceAnalyser
+
+        cfg = config.model_copy(deep=True)
+        cfg.landmarks.compile = False
+        return GpuFaceAnalyser(cfg)
+    from ..face.analyser import FaceAnalyser
+
+    return FaceAnalyser(config)
+
+
 class MeshEngine:
     """The built-in mesh swapper for many streams: one `MeshSwapper` (source texture, scratch
     buffers) per identity, one face analyser for the source images."""
 
     name = "mesh"
 
-    def __init__(self, config: Config) -> None:
-        from ..face.analyser import FaceAnalyser
-
+    def __init__(self, config: Config, device: str = "cpu") -> None:
         self.config = config
         self.max_batch = config.neural.max_batch
-        self._analyser = FaceAnalyser(config)
+        self._analyser = source_analyser(config, device)
 
     def identity(self, image: np.ndarray) -> Any:
         from ..swap.mesh import MeshSwapper, source_face
@@ -150,8 +163,7 @@ class NeuralEngine:
     """A zoo swapper (inswapper, hyperswap, simswap...) for many streams: the faces of every item go
     into `swap_many` together, each with its own stream's source vector."""
 
-    def __init__(self, name: str, config: Config) -> None:
-        from ..face.analyser import FaceAnalyser
+    def __init__(self, name: str, config: Config, device: str = "cpu") -> None:
         from ..neural.factory import NeuralStages
 
         cfg = config.model_copy(deep=True)
@@ -160,7 +172,7 @@ class NeuralEngine:
         self._stages = NeuralStages(cfg)
         self.swapper = self._stages.swapper
         self.max_batch = self.swapper.max_batch
-        self._analyser = self._stages.analyser or FaceAnalyser(cfg)
+        self._analyser = self._stages.analyser or source_analyser(cfg, device)
 
     def identity(self, image: np.ndarray) -> Any:
         from ..swap.mesh import source_face
@@ -193,6 +205,6 @@ def default_engine_factory(name: str, config: Config, device: str) -> SwapEngine
     """`mesh` or a zoo swapper. On a CUDA device the engine is built inside that device's context
     (the caller's worker thread has made it current)."""
     t0 = time.perf_counter()
-    engine: SwapEngine = MeshEngine(config) if name == "mesh" else NeuralEngine(name, config)
+    engine: SwapEngine = MeshEngine(config, device) if name == "mesh" else NeuralEngine(name, config, device)
     log.info("engine %s ready on %s in %.1f s", name, device, time.perf_counter() - t0)
     return engine

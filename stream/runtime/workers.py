@@ -159,13 +159,21 @@ class WorkerPool:
 
     async def start(self) -> None:
         """Start every worker and wait until all are ready (or raise naming the one that failed)."""
+        from ..errors import ConfigError, SwapStreamError
+        from ..gpu.mps import MpsError
+
         loop = asyncio.get_running_loop()
-        for w in self.workers:
-            w.env = await loop.run_in_executor(None, self._env_for, w.device)
         try:
+            for w in self.workers:
+                w.env = await loop.run_in_executor(None, self._env_for, w.device)
             await asyncio.gather(*(self._spawn(w) for w in self.workers))
-        except BaseException:
+        except BaseException as e:
             await self.close()
+            # The server cannot start: one line for the user, not a traceback.
+            if isinstance(e, MpsError):
+                raise ConfigError(f"--mps: {e}") from None
+            if isinstance(e, PoolError):
+                raise SwapStreamError(str(e)) from None
             raise
         self._tasks = [loop.create_task(self._watch(), name="workers-watch"),
                        loop.create_task(self._refresh_loads(), name="workers-load")]

@@ -8,6 +8,7 @@ check what the module asked, and when."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -138,12 +139,10 @@ def test_server_pids_without_a_daemon_is_an_error(control: tuple[str, Path], tmp
         server_pids({**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path)}, control=exe)
 
 
-@pytest.mark.skipif(shutil.which(CONTROL, path="/usr/local/nvidia/bin:" + os.environ.get("PATH", ""))
-                    is not None, reason="this machine has MPS: the benchmark would start its workers")
-def test_bench_streams_mps_without_the_driver_tools_is_a_clear_error(tmp_path: Path) -> None:
-    clip = str(tmp_path / "clip.mp4")  # not read: the error comes before any worker starts
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_streams.py"), "--mps", "--ns", "1", "--res", "720",
-                        "--clip720", clip, "--clip1080", clip],
-                       capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert r.returncode != 0
-    assert "error: --mps:" in r.stderr and "Traceback" not in r.stderr, r.stderr
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="a GPU machine: serve would start MPS")
+def test_serve_mps_without_a_gpu_is_a_clear_error(tmp_path: Path) -> None:
+    # No GPU here: --mps cannot be honoured, and serve says so in one line before any worker starts.
+    r = subprocess.run([sys.executable, "-m", "swapstream.cli", "serve", "--no-webrtc", "--workers", "2",
+                        "--mps", "--port", "1"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 2, r.stderr
+    assert "error: --mps needs an NVIDIA GPU" in r.stderr and "Traceback" not in r.stderr, r.stderr
