@@ -14,9 +14,11 @@ drop policy and degradation are what is measured; this file holds none of its ow
   API's `realtime` input); with `--source rtmp` one publisher process per stream pushes the clip to
   a real nginx-rtmp (PyAV, paced to the clip's timestamps) and the server pulls it;
 - sends the output to a null sink or, with `--sink rtmp`, pushes it to nginx-rtmp;
-- after a settle time, reads each stream's counters twice, `--seconds` apart, and its latency (the
-  server's own: a frame's arrival, decoded, to its encoded output; p50 and p99 over the stream's last
-  300 frames, so `--seconds` is at most 10 at 30 fps);
+- waits until every stream delivers at its clip's rate (engines and CUDA graphs built, first frames
+  out; at most `--warmup-timeout`), then `--settle` seconds more, and reads each stream's counters
+  twice, `--seconds` apart, and its latency (the server's own: a frame's arrival, decoded, to its
+  encoded output; p50 and p99 over the frames output in the stream's last 10 seconds, so `--seconds`
+  is at most 10, and with less the window reaches back into the settle time);
 - with `--check-output` (RTMP sink), pulls two seconds of each output and looks for the watermark.
 
 A configuration is within budget when every stream's p99 is at most `--budget-ms` and at most 1% of
@@ -42,7 +44,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-LATENCY_WINDOW_FRAMES = 300  # what a stream's info keeps (runtime.stream.StreamPipeline.latency_recent)
+LATENCY_WINDOW_S = 10.0  # a stream's `latency_window_ms` in the API (runtime.stream.LATENCY_WINDOW_S)
 
 
 # -- publishers ------------------------------------------------------------------------------------
@@ -193,6 +195,7 @@ def run_config(api: Api, args: argparse.Namespace, n: int, res: str, rtmp_base: 
             status, info = api.call("PUT", f"/api/streams/{sid}/source", raw=face, ctype="image/png")
             if status != 200:
                 raise RuntimeError(f"setting the face of {sid} failed: {status} {info}")
+        warm = wait_steady(api, ids, fps, args.warmup_timeout)
         time.sleep(args.settle)
         before = {s["id"]: s for s in api.call("GET", "/api/streams")[1]["streams"]}
         t0 = time.monotonic()
@@ -215,16 +218,17 @@ def run_config(api: Api, args: argparse.Namespace, n: int, res: str, rtmp_base: 
             per.append({"id": sid, "state": (b or {}).get("state"), "error": (b or {}).get("error")})
             continue
         out = b["frames_out"] - a["frames_out"]
+        window = b["latency_window_ms"]
         per.append({"id": sid, "worker": b.get("worker"), "frames_out": out,
                     "faces": b["faces_swapped"] - a["faces_swapped"],
                     "missing_pct": round(max(0.0, due - out) * 100 / due, 2),
-                    "p50_ms": b["latency_ms"]["p50"], "p99_ms": b["latency_ms"]["p99"],
-                    "level": b["level"]})
+                    "p50_ms": window["p50"], "p99_ms": window["p99"], "level": b["level"]})
+        print("  stream", json.dumps(per[-1]), flush=True)
     ok = [s for s in per if "p99_ms" in s]
     missing = sum(max(0.0, due - s["frames_out"]) for s in ok) + due * (n - len(ok))
     p99s = [s["p99_ms"] for s in ok if s["p99_ms"] is not None]
     p50s = sorted(s["p50_ms"] for s in ok if s["p50_ms"] is not None)
-    row = {"n": n, "res": res, "fps": round(fps, 2), "source": args.source, "sink": args.sink, "seconds": round(span, 2),
+    row = {"n": n, "res": res, "fps": round(fps, 2), "warm": warm, "source": args.source, "sink": args.sink, "seconds": round(span, 2),
            "frames_out": sum(s["frames_out"] for s in ok),
            "faces_per_s": round(sum(s["faces"] for s in ok) / span, 1),
            "drops_pct": round(missing * 100 / (due * n), 2),
@@ -238,6 +242,19 @@ def run_config(api: Api, args: argparse.Namespace, n: int, res: str, rtmp_base: 
         row["watermark_found"] = marks
     print(json.dumps({k: v for k, v in row.items() if k not in ("per_stream", "workers")}), flush=True)
     return row
+
+
+def wait_steady(api: Api, ids: list[str], fps: float, timeout: float) -> bool:
+    """Until every stream has put out frames at 90% of its rate for 2 s (what the API's `fps` is
+    over); False if `timeout` passed first (the run goes on, and says so)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        streams = {s["id"]: s for s in api.call("GET", "/api/streams")[1]["streams"]}
+        if all(streams.get(sid, {}).get("fps", 0.0) >= 0.9 * fps for sid in ids):
+            return True
+        time.sleep(0.5)
+    print(f"warning: not every stream reached 90% of {fps:g} fps in {timeout:.0f} s", flush=True)
+    return False
 
 
 def stream_overrides(items: list[str]) -> list[str]:
@@ -266,7 +283,9 @@ def records(rows: list[dict[str, Any]], args: argparse.Namespace, command: str) 
     samples = gpu.sample()
     device = samples[0].name if samples else f"CPU ({os.cpu_count()} cores)"
     gpu.close()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    # GIT_SHA: the GPU machine's copy of the tree may carry a stale .git (tools/device_check.sh).
+    commit = os.environ.get("GIT_SHA") or subprocess.run(["git", "rev-parse", "--short", "HEAD"],
+                                                         capture_output=True, text=True).stdout.strip()
     common = {"device": device, "commit": commit or "unknown", "date": datetime.date.today().isoformat(),
               "command": command}
     out = []
@@ -324,8 +343,9 @@ def main() -> None:
     ap.add_argument("--res", help="the clip labels to run, comma-separated (default: every --clip)")
     ap.add_argument("--source", choices=("file", "rtmp"), default="file")
     ap.add_argument("--sink", choices=("null", "rtmp"), default="null")
-    ap.add_argument("--seconds", type=float, default=8.0)
-    ap.add_argument("--settle", type=float, default=4.0)
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--settle", type=float, default=3.0)
+    ap.add_argument("--warmup-timeout", type=float, default=120.0)
     ap.add_argument("--budget-ms", type=float, default=33.0)
     ap.add_argument("--swapper", default="mesh")
     ap.add_argument("--models-dir", type=Path)
@@ -356,9 +376,9 @@ def main() -> None:
         sys.exit(f"error: --ns must be at least 1 and --res among the clip labels {sorted(clips)} "
                  f"(got {args.ns!r}, {args.res!r})")
     args.fps = {label: clip_fps(clips[label]) for label in resolutions}
-    if args.seconds * max(args.fps.values()) > LATENCY_WINDOW_FRAMES:
-        sys.exit(f"error: --seconds at most {LATENCY_WINDOW_FRAMES / max(args.fps.values()):.0f}: a stream's "
-                 f"latency covers its last {LATENCY_WINDOW_FRAMES} frames")
+    if not 0 < args.seconds <= LATENCY_WINDOW_S:
+        sys.exit(f"error: --seconds must be above 0 and at most {LATENCY_WINDOW_S:g}: a stream's latency in "
+                 f"the API covers its last {LATENCY_WINDOW_S:g} s")
     from swapstream.live.nginx import NginxRtmp, free_port
 
     work = Path(tempfile.mkdtemp(prefix="bench-serve-"))

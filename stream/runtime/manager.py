@@ -238,7 +238,9 @@ class DeviceSlot:
         return await self.analysis_batcher.submit(stream_id, "analyse", 1, deadline, (stream_id, frame, cfg))
 
     async def warm(self) -> None:
-        """Build the GPU analysis (networks, every CUDA graph) before the first stream needs it."""
+        """Build the GPU analysis (networks, every CUDA graph) and the configured swapper's engine
+        before the first stream needs them: built on first use instead, they held the device thread
+        (and so every stream on it) for seconds when a stream's source face came."""
         if self.gpu_index is None:
             return
 
@@ -248,6 +250,11 @@ class DeviceSlot:
                     from .gpu_stages import DeviceAnalysis
 
                     self._analysis = DeviceAnalysis(self.config)
+                try:
+                    self._engine(self.config.swapper)
+                except Exception as e:  # a missing model: the streams that ask for it will say so
+                    log.warning("%s: the %s engine could not be built ahead: %s", self.name,
+                                self.config.swapper, e)
 
         await asyncio.get_running_loop().run_in_executor(self._pool, build)
 

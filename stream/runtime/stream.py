@@ -48,6 +48,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 log.addFilter(RedactingFilter())  # input and output URLs carry stream keys
 
+LATENCY_WINDOW_S = 10.0
+"""The window of a stream's `latency_window_ms` in the API: what a benchmark or a dashboard reads
+as the stream's latency now."""
+LATENCY_WINDOW_FRAMES = 1200
+"""Output frames kept for that window: 10 s at up to 120 fps."""
+
 State = Literal["starting", "running", "stopping", "stopped", "ended", "failed"]
 
 
@@ -159,6 +165,9 @@ class StreamPipeline:
         """Output frames whose pts was not after the previous one: must stay 0."""
         self.last_pts: int | None = None
         self.latency_recent: deque[float] = deque(maxlen=300)
+        self.latency_timed: deque[tuple[float, float]] = deque(maxlen=LATENCY_WINDOW_FRAMES)
+        """(output time, latency ms) of the last frames: the API's `latency_window_ms` is over the
+        frames of the last `LATENCY_WINDOW_S` seconds, whatever came before (a start-up stall)."""
         self.latency_since_change: deque[float] = deque(maxlen=600)
         self.out_times: deque[float] = deque(maxlen=600)
         self.step_counts: Counter[tuple[str, str]] = Counter()
@@ -534,6 +543,7 @@ class StreamPipeline:
                 self.metrics.observe_stage(self.id, "total", now - w.arrived)
                 ms = (now - w.arrived) * 1e3
                 self.latency_recent.append(ms)
+                self.latency_timed.append((now, ms))
                 if now >= self._warm_until and w.arrived >= self._changed_at:
                     self.latency_since_change.append(ms)
                 self.out_times.append(now)
@@ -647,9 +657,21 @@ class StreamPipeline:
             "queues": {"input": self.in_q.qsize(), "swap": self.swap_q.qsize(),
                        "encode": self.enc_q.qsize()},
             "fps": round(self.fps(), 2), "latency_ms": {"p50": pct(0.5), "p99": pct(0.99)},
+            "latency_window_ms": self.latency_window(),
             "source": {"set": self.source_image is not None, "version": self.source_version},
             "created": self.created, "finished": self.finished,
         }
+
+    def latency_window(self, seconds: float = 0.0) -> dict[str, Any]:
+        """p50, p99 and count of the latencies of the frames output in the last `seconds` (default
+        LATENCY_WINDOW_S)."""
+        since = time.monotonic() - (seconds or LATENCY_WINDOW_S)
+        lat = sorted(ms for t, ms in list(self.latency_timed) if t >= since)
+
+        def pct(q: float) -> float | None:
+            return round(lat[min(len(lat) - 1, int(q * len(lat)))], 1) if lat else None
+
+        return {"p50": pct(0.5), "p99": pct(0.99), "frames": len(lat), "seconds": seconds or LATENCY_WINDOW_S}
 
     def snapshot(self) -> StreamSnapshot:
         return StreamSnapshot(self.id, self.slot.name, self.frames_in, self.frames_out,

@@ -35,7 +35,7 @@ def test_the_load_generator_drives_serve_over_rtmp(tmp_path: Path) -> None:
     make_clip(clip, 4.0, size=(320, 240), fps=15)
     res = subprocess.run(
         [sys.executable, str(REPO / "tools" / "bench_streams.py"), "--clip", f"240p={clip}", "--workers", "1",
-         "--ns", "2", "--source", "rtmp", "--sink", "rtmp", "--seconds", "4", "--settle", "4",
+         "--ns", "2", "--source", "rtmp", "--sink", "rtmp", "--seconds", "4", "--settle", "2", "--warmup-timeout", "20",
          "--budget-ms", "5000", "--check-output", "--out", str(tmp_path / "out"), "--name", "ci"],
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
