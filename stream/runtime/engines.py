@@ -119,7 +119,11 @@ def source_analyser(config: Config, device: str) -> Any:
 
         cfg = config.model_copy(deep=True)
         cfg.landmarks.compile = False
-        return GpuFaceAnalyser(cfg)
+        analyser = GpuFaceAnalyser(cfg)
+        # Its CUDA graphs now, while no stream runs: captured at a stream's first source face, a
+        # capture met the other threads' GPU work and failed (cudaErrorStreamCaptureInvalidated).
+        analyser.prepare()
+        return analyser
     from ..face.analyser import FaceAnalyser
 
     return FaceAnalyser(config)
@@ -173,6 +177,26 @@ class NeuralEngine:
         self.swapper = self._stages.swapper
         self.max_batch = self.swapper.max_batch
         self._analyser = self._stages.analyser or source_analyser(cfg, device)
+        if device.startswith("cuda"):
+            self._warm_batches()
+
+    def _warm_batches(self) -> None:
+        """Run the swap model at every batch size before any stream does: each size's CUDA graph is
+        captured on its first call, and a capture while other threads work on the GPU fails (and
+        stalls the device thread for seconds even when it does not)."""
+        import cupy
+
+        from ..demo import astronaut
+        from ..swap.mesh import source_face
+
+        image = astronaut()
+        face = source_face(self._analyser.analyse_image(image), "built-in warm-up portrait")
+        ident = self.swapper.identity(image, face)
+        frame = cupy.asarray(image)
+        for b in range(1, self.max_batch + 1):
+            for _ in range(2):  # capture, then a replay
+                self.swapper.swap_many([(frame, face)] * b, [ident] * b)
+        cupy.cuda.get_current_stream().synchronize()
 
     def identity(self, image: np.ndarray) -> Any:
         from ..swap.mesh import source_face

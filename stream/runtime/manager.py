@@ -250,11 +250,13 @@ class DeviceSlot:
                     from .gpu_stages import DeviceAnalysis
 
                     self._analysis = DeviceAnalysis(self.config)
-                try:
-                    self._engine(self.config.swapper)
-                except Exception as e:  # a missing model: the streams that ask for it will say so
-                    log.warning("%s: the %s engine could not be built ahead: %s", self.name,
-                                self.config.swapper, e)
+                # The configured swapper, and mesh, which the controller falls back to: each
+                # captures CUDA graphs when built, which must not happen beside running streams.
+                for name in dict.fromkeys((self.config.swapper, "mesh")):
+                    try:
+                        self._engine(name)
+                    except Exception as e:  # a missing model: the streams that ask for it will say so
+                        log.warning("%s: the %s engine could not be built ahead: %s", self.name, name, e)
 
         await asyncio.get_running_loop().run_in_executor(self._pool, build)
 
