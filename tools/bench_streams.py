@@ -190,6 +190,14 @@ def run_config(api: Api, args: argparse.Namespace, n: int, res: str, rtmp_base: 
                                                              "swapper": args.swapper, "preset": "multi_stream",
                                                              "budget_ms": args.budget_ms,
                                                              "set": stream_overrides(args.set)})
+            if status == 503:
+                # The server refused: no worker has room within the budget. That is the result.
+                print(f"refused at stream {i + 1} of {n}: {info}", flush=True)
+                return {"n": n, "res": res, "fps": round(fps, 2), "source": args.source, "sink": args.sink,
+                        "refused_at": i + 1, "refusal": info.get("error") if isinstance(info, dict) else info,
+                        "within_budget": False, "streams_failed": n - i, "frames_out": 0, "faces_per_s": 0.0,
+                        "drops_pct": 100.0, "p99_ms_worst_stream": None, "p50_ms_median_stream": None,
+                        "streams_degraded": 0, "warm": False, "seconds": 0.0}
             if status != 201:
                 raise RuntimeError(f"creating stream {sid} failed: {status} {info}")
             status, info = api.call("PUT", f"/api/streams/{sid}/source", raw=face, ctype="image/png")

@@ -250,6 +250,7 @@ class DeviceSlot:
                     from .gpu_stages import DeviceAnalysis
 
                     self._analysis = DeviceAnalysis(self.config)
+                self._warm_kernels()
                 # The configured swapper, and mesh, which the controller falls back to: each
                 # captures CUDA graphs when built, which must not happen beside running streams.
                 for name in dict.fromkeys((self.config.swapper, "mesh")):
@@ -259,6 +260,25 @@ class DeviceSlot:
                         log.warning("%s: the %s engine could not be built ahead: %s", self.name, name, e)
 
         await asyncio.get_running_loop().run_in_executor(self._pool, build)
+
+    def _warm_kernels(self) -> None:
+        """Compile the CuPy kernels every GPU frame goes through (NV12 <-> RGB, the label, the
+        watermark) at the usual sizes: compiled at a first frame instead, they held that stream
+        for seconds on a fresh machine (NVRTC), and the frames behind were dropped."""
+        import cupy
+
+        from ..disclosure import Disclosure
+        from ..kernels.nv12 import nv12_to_rgb, rgb_to_nv12
+
+        disclosure = Disclosure(self.config, live=True)
+        for w, h in ((1280, 720), (1920, 1080)):
+            rgb = cupy.zeros((h, w, 3), cupy.uint8)
+            nv12 = cupy.zeros((h * 3 // 2, w), cupy.uint8)
+            nv12_to_rgb(nv12[:h], nv12[h:], rgb)
+            disclosure.apply(rgb, True)
+            for matrix in ("bt601", "bt709"):
+                rgb_to_nv12(rgb, nv12[:h], nv12[h:], matrix=matrix)
+        cupy.cuda.get_current_stream().synchronize()
 
     async def forget(self, stream_id: str) -> None:
         """Drop a removed stream's tracks (GPU slots), in the thread that owns them."""

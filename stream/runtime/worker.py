@@ -21,10 +21,16 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+LOAD_WINDOW_S = 5.0
+"""The latency window a worker's load report judges its streams by."""
+LOAD_GRACE_S = 5.0
+"""A stream's first seconds, which its worker's load report leaves out."""
 
 
 def load_report(runtime: Any) -> dict[str, Any]:
@@ -32,13 +38,18 @@ def load_report(runtime: Any) -> dict[str, Any]:
     last seconds, and each stream's p99 over its last frames against its budget (once it has enough
     frames to judge)."""
     ratios: dict[str, float] = {}
+    now = time.time()
     for p in list(runtime.streams.values()):
-        # The recent frames whatever the controller did meanwhile: its own window restarts at each
-        # step, and a stream it keeps stepping down is exactly one whose worker is full.
-        lat = sorted(list(p.latency_recent))
-        if p.state != "running" or len(lat) < runtime.config.runtime.min_samples:
+        # The frames of the last seconds, whatever the controller did meanwhile (its own window
+        # restarts at each step, and a stream it keeps stepping down is exactly one whose worker is
+        # full); a stream's first seconds are left out: its decoder and first frames say nothing
+        # about the worker's room, and counting them refused streams that would have fitted.
+        if p.state != "running" or now - p.created < LOAD_GRACE_S:
             continue
-        ratios[p.id] = round(lat[min(len(lat) - 1, int(0.99 * len(lat)))] / p.budget_ms, 3)
+        w = p.latency_window(LOAD_WINDOW_S)
+        if w["p99"] is None or w["frames"] < runtime.config.runtime.min_samples:
+            continue
+        ratios[p.id] = round(w["p99"] / p.budget_ms, 3)
     return {"streams": runtime.active(), "max_streams": runtime.config.runtime.max_streams,
             "busy": round(max((s.busy() for s in runtime.slots), default=0.0), 3),
             "p99_over_budget": ratios, "devices": [s.name for s in runtime.slots]}
