@@ -184,7 +184,9 @@ class WorkerPool:
         w.state = "starting"
         w.token = secrets.token_urlsafe(24)
         w.socket = str(self._dir / f"{w.name}-{secrets.token_hex(4)}.sock")
-        settings = {"name": w.name, "device": "cuda:0" if w.device.startswith("cuda") else w.device,
+        # A GPU worker sees its one GPU as cuda:0 (CUDA_VISIBLE_DEVICES); "cpu:N" names a simulated
+        # device (tests of placement over several devices on a machine without GPUs).
+        settings = {"name": w.name, "device": "cuda:0" if w.device.startswith("cuda") else "cpu",
                     "socket": w.socket, "token": w.token, "config": self.config.model_dump(mode="json"),
                     "hls_root": str(self.hls_root) if self.hls_root else None,
                     "media_root": str(self.media_root) if self.media_root else None}

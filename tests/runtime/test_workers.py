@@ -302,3 +302,19 @@ def test_serve_with_workers_from_the_command_line(clip: tuple[Path, Any], tmp_pa
     # The worker went with the server.
     until("the worker to exit", 20, lambda: not Path(f"/proc/{pid}").exists()
           or "zombie" in Path(f"/proc/{pid}/status").read_text().lower())
+
+
+def test_workers_on_two_devices_share_the_streams(clip: tuple[Path, Any], tmp_path: Path) -> None:
+    """Two devices (simulated: `cpu:0`, `cpu:1`), one worker each: streams are placed by headroom
+    on both, each worker says which device it is on, and /metrics has both workers."""
+    pool = WorkerPool(runtime_config(), devices=["cpu:0", "cpu:1"], per_device=1,
+                      hls_root=tmp_path / "hls", media_root=clip[0].parent)
+    for served in serve_pool(pool):
+        for sid in ("a", "b"):
+            assert served.call("POST", "/api/streams", stream(sid))[0] == 201
+        workers = served.call("GET", "/api/workers")[1]["workers"]
+        assert {w["device"]: len(w["streams"]) for w in workers} == {"cpu:0": 1, "cpu:1": 1}
+        status, text = served.call("GET", "/metrics")
+        up = {s.labels["device"]: s.value for f in text_string_to_metric_families(text)
+              if f.name == "swapstream_worker_up" for s in f.samples}
+        assert up == {"cpu:0": 1, "cpu:1": 1}
