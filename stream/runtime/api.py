@@ -270,6 +270,24 @@ def decode_upload(data: bytes, declared: str, max_side: int) -> np.ndarray:
 # -- the API --------------------------------------------------------------------------------------
 
 
+API_ROUTES = (("GET", "/healthz", "healthz"), ("GET", "/readyz", "readyz"), ("GET", "/metrics", "metrics"),
+              ("GET", "/dashboard", "dashboard"), ("GET", "/api/streams", "list_streams"),
+              ("POST", "/api/streams", "create"), ("GET", "/api/streams/{sid}", "inspect"),
+              ("DELETE", "/api/streams/{sid}", "stop"), ("PUT", "/api/streams/{sid}/source", "put_source"),
+              ("GET", "/api/streams/{sid}/preview.jpg", "preview"), ("GET", "/hls/{sid}/{key}/{name}", "hls"))
+"""The control API's routes and the handler method each calls: one list for the single-process API
+(`ControlApi`) and the worker pool's front (`pool_api.PoolApi`), so both answer the same paths."""
+
+
+def add_api_routes(app: web.Application, handlers: Any) -> None:
+    """Route `API_ROUTES` to the same-named methods of `handlers`."""
+    for method, path, name in API_ROUTES:
+        if method == "GET":
+            app.router.add_get(path, getattr(handlers, name))  # HEAD too, as aiohttp's add_get does
+        else:
+            app.router.add_route(method, path, getattr(handlers, name))
+
+
 class ControlApi:
     """The routes, bound to one runtime."""
 
@@ -279,18 +297,7 @@ class ControlApi:
         runtime.on_removed.append(self._remove_hls)
 
     def add_routes(self, app: web.Application) -> None:
-        r = app.router
-        r.add_get("/healthz", self.healthz)
-        r.add_get("/readyz", self.readyz)
-        r.add_get("/metrics", self.metrics)
-        r.add_get("/dashboard", self.dashboard)
-        r.add_get("/api/streams", self.list_streams)
-        r.add_post("/api/streams", self.create)
-        r.add_get("/api/streams/{sid}", self.inspect)
-        r.add_delete("/api/streams/{sid}", self.stop)
-        r.add_put("/api/streams/{sid}/source", self.put_source)
-        r.add_get("/api/streams/{sid}/preview.jpg", self.preview)
-        r.add_get("/hls/{sid}/{key}/{name}", self.hls)
+        add_api_routes(app, self)
 
     # -- helpers --------------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .api import HLS_FILE, STATIC, authorize
+from .api import HLS_FILE, STATIC, add_api_routes, authorize
 from .workers import PoolError, WorkerPool, merge_metrics
 
 log = logging.getLogger(__name__)
@@ -46,19 +46,8 @@ class PoolApi:
         self.upload_max_bytes = upload_max_bytes
 
     def add_routes(self, app: web.Application) -> None:
-        r = app.router
-        r.add_get("/healthz", self.healthz)
-        r.add_get("/readyz", self.readyz)
-        r.add_get("/metrics", self.metrics)
-        r.add_get("/dashboard", self.dashboard)
-        r.add_get("/api/workers", self.workers)
-        r.add_get("/api/streams", self.list_streams)
-        r.add_post("/api/streams", self.create)
-        r.add_get("/api/streams/{sid}", self.inspect)
-        r.add_delete("/api/streams/{sid}", self.stop)
-        r.add_put("/api/streams/{sid}/source", self.put_source)
-        r.add_get("/api/streams/{sid}/preview.jpg", self.preview)
-        r.add_get("/hls/{sid}/{key}/{name}", self.hls)
+        add_api_routes(app, self)
+        app.router.add_get("/api/workers", self.workers)
 
     async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
         refused = authorize(request, self.token)
