@@ -4,7 +4,7 @@ swap -> back to the publisher), on real peers over loopback.
     python tools/bench_live.py [--seconds 12] [--size 640x360] [--fps 15] [--config live]
                                [--only rtmp|webrtc] [--out docs/benchmarks]
 
-Every source frame carries its number (`swapstream.live.probe`); a frame's latency is the time from
+Every source frame carries its number (`tests/helpers/probe.py`); a frame's latency is the time from
 when the publisher handed it to its encoder to when the frame with that number reached the viewer,
 so encoding at both ends, both network hops, the server's demuxing and decoding, the swap and the
 player's decoding are all in it; only capture and display are not. The first `--warmup` seconds
@@ -35,20 +35,25 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-import av
-import numpy as np
+# The measurement helpers (stamped media, timed receivers, latency measures) are test helpers, kept
+# out of the package in tests/helpers/: put the repository root on the path so that `tests` imports
+# when this runs as `python tools/bench_live.py`.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from swapstream.config import Config, load_config
-from swapstream.demo import astronaut
-from swapstream.live.job import LiveJob
-from swapstream.errors import SwapStreamError
-from swapstream.live.nginx import NginxRtmp, find_nginx_rtmp
-from swapstream.live.probe import (AUDIO_RATE, ProbeClock, Received, StampedClip, StampedVideoTrack,
-                                   ToneTrack, audio_lag, read_stamp, receive, tone, tone_edges,
-                                   unwrap, video_lag)
-from swapstream.live.streams import rtmp_input_options, x264_live_options
-from swapstream.pipeline import FileJob
-from swapstream.types import Frame
+import av  # noqa: E402
+import numpy as np  # noqa: E402
+
+from swapstream.config import Config, load_config  # noqa: E402
+from swapstream.demo import astronaut  # noqa: E402
+from swapstream.live.job import LiveJob  # noqa: E402
+from swapstream.errors import SwapStreamError  # noqa: E402
+from swapstream.live.nginx import NginxRtmp, find_nginx_rtmp  # noqa: E402
+from swapstream.live.streams import rtmp_input_options, x264_live_options  # noqa: E402
+from swapstream.pipeline import FileJob  # noqa: E402
+from swapstream.types import Frame  # noqa: E402
+from tests.helpers.probe import (AUDIO_RATE, ProbeClock, Received, StampedClip,  # noqa: E402
+                                 StampedVideoTrack, ToneTrack, audio_lag, read_stamp, receive, tone,
+                                 tone_edges, unwrap, video_lag)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import cpu_name, gpu_name, run_fields  # noqa: E402
 

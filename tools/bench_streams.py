@@ -14,7 +14,7 @@ drop policy and degradation are what is measured; this file holds none of its ow
   API's `realtime` input); with `--source rtmp` one publisher process per stream pushes the clip to
   a real nginx-rtmp (PyAV, paced to the clip's timestamps) and the server pulls it;
 - sends the output to a null sink or, with `--sink rtmp`, pushes it to nginx-rtmp;
-- waits until every stream delivers at its clip's rate (engines and CUDA graphs built, first frames
+- waits until every stream delivers at its clip's rate (swap backends and CUDA graphs built, first frames
   out; at most `--warmup-timeout`), then `--settle` seconds more, and reads each stream's counters
   twice, `--seconds` apart, and its latency (the server's own: a frame's arrival, decoded, to its
   encoded output; p50 and p99 over the frames output in the stream's last 10 seconds, so `--seconds`

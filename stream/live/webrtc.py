@@ -43,7 +43,7 @@ from aiortc.mediastreams import MediaStreamError
 
 from ..config import WebRtcConfig
 from ..errors import ConfigError
-from ..runtime.queues import DropOldestQueue
+from ..queues import DropOldestQueue
 
 if TYPE_CHECKING:
     from aiohttp import web

@@ -3,15 +3,15 @@
 Each stream's swap stage submits one request per frame (that frame's faces) with a deadline: the time
 by which the frame should be encoded to stay inside its stream's latency budget. A batch goes out when
 
-- it is full (`max_batch` faces are waiting for the same engine), or
+- it is full (`max_batch` faces are waiting for the same backend), or
 - the oldest waiting request has waited `max_wait` seconds, or
 - waiting any longer would make the most urgent request miss its deadline (the expected run time of a
   batch, measured, is subtracted from the deadline).
 
-What goes into a batch: the request with the earliest deadline decides the engine, then each other
-stream waiting on that engine gets one slot in deadline order before any stream gets a second one
+What goes into a batch: the request with the earliest deadline decides the backend, then each other
+stream waiting on that backend gets one slot in deadline order before any stream gets a second one
 (so a stream with a backlog cannot crowd out a stream with one frame waiting), then the remaining
-room goes by deadline. Batches run one at a time in the GPU's executor thread: one set of engines per
+room goes by deadline. Batches run one at a time in the GPU's executor thread: one set of backends per
 GPU, never called concurrently.
 """
 
@@ -29,7 +29,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 RunBatch = Callable[[Hashable, list[Any]], Sequence[Any]]
-"""Runs one batch (blocking, in the executor): gets the engine key and the requests' payloads in
+"""Runs one batch (blocking, in the executor): gets the backend key and the requests' payloads in
 batch order; returns one result per payload (an Exception instance fails only that request)."""
 
 BatchObserver = Callable[["BatchRecord"], None]
@@ -41,7 +41,7 @@ class BatchRecord:
     """What one batch was: for metrics and tests."""
 
     key: Hashable
-    """Engine the batch ran on."""
+    """Swap backend (or other key) the batch ran on."""
     streams: tuple[str, ...]
     """Stream of each request, in batch order."""
     faces: int
@@ -69,7 +69,7 @@ class _Request:
 
 
 class DynamicBatcher:
-    """Batches swap requests from many streams for one engine set (one GPU). Start it in a loop."""
+    """Batches swap requests from many streams for one device's swap backends. Start it in a loop."""
 
     def __init__(self, run: RunBatch, *, max_batch: int = 4, max_wait: float = 0.004,
                  executor: Executor | None = None, observer: BatchObserver | None = None,
@@ -88,7 +88,7 @@ class DynamicBatcher:
         self._seq = itertools.count()
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
-        # Expected run time of a batch per engine (an exponential average of what was measured):
+        # Expected run time of a batch per backend (an exponential average of what was measured):
         # how early before a deadline a batch must start.
         self._run_estimate: dict[Hashable, float] = {}
         self.batches = 0
@@ -126,7 +126,7 @@ class DynamicBatcher:
 
     async def submit(self, stream_id: str, key: Hashable, faces: int, deadline: float,
                      payload: Any) -> Any:
-        """Queue one frame's faces for engine `key`; returns its result once its batch has run.
+        """Queue one frame's faces for backend `key`; returns its result once its batch has run.
 
         `deadline` is in the loop's clock (`loop.time()`). Cancelling the caller withdraws the
         request if its batch has not started.
@@ -206,7 +206,7 @@ class DynamicBatcher:
             for r in batch:
                 r.future.cancel()
             raise
-        except Exception as e:  # the engine failed: every request of this batch fails with it
+        except Exception as e:  # the backend failed: every request of this batch fails with it
             log.exception("%s: batch on %s failed", self.name, key)
             results = [e] * len(batch)
         t1 = loop.time()

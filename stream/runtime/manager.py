@@ -1,8 +1,8 @@
-"""The runtime: many streams in one process, one set of engines and one batcher per device.
+"""The runtime: many streams in one process, one set of swap backends and one batcher per device.
 
 ```
 StreamRuntime
- ├─ DeviceSlot "cuda:0"   engines {mesh, inswapper_128, ...}, DynamicBatcher, controller, 1 thread
+ ├─ DeviceSlot "cuda:0"   backends {mesh, inswapper_128, ...}, DynamicBatcher, controller, 1 thread
  │    └─ streams placed here (StreamPipeline: reader, analysis, swap, encode)
  ├─ DeviceSlot "cuda:1"   ...
  └─ controller tick       every runtime.controller_interval: p99s and NVML -> steps up or down
@@ -32,10 +32,10 @@ from ..errors import ConfigError, SwapStreamError
 from ..redact import RedactingFilter
 from .batcher import BatchRecord, DynamicBatcher
 from .controller import ControllerSettings, DegradationController
-from .engines import EngineFactory, SwapEngine, SwapFailed, SwapItem, default_engine_factory
 from .metrics import GpuMonitor, RuntimeMetrics, RuntimeSnapshot
 from .priority import SwitchInterval, media_thread
 from .stream import StoppedWhileStarting, StreamPipeline, StreamSpec
+from .swappers import BackendFactory, SwapBackend, SwapFailed, SwapItem, default_backend_factory
 
 log = logging.getLogger(__name__)
 log.addFilter(RedactingFilter())  # stream errors quote input and output URLs
@@ -108,9 +108,9 @@ def place(loads: Sequence[SlotLoad], min_free_memory: int = 0) -> int:
 
 
 class DeviceSlot:
-    """One device: its engines (built on first use), its batcher and its one worker thread."""
+    """One device: its swap backends (built on first use), its batcher and its one worker thread."""
 
-    def __init__(self, name: str, config: Config, factory: EngineFactory, metrics: RuntimeMetrics,
+    def __init__(self, name: str, config: Config, factory: BackendFactory, metrics: RuntimeMetrics,
                  controller: DegradationController) -> None:
         self.name = name
         self.config = config
@@ -120,7 +120,7 @@ class DeviceSlot:
         m = re.match(r"^cuda:(\d+)$", name)
         self.gpu_index: int | None = int(m.group(1)) if m else None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"swap-{name}", initializer=media_thread)
-        self._engines: dict[str, SwapEngine] = {}
+        self._backends: dict[str, SwapBackend] = {}
         self.streams: set[str] = set()
         self._busy: deque[tuple[float, float]] = deque(maxlen=2000)
         self.failed_frames = 0
@@ -150,16 +150,16 @@ class DeviceSlot:
 
         return cupy.cuda.Device(self.gpu_index)
 
-    def _engine(self, name: str) -> SwapEngine:
-        e = self._engines.get(name)
-        if e is None:
+    def _backend(self, name: str) -> SwapBackend:
+        b = self._backends.get(name)
+        if b is None:
             with self._device():
-                e = self._factory(name, self.config, self.name)
-            self._engines[name] = e
-        return e
+                b = self._factory(name, self.config, self.name)
+            self._backends[name] = b
+        return b
 
     def _run(self, key: Hashable, items: list[SwapItem]) -> list[Any]:
-        """One batch, in the worker thread. If it fails (the engine cannot be built, or raises), its
+        """One batch, in the worker thread. If it fails (the backend cannot be built, or raises), its
         frames go on as they came, each answered with SwapFailed: the streams carry on."""
         t0 = time.monotonic()
         for it in items:
@@ -168,8 +168,8 @@ class DeviceSlot:
         backup: list[Any] = []
         try:
             with self._device():
-                engine = self._engine(str(key))
-                # Engines swap in place: a copy (on the GPU, microseconds; on the CPU a fraction of
+                backend = self._backend(str(key))
+                # Backends swap in place: a copy (on the GPU, microseconds; on the CPU a fraction of
                 # a millisecond per frame, next to milliseconds per face) lets a batch that fails
                 # part-way give its frames back whole.
                 backup = [f.copy() for f in host]
@@ -180,12 +180,12 @@ class DeviceSlot:
                     # the encoder. A failure before the download leaves them as they were.
                     for it in items:
                         it.frame = cupy.asarray(it.frame)
-                    counts = list(engine.swap(items))
+                    counts = list(backend.swap(items))
                     for it, h in zip(items, host):
                         it.frame.get(out=h)
                         it.frame = h
                 else:
-                    counts = list(engine.swap(items))
+                    counts = list(backend.swap(items))
                     if self.gpu_index is not None:
                         import cupy
 
@@ -199,7 +199,7 @@ class DeviceSlot:
             counts = [SwapFailed(f"swap on {self.name} with {key} failed: {e}") for _ in items]
             self.failed_frames += len(items)
             self.metrics.observe_swap_failed(self.name, len(items))
-            # A broken engine fails every batch: one traceback per engine every 10 s is enough.
+            # A broken backend fails every batch: one traceback per backend every 10 s is enough.
             now = time.monotonic()
             if now - self._failure_logged.get(key, -1e9) >= 10.0:
                 self._failure_logged[key] = now
@@ -238,7 +238,7 @@ class DeviceSlot:
         return await self.analysis_batcher.submit(stream_id, "analyse", 1, deadline, (stream_id, frame, cfg))
 
     async def warm(self) -> None:
-        """Build the GPU analysis (networks, every CUDA graph) and the configured swapper's engine
+        """Build the GPU analysis (networks, every CUDA graph) and the configured swapper's backend
         before the first stream needs them: built on first use instead, they held the device thread
         (and so every stream on it) for seconds when a stream's source face came."""
         if self.gpu_index is None:
@@ -255,9 +255,9 @@ class DeviceSlot:
                 # captures CUDA graphs when built, which must not happen beside running streams.
                 for name in dict.fromkeys((self.config.swapper, "mesh")):
                     try:
-                        self._engine(name)
+                        self._backend(name)
                     except Exception as e:  # a missing model: the streams that ask for it will say so
-                        log.warning("%s: the %s engine could not be built ahead: %s", self.name, name, e)
+                        log.warning("%s: the %s backend could not be built ahead: %s", self.name, name, e)
 
         await asyncio.get_running_loop().run_in_executor(self._pool, build)
 
@@ -286,11 +286,11 @@ class DeviceSlot:
             analysis = self._analysis
             await asyncio.get_running_loop().run_in_executor(self._pool, analysis.forget, stream_id)
 
-    async def call(self, engine: str, fn: Callable[[SwapEngine], T]) -> T:
-        """Run `fn(engine)` in the worker thread (between batches), e.g. to compute an identity."""
+    async def call(self, backend: str, fn: Callable[[SwapBackend], T]) -> T:
+        """Run `fn(backend)` in the worker thread (between batches), e.g. to compute an identity."""
         def work() -> T:
             with self._device():
-                return fn(self._engine(engine))
+                return fn(self._backend(backend))
 
         return await asyncio.get_running_loop().run_in_executor(self._pool, work)
 
@@ -305,18 +305,18 @@ class DeviceSlot:
         if self.analysis_batcher is not None:
             await self.analysis_batcher.close()
 
-        def close_engines() -> None:
+        def close_backends() -> None:
             if self._analysis is not None:
                 self._analysis.close()
                 self._analysis = None
-            for e in self._engines.values():
+            for b in self._backends.values():
                 try:
-                    e.close()
+                    b.close()
                 except Exception:
-                    log.exception("closing engine %s on %s", e.name, self.name)
-            self._engines.clear()
+                    log.exception("closing swap backend %s on %s", b.name, self.name)
+            self._backends.clear()
 
-        await asyncio.get_running_loop().run_in_executor(self._pool, close_engines)
+        await asyncio.get_running_loop().run_in_executor(self._pool, close_backends)
         self._pool.shutdown(wait=True)
 
 
@@ -347,7 +347,7 @@ class StreamRuntime:
     """Runs many streams in one asyncio loop. `await start()`, then add and remove streams."""
 
     def __init__(self, config: Config | None = None, *, devices: Sequence[str] | None = None,
-                 engine_factory: EngineFactory = default_engine_factory,
+                 backend_factory: BackendFactory = default_backend_factory,
                  swappers: Collection[str] | None = None, gpu: GpuMonitor | None = None) -> None:
         self.config = config or load_config("multi_stream")
         rc = self.config.runtime
@@ -360,7 +360,7 @@ class StreamRuntime:
         names = list(devices) if devices is not None else default_devices(self.gpu)
         if len(set(names)) != len(names):
             raise ConfigError(f"devices must be distinct, got {names}")
-        self.slots = [DeviceSlot(n, self.config, engine_factory, self.metrics,
+        self.slots = [DeviceSlot(n, self.config, backend_factory, self.metrics,
                                  DegradationController(settings)) for n in names]
         self.streams: dict[str, StreamPipeline] = {}
         """Every stream until it is removed: live ones, and those that ended or failed (with their

@@ -47,7 +47,9 @@ class GpuMonitor:
     """NVML readings of the host's NVIDIA GPUs. Without the driver's NVML library it reports that
     once (`available` False, `reason`) and returns no samples."""
 
-    def __init__(self) -> None:
+    def __init__(self, only: int | None = None) -> None:
+        """`only`: read that one GPU (NVML's index), reported as GPU 0: a worker process whose one
+        visible GPU is CUDA's device 0 whatever its place on the host."""
         self.available = False
         self.reason = ""
         self._nvml: Any = None
@@ -58,8 +60,8 @@ class GpuMonitor:
 
             pynvml.nvmlInit()
             self._nvml = pynvml
-            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
-                             for i in range(pynvml.nvmlDeviceGetCount())]
+            indices = range(pynvml.nvmlDeviceGetCount()) if only is None else [only]
+            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in indices]
             self.available = True
         except ImportError:
             self.reason = "nvidia-ml-py is not installed"

@@ -16,8 +16,8 @@ from typing import Any
 
 from aiohttp import web
 
-from .api import HLS_FILE, STATIC, add_api_routes, authorize
-from .workers import PoolError, WorkerPool, merge_metrics
+from .api import HLS_FILE, STATIC, _read_if_file, add_api_routes, authorize
+from .workers import Placed, PoolError, WorkerPool, merge_metrics
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +67,13 @@ class PoolApi:
         return info
 
     async def _relay(self, sid: str, method: str, path: str, body: bytes | None = None,
-                     ctype: str | None = None) -> tuple[int, dict[str, str], bytes]:
+                     ctype: str | None = None) -> tuple[Placed, int, dict[str, str], bytes]:
+        """The stream's record (as it was when asked: a DELETE may forget it meanwhile) and its
+        worker's answer."""
         p = self.pool.owner(sid)
-        return await self.pool.forward(p.worker, method, path, body, ctype)
+        worker = p.worker
+        status, headers, payload = await self.pool.forward(worker, method, path, body, ctype)
+        return p, status, headers, payload
 
     def _json(self, status: int, payload: bytes, worker: str) -> web.Response:
         try:
@@ -161,8 +165,8 @@ class PoolApi:
     async def inspect(self, request: web.Request) -> web.StreamResponse:
         async def h() -> web.Response:
             sid = request.match_info["sid"]
-            status, _, payload = await self._relay(sid, "GET", f"/api/streams/{sid}")
-            return self._json(status, payload, self.pool.placed[sid].worker.name)
+            p, status, _, payload = await self._relay(sid, "GET", f"/api/streams/{sid}")
+            return self._json(status, payload, p.worker.name)
 
         return await self._guard(request, h)
 
@@ -173,11 +177,10 @@ class PoolApi:
             if p is not None and p.lost is not None:
                 self.pool.forget(sid)
                 return web.json_response({"id": sid, "state": "stopped", "error": p.lost})
-            status, _, payload = await self._relay(sid, "DELETE", f"/api/streams/{sid}")
-            worker = self.pool.placed[sid].worker.name
-            if status in (200, 404):  # 404: the worker no longer knows it either
+            p, status, _, payload = await self._relay(sid, "DELETE", f"/api/streams/{sid}")
+            if status in (200, 404) and self.pool.placed.get(sid) is p:  # 404: the worker forgot it too
                 self.pool.forget(sid)
-            return self._json(status, payload, worker)
+            return self._json(status, payload, p.worker.name)
 
         return await self._guard(request, h)
 
@@ -188,20 +191,19 @@ class PoolApi:
             limit = self.upload_max_bytes + 64 * 1024  # multipart framing adds a little
             raw = await read_body(request, limit, "the upload")
             ctype = request.headers.get("Content-Type", "")
-            status, _, payload = await self._relay(sid, "PUT", f"/api/streams/{sid}/source", raw, ctype)
-            p = self.pool.placed.get(sid)
-            if status == 200 and p is not None:
+            p, status, _, payload = await self._relay(sid, "PUT", f"/api/streams/{sid}/source", raw, ctype)
+            if status == 200:
                 p.source = (raw, ctype)  # to set it again if the stream moves to another worker
-            return self._json(status, payload, p.worker.name if p else "?")
+            return self._json(status, payload, p.worker.name)
 
         return await self._guard(request, h)
 
     async def preview(self, request: web.Request) -> web.StreamResponse:
         async def h() -> web.Response:
             sid = request.match_info["sid"]
-            status, headers, payload = await self._relay(sid, "GET", f"/api/streams/{sid}/preview.jpg")
+            p, status, headers, payload = await self._relay(sid, "GET", f"/api/streams/{sid}/preview.jpg")
             if status != 200:
-                return self._json(status, payload, self.pool.placed[sid].worker.name)
+                return self._json(status, payload, p.worker.name)
             return web.Response(body=payload, content_type="image/jpeg", headers={"Cache-Control": "no-store"})
 
         return await self._guard(request, h)
@@ -216,12 +218,12 @@ class PoolApi:
         root = self.pool.hls_root
         if not HLS_FILE.fullmatch(name) or root is None:
             return web.json_response({"error": f"no HLS file {name!r}"}, status=404)
-        path = root / sid / name
-        if not path.is_file():
+        # Off the loop (a segment is megabytes, and the loop serves every request of every stream),
+        # and gone is not an error: the writer deletes old segments while players still ask.
+        body = await asyncio.get_running_loop().run_in_executor(None, _read_if_file, root / sid / name)
+        if body is None:
             return web.json_response({"error": f"HLS file {name!r} is not written yet"}, status=404)
         ctype = "application/vnd.apple.mpegurl" if name.endswith(".m3u8") else "video/mp2t"
-        # Off the loop: a segment is megabytes, and the loop serves every request of every stream.
-        body = await asyncio.get_running_loop().run_in_executor(None, path.read_bytes)
         return web.Response(body=body, content_type=ctype, headers={"Cache-Control": "no-cache"})
 
 
@@ -237,9 +239,13 @@ def mount_pool(app: web.Application, pool: WorkerPool, token: str, upload_max_by
     async def on_startup(_app: web.Application) -> None:
         await pool.start()
 
+    async def on_shutdown(_app: web.Application) -> None:
+        pool.closing = True  # workers stopping from here on are not crashes to recover from
+
     async def on_cleanup(_app: web.Application) -> None:
         await pool.close()
 
     app.on_startup.append(on_startup)
+    app.on_shutdown.append(on_shutdown)
     app.on_cleanup.append(on_cleanup)
     return api

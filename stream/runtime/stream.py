@@ -33,13 +33,13 @@ from ..config import Config
 from ..errors import InputError, SwapStreamError
 from ..io.video import AudioPacket
 from ..netpolicy import Outbound
+from ..queues import DropOldestQueue, QueueClosed
 from ..redact import RedactingFilter, redact_text, redact_url  # noqa: F401 - redact_url: its old home
 from ..types import Face, Frame
 from .controller import DETECT_LESS, LOW_RES, MESH, StreamObservation, ladder
-from .engines import SwapFailed, SwapItem
 from .metrics import StreamSnapshot
 from .priority import media_thread
-from .queues import DropOldestQueue, QueueClosed
+from .swappers import SwapFailed, SwapItem
 
 if TYPE_CHECKING:
     from .manager import DeviceSlot
@@ -89,7 +89,7 @@ class StreamSpec:
     input: InputSpec
     outputs: tuple[OutputSpec, ...] = (OutputSpec("null"),)
     swapper: str = "mesh"
-    """`mesh`, a zoo swapper, or another name the runtime's engine factory knows."""
+    """`mesh`, a zoo swapper, or another name the runtime's backend factory knows."""
     preset: str = "multi_stream"
     """Config preset for this stream's analysis (detector cadence, faces per frame)."""
     overrides: tuple[str, ...] = ()
@@ -142,7 +142,7 @@ class StreamPipeline:
         # device at full size, so the step would change nothing there and is left out.
         self.steps = ladder(spec.swapper, low_res=slot.gpu_index is None)
         self.level = 0
-        self.engine_name = spec.swapper
+        self.backend_name = spec.swapper
         self.scale = 1.0
         self._base_detect_every = cfg.detector.detect_every
         self.state: State = "starting"
@@ -210,7 +210,7 @@ class StreamPipeline:
         self._stopping: asyncio.Future[None] | None = None
         self.done: asyncio.Event = asyncio.Event()
         # Frames encoded before this moment do not count for the controller: the first frames wait
-        # for engines to build and identities to be computed, which says nothing about steady load.
+        # for backends to build and identities to be computed, which says nothing about steady load.
         self._warm_until = time.monotonic() + 1.0
         # Frames that arrived before the last change were (partly) processed the old way: they do
         # not count for the p99 that judges the new level.
@@ -363,27 +363,27 @@ class StreamPipeline:
     async def set_source(self, image: np.ndarray) -> None:
         """Use the largest face of `image` from the next frame on; NoFaceError leaves the old one."""
         async with self._identity_lock:
-            ident = await self.slot.call(self.engine_name, lambda e: e.identity(image))
+            ident = await self.slot.call(self.backend_name, lambda b: b.identity(image))
             # After the face check, so that a picture without a face says so rather than ask for
             # consent. ConsentError leaves the old face in place.
             self.consent = self.consents.require(image, "the uploaded image")
             log.info("stream %s: source face: %s", self.id, self.consent.summary())
             self.source_image = image
-            self._identities = {self.engine_name: ident}
+            self._identities = {self.backend_name: ident}
             self.source_version += 1
             self.latency_since_change.clear()
             self._changed_at = time.monotonic()
 
-    async def _identity(self, engine: str) -> Any:
-        """This stream's identity for `engine`, computed on first use (after a switch to mesh)."""
-        ident = self._identities.get(engine)
+    async def _identity(self, backend: str) -> Any:
+        """This stream's identity for `backend`, computed on first use (after a switch to mesh)."""
+        ident = self._identities.get(backend)
         if ident is not None:
             return ident
         async with self._identity_lock:
-            if engine not in self._identities and self.source_image is not None:
+            if backend not in self._identities and self.source_image is not None:
                 image = self.source_image
-                self._identities[engine] = await self.slot.call(engine, lambda e: e.identity(image))
-            return self._identities.get(engine)
+                self._identities[backend] = await self.slot.call(backend, lambda b: b.identity(image))
+            return self._identities.get(backend)
 
     # -- the controller's steps -----------------------------------------------------------------
 
@@ -399,7 +399,7 @@ class StreamPipeline:
         # The analyser reads the config on every frame, so this takes effect on the next one.
         self.cfg.detector.detect_every = (self._base_detect_every * rc.detect_less_factor
                                           if DETECT_LESS in applied else self._base_detect_every)
-        self.engine_name = "mesh" if MESH in applied else self.spec.swapper
+        self.backend_name = "mesh" if MESH in applied else self.spec.swapper
         self.scale = rc.low_res_scale if LOW_RES in applied else 1.0
         self.level = level
         # The p99 that decides the next step must be measured at this level only. Frames that arrive
@@ -512,14 +512,14 @@ class StreamPipeline:
     async def _swap_one(self, w: _Work) -> None:
         if not w.faces or self.source_image is None:
             return
-        engine = self.engine_name
-        identity = await self._identity(engine)
+        backend = self.backend_name
+        identity = await self._identity(backend)
         if identity is None:
             return
         item = SwapItem(w.frame.data, w.faces, identity, self.scale)
         submitted = time.monotonic()
         try:
-            w.swapped = await self.slot.batcher.submit(self.id, engine, len(w.faces),
+            w.swapped = await self.slot.batcher.submit(self.id, backend, len(w.faces),
                                                        w.arrived + self.budget_ms / 1e3, item)
         except SwapFailed:
             # The frame is as it came; it is labelled and marked on its way out like any other.
@@ -646,7 +646,8 @@ class StreamPipeline:
             else Path(self.spec.input.url).name,
             "outputs": [{"type": o.kind} | ({"url": redact_url(o.target)} if o.kind == "rtmp" else {})
                         for o in self.spec.outputs],
-            "swapper": self.spec.swapper, "engine": self.engine_name, "preset": self.spec.preset,
+            # "engine": the backend swapping now (mesh after the controller's step); a key clients read.
+            "swapper": self.spec.swapper, "engine": self.backend_name, "preset": self.spec.preset,
             "device": self.slot.name, "budget_ms": self.budget_ms,
             "level": self.level, "steps_applied": list(self.steps[:self.level]),
             "ladder": list(self.steps), "history": list(self.history),

@@ -62,8 +62,14 @@ async def serve(settings: dict[str, Any]) -> None:
     from .api import ApiSettings, authorize, mount_runtime
     from .manager import StreamRuntime
 
+    from .metrics import GpuMonitor
+
     cfg = Config.model_validate(settings["config"])
-    runtime = StreamRuntime(cfg, devices=[settings["device"]])
+    # NVML numbers the host's GPUs, CUDA the visible ones: this worker's GPU is CUDA's device 0 and
+    # NVML's `nvml_index` (None: unknown, e.g. a MIG or UUID name; its utilisation is then not read).
+    nvml = settings.get("nvml_index")
+    gpu = GpuMonitor(only=nvml) if settings["device"].startswith("cuda") and nvml is not None else None
+    runtime = StreamRuntime(cfg, devices=[settings["device"]], gpu=gpu)
     token = settings["token"]
     api = ApiSettings(token, hls_root=Path(settings["hls_root"]) if settings.get("hls_root") else None,
                       media_root=Path(settings["media_root"]) if settings.get("media_root") else None)
@@ -111,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     path.unlink()  # it holds the worker's token: read once, then gone
     logging.basicConfig(level=os.environ.get("SWAPSTREAM_LOG_LEVEL", "INFO"),
                         format=f"%(asctime)s {settings['name']} %(levelname)s %(name)s: %(message)s")
+    from ..redact import install_log_redaction
+
+    install_log_redaction()  # every line, the libraries' too, without stream keys or tokens
     asyncio.run(serve(settings))
     return 0
 

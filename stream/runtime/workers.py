@@ -46,9 +46,18 @@ log = logging.getLogger(__name__)
 
 WorkerState = Literal["starting", "ready", "dead", "stopped"]
 
-START_TIMEOUT_S = 300.0
-"""A worker's start: importing the stack and, on a GPU, CUDA's context; engines build later, on
-first use."""
+START_TIMEOUT_S = 600.0
+"""A worker's start: importing the stack and, on a GPU, CUDA's context and the warm-up (analysis,
+kernels, the configured swapper's and mesh's swap backends); other backends build on first use."""
+MAX_MOVES = 3
+"""A stream whose workers died this many times under it is not started again: it may be what kills
+them (an input that crashes a decoder), and moving it on would take its next worker down too."""
+TOMBSTONE_S = 30.0
+"""How long a deleted stream's id stays with its worker: a DELETE answers while the stream may
+still be stopping there, and its id (and HLS folder) must not start on another worker meanwhile."""
+SECRET_ENV = ("SWAPSTREAM_API_TOKEN", "SWAPSTREAM_API_TOKEN_FILE", "SWAPSTREAM_WHIP_TOKEN",
+              "SWAPSTREAM_WHIP_TOKEN_FILE")
+"""The server's own secrets, which its workers do not need (each gets a token of its own)."""
 WATCH_INTERVAL_S = 0.2
 """How often the parent looks for dead workers: a move within 5 s needs the death seen at once."""
 LOAD_INTERVAL_S = 1.0
@@ -98,6 +107,8 @@ class Placed:
     moves: int = 0
     lost: str | None = None
     """Why the stream could not be started again after its worker died (None: it runs)."""
+    gave_up: bool = False
+    """Not to be started again (MAX_MOVES): only a DELETE clears it."""
 
 
 class PoolError(Exception):
@@ -133,6 +144,8 @@ class WorkerPool:
         self._reserved: set[str] = set()
         self._pending: dict[str, Worker] = {}
         """Streams being created, by the worker chosen for them."""
+        self._tombstones: dict[str, tuple[Worker, float]] = {}
+        """Deleted ids that may still be stopping: (their worker, until when, monotonic)."""
         self._lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self.closing = False
@@ -146,10 +159,13 @@ class WorkerPool:
         env = self._device_env.get(device)
         if env is not None:
             return env
-        env = dict(os.environ)
+        env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
         m = re.fullmatch(r"cuda:(\d+)", device)
         if m:
-            env["CUDA_VISIBLE_DEVICES"] = m.group(1)
+            # cuda:N is the parent's N-th visible GPU: the same one in the worker, whatever the
+            # parent was given (CUDA_VISIBLE_DEVICES=2,3 makes cuda:0 the host's GPU 2).
+            visible = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
+            env["CUDA_VISIBLE_DEVICES"] = visible[int(m.group(1))] if visible else m.group(1)
             if self.mps:
                 from ..gpu.mps import mps_daemon
 
@@ -186,7 +202,9 @@ class WorkerPool:
         w.socket = str(self._dir / f"{w.name}-{secrets.token_hex(4)}.sock")
         # A GPU worker sees its one GPU as cuda:0 (CUDA_VISIBLE_DEVICES); "cpu:N" names a simulated
         # device (tests of placement over several devices on a machine without GPUs).
+        visible = w.env.get("CUDA_VISIBLE_DEVICES", "")
         settings = {"name": w.name, "device": "cuda:0" if w.device.startswith("cuda") else "cpu",
+                    "nvml_index": int(visible) if visible.isdigit() else None,
                     "socket": w.socket, "token": w.token, "config": self.config.model_dump(mode="json"),
                     "hls_root": str(self.hls_root) if self.hls_root else None,
                     "media_root": str(self.media_root) if self.media_root else None}
@@ -194,20 +212,29 @@ class WorkerPool:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump(settings, f)
+        # Its own session: a Ctrl+C at the terminal reaches the server, which stops the workers
+        # (through their standard input), instead of killing them under it as if they crashed.
         w.proc = await asyncio.create_subprocess_exec(
             self.python, "-m", "swapstream.runtime.worker", str(path), env=w.env,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, start_new_session=True)
         w.started = time.monotonic()
         assert w.proc.stdout is not None
-        try:
-            line = await asyncio.wait_for(w.proc.stdout.readline(), START_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            w.proc.kill()
-            raise PoolError(503, f"worker {w.name} on {w.device} did not start in {START_TIMEOUT_S:.0f} s") from None
-        if not line.startswith(b'{"ready"'):
-            code = await w.proc.wait()
-            raise PoolError(503, f"worker {w.name} on {w.device} exited while starting (code {code}); "
-                                 f"its error is in the log above")
+        deadline = w.started + START_TIMEOUT_S
+        while True:  # a library may print before the ready line
+            try:
+                line = await asyncio.wait_for(w.proc.stdout.readline(), max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                w.proc.kill()
+                raise PoolError(503, f"worker {w.name} on {w.device} did not start in {START_TIMEOUT_S:.0f} s") from None
+            if not line:
+                code = await w.proc.wait()
+                raise PoolError(503, f"worker {w.name} on {w.device} exited while starting (code {code}); "
+                                     f"its error is in the log above")
+            if line.startswith(b'{"ready"'):
+                break
+            sys.stderr.write(line.decode(errors="replace"))
+        # What it prints later goes to our standard error: an unread pipe would block it when full.
+        self._tasks.append(asyncio.get_running_loop().create_task(self._relay_output(w.proc)))
         if w.session is not None:
             await w.session.close()
         w.session = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=w.socket),
@@ -215,6 +242,12 @@ class WorkerPool:
         w.state = "ready"
         w.load = {}
         log.info("worker %s (pid %s) ready on %s", w.name, w.pid, w.device)
+
+    @staticmethod
+    async def _relay_output(proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        while line := await proc.stdout.readline():
+            sys.stderr.write(line.decode(errors="replace"))
 
     async def close(self) -> None:
         self.closing = True
@@ -246,46 +279,76 @@ class WorkerPool:
         while not self.closing:
             await asyncio.sleep(WATCH_INTERVAL_S)
             for w in self.workers:
+                if self.closing:
+                    return
                 if w.state == "ready" and w.proc is not None and w.proc.returncode is not None:
-                    await self._crashed(w)
+                    try:
+                        await self._crashed(w)
+                    except Exception:  # the watch must outlive the handling of any one exit
+                        log.exception("handling the exit of worker %s failed", w.name)
 
     async def _crashed(self, w: Worker) -> None:
         w.state = "dead"
         w.crashes += 1
         w.last_exit = w.proc.returncode if w.proc is not None else None
         self.crashes_total += 1
-        held = sorted(p.id for p in self.placed.values() if p.worker is w)
+        held = sorted((p for p in self.placed.values() if p.worker is w and p.lost is None), key=lambda p: p.id)
         log.error("worker %s (pid %s, %s) exited with code %s; streams it held: %s", w.name, w.pid,
-                  w.device, w.last_exit, ", ".join(held) or "none")
-        for sid in held:
-            await self._move(self.placed[sid], exclude=w)
-        asyncio.get_running_loop().create_task(self._restart(w), name=f"restart-{w.name}")
+                  w.device, w.last_exit, ", ".join(p.id for p in held) or "none")
+        # Its replacement starts at once, beside the moves; the moves run together, so a worker
+        # that held many streams does not make the last of them wait for all the others.
+        self._tasks.append(asyncio.get_running_loop().create_task(self._restart(w), name=f"restart-{w.name}"))
+        await asyncio.gather(*(self._move(p, exclude=w) for p in held))
 
     async def _restart(self, w: Worker) -> None:
+        # 0.5, 1, 2, 4... s, at most 30: a worker that keeps dying does not spin the machine.
+        await asyncio.sleep(min(30.0, 0.25 * 2.0 ** min(w.crashes, 8)))
+        if self.closing:
+            return
         try:
             await self._spawn(w)
         except Exception as e:  # the pool goes on with the workers it has
             w.state = "dead"
             log.error("worker %s could not be started again: %s", w.name, e)
+            return
+        # Streams that found no room when their worker died get another chance on the new one.
+        lost = [p for p in self.placed.values() if p.lost is not None and not p.gave_up]
+        await asyncio.gather(*(self._move(p, exclude=None) for p in lost))
 
-    async def _move(self, p: Placed, exclude: Worker) -> None:
+    async def _move(self, p: Placed, exclude: Worker | None) -> None:
         """Create a dead worker's stream again on another worker, with its source face."""
+        dead = p.worker.name
+        if p.moves >= MAX_MOVES:
+            p.gave_up = True
+            p.lost = (f"its workers died {p.moves + 1} times under it, so it is not started again (its "
+                      f"input may be what crashes them): delete it, and check the input")
+            log.error("stream %s: %s", p.id, p.lost)
+            return
         try:
             target = self.choose(exclude=exclude)
-            status, _, payload = await self.forward(target, "POST", "/api/streams", json.dumps(p.body).encode(),
-                                                    "application/json", timeout=60.0)
-            if status != 201:
-                raise PoolError(status, _error_text(payload))
+            self._pending[p.id] = target  # counted there while it is being created
+            try:
+                status, _, payload = await self.forward(target, "POST", "/api/streams", json.dumps(p.body).encode(),
+                                                        "application/json", timeout=60.0)
+                if status != 201:
+                    raise PoolError(status, _error_text(payload))
+                # Its face before anyone is sent there: a stream that answers without it would be
+                # passing frames through unswapped.
+                if p.source is not None:
+                    status, _, payload = await self.forward(target, "PUT", f"/api/streams/{p.id}/source",
+                                                            p.source[0], p.source[1], timeout=60.0)
+                    if status != 200:
+                        log.error("stream %s: its source face was not accepted again on %s: %s", p.id,
+                                  target.name, _error_text(payload))
+            finally:
+                self._pending.pop(p.id, None)
+            if self.placed.get(p.id) is not p:  # deleted meanwhile: undo
+                await self.forward(target, "DELETE", f"/api/streams/{p.id}")
+                return
             p.worker, p.moves, p.lost = target, p.moves + 1, None
-            if p.source is not None:
-                status, _, payload = await self.forward(target, "PUT", f"/api/streams/{p.id}/source",
-                                                        p.source[0], p.source[1], timeout=60.0)
-                if status != 200:
-                    log.error("stream %s: its source face was not accepted again on %s: %s", p.id,
-                              target.name, _error_text(payload))
             log.warning("stream %s moved to worker %s", p.id, target.name)
         except PoolError as e:
-            p.lost = f"its worker {exclude.name} died and no other worker could take it: {e}"
+            p.lost = f"its worker {dead} died and no other worker could take it yet: {e}"
             log.error("stream %s: %s", p.id, p.lost)
 
     async def _refresh_loads(self) -> None:
@@ -304,7 +367,7 @@ class WorkerPool:
     def streams_on(self, w: Worker) -> int:
         """Streams placed on `w`, those being created there included: a burst of creates must
         spread before the workers' next load reports show them."""
-        return (sum(1 for p in self.placed.values() if p.worker is w)
+        return (sum(1 for p in self.placed.values() if p.worker is w and p.lost is None)
                 + sum(1 for x in self._pending.values() if x is w))
 
     def refusal(self, w: Worker) -> str | None:
@@ -392,7 +455,13 @@ class WorkerPool:
                                          f"delete it first (DELETE /api/streams/{sid}) or choose another id")
                 self._reserved.add(sid)
         try:
-            w = self.choose()
+            grave = self._tombstones.get(sid) if isinstance(sid, str) else None
+            if grave is not None and grave[1] > time.monotonic() and grave[0].state == "ready":
+                # Deleted a moment ago and maybe still stopping there: the same worker answers
+                # (409 while it stops), so two workers never hold one id (and one HLS folder).
+                w = grave[0]
+            else:
+                w = self.choose()
             if isinstance(sid, str):
                 self._pending[sid] = w
             status, _, payload = await self.forward(w, "POST", "/api/streams", json.dumps(body).encode(),
@@ -414,7 +483,11 @@ class WorkerPool:
         return p
 
     def forget(self, sid: str) -> None:
-        self.placed.pop(sid, None)
+        p = self.placed.pop(sid, None)
+        if p is not None:
+            now = time.monotonic()
+            self._tombstones = {k: v for k, v in self._tombstones.items() if v[1] > now}
+            self._tombstones[sid] = (p.worker, now + TOMBSTONE_S)
 
 
 def _error_text(payload: bytes) -> str:

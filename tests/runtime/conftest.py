@@ -1,7 +1,7 @@
 """Fixtures for the runtime tests: a stamped clip, the runtime and its API served on loopback.
 
 Importable without PyAV, aiohttp, aiortc or prometheus_client (absent on the GPU machine, whose run is
-`-m gpu` only): the queue, batcher and controller tests need none of them. Each test module that does
+`-m gpu` only): the batcher and controller tests need none of them. Each test module that does
 skips itself without them; the fixtures import them when used.
 """
 
@@ -21,7 +21,7 @@ import pytest
 from swapstream.config import Config, load_config
 from swapstream.demo import grace_hopper, render_target_frame
 
-from ..stream.stamps import stamp
+from ..helpers.stamps import stamp
 
 if TYPE_CHECKING:
     from swapstream.runtime.api import ApiSettings

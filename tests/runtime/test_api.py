@@ -275,7 +275,7 @@ def test_a_swapper_whose_model_is_missing_is_a_422_naming_the_file(clip: tuple[P
     for s in serve_runtime(runtime, ApiSettings(TOKEN, media_root=clip[0].parent)):
         status, _, body = request(s, "POST", "/api/streams", file_stream(swapper="inswapper_128"))
         assert status == 201, body
-        # The engine is built on first use: computing the uploaded face's identity.
+        # The swap backend is built on first use: computing the uploaded face's identity.
         status, _, body = request(s, "PUT", "/api/streams/cam/source", raw=png(astronaut()), ctype="image/png")
         why = error_of(body)
         assert status == 422 and why.startswith("swapper unavailable: ") and "inswapper_128.onnx" in why, body

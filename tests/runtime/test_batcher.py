@@ -132,7 +132,7 @@ def test_a_near_deadline_sends_a_partial_batch_before_max_wait() -> None:
     assert took < 0.5, took  # went at its deadline (50 ms), not after max_wait (2 s)
 
 
-def test_streams_share_batches_fairly_and_engines_never_mix() -> None:
+def test_streams_share_batches_fairly_and_backends_never_mix() -> None:
     async def main() -> tuple[Recorder, list[BatchRecord]]:
         rec = Recorder()
         seen: list[BatchRecord] = []
@@ -145,7 +145,7 @@ def test_streams_share_batches_fairly_and_engines_never_mix() -> None:
             busy = asyncio.ensure_future(b.submit("busy", "mesh", 1, now, "busy"))
             await asyncio.sleep(0.05)
             # Stream A has a backlog of 8 frames, all more urgent than stream B's single frame;
-            # stream C waits on another engine.
+            # stream C waits on another backend.
             jobs = [asyncio.ensure_future(b.submit("A", "mesh", 1, now + 0.01 * i, f"A{i}")) for i in range(8)]
             jobs.append(asyncio.ensure_future(b.submit("B", "mesh", 1, now + 1.0, "B0")))
             jobs.append(asyncio.ensure_future(b.submit("C", "inswapper", 1, now + 0.5, "C0")))
@@ -160,7 +160,7 @@ def test_streams_share_batches_fairly_and_engines_never_mix() -> None:
     # B is not starved behind A's backlog: it takes one slot of the first batch.
     assert batches[0] == ("mesh", ["A0", "B0", "A1", "A2"])
     assert batches[1] == ("mesh", ["A3", "A4", "A5", "A6"])
-    # C's engine never shares a batch with mesh requests; it runs when its deadline is the earliest.
+    # C's backend never shares a batch with mesh requests; it runs when its deadline is the earliest.
     assert ("inswapper", ["C0"]) in batches
     for key, payloads in batches:
         assert all(p.startswith("C") == (key == "inswapper") for p in payloads)

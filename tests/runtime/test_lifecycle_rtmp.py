@@ -30,7 +30,7 @@ from swapstream.live.nginx import NginxRtmp  # noqa: E402
 from swapstream.live.streams import rtmp_input_options  # noqa: E402
 from swapstream.swap.mesh import MeshSwapper, source_face  # noqa: E402
 
-from ..stream.stamps import read_stamp  # noqa: E402
+from ..helpers.stamps import read_stamp  # noqa: E402
 from .conftest import CELL, Served, make_clip  # noqa: E402
 from .test_api import error_of, png, request  # noqa: E402
 

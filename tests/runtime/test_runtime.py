@@ -1,5 +1,5 @@
 """The runtime with real streams on the CPU: several streams sharing batches, one removed while the
-others run, the controller stepping a stream down and back up when an engine is made slow, and
+others run, the controller stepping a stream down and back up when a backend is made slow, and
 placement across devices."""
 
 from __future__ import annotations
@@ -18,22 +18,22 @@ pytest.importorskip("prometheus_client")
 
 from swapstream.config import Config  # noqa: E402
 from swapstream.demo import astronaut  # noqa: E402
-from swapstream.runtime.engines import MeshEngine, SwapEngine, SwapFailed, SwapItem  # noqa: E402
+from swapstream.runtime.swappers import MeshBackend, SwapBackend, SwapFailed, SwapItem  # noqa: E402
 from swapstream.runtime.manager import SlotLoad, StreamRequestError, StreamRuntime, place  # noqa: E402
 from swapstream.runtime.stream import InputSpec, OutputSpec, StreamPipeline, StreamSpec  # noqa: E402
 
 from .conftest import runtime_config  # noqa: E402
 
 
-class SlowEngine:
-    """The mesh engine behind an adjustable delay per batch: a neural engine on an overloaded GPU,
+class SlowBackend:
+    """The mesh backend behind an adjustable delay per batch: a neural backend on an overloaded GPU,
     as far as the runtime can tell. Registered under its own swapper name, so the ladder's `mesh`
     step moves a stream off it."""
 
     name = "slowswap"
 
     def __init__(self, config: Config) -> None:
-        self.inner = MeshEngine(config)
+        self.inner = MeshBackend(config)
         self.max_batch = self.inner.max_batch
         self.delay = 0.0
         self.batches = 0
@@ -103,37 +103,37 @@ def test_streams_share_batches_and_removing_one_leaves_the_others_running(clip: 
     asyncio.run(main())
 
 
-def test_controller_steps_down_on_a_slow_engine_and_back_up_when_it_recovers(clip: tuple[Path, Any]) -> None:
+def test_controller_steps_down_on_a_slow_backend_and_back_up_when_it_recovers(clip: tuple[Path, Any]) -> None:
     path, _ = clip
-    engines: dict[str, SwapEngine] = {}
+    backends: dict[str, SwapBackend] = {}
 
-    def factory(name: str, config: Config, device: str) -> SwapEngine:
-        engines[name] = SlowEngine(config) if name == "slowswap" else MeshEngine(config)
-        return engines[name]
+    def factory(name: str, config: Config, device: str) -> SwapBackend:
+        backends[name] = SlowBackend(config) if name == "slowswap" else MeshBackend(config)
+        return backends[name]
 
     cfg = runtime_config("runtime.min_samples=5", "runtime.down_cooldown=0.5", "runtime.up_hold=1.0",
                          "runtime.controller_interval=0.2")
 
     async def main() -> dict[str, Any]:
-        rt = StreamRuntime(cfg, devices=["cpu"], engine_factory=factory, swappers=["mesh", "slowswap"])
+        rt = StreamRuntime(cfg, devices=["cpu"], backend_factory=factory, swappers=["mesh", "slowswap"])
         await rt.start()
         try:
             p = await rt.add_stream(file_spec("cam", path, swapper="slowswap", budget_ms=300))
             await p.set_source(astronaut())
-            slow = engines["slowswap"]
-            assert isinstance(slow, SlowEngine)
+            slow = backends["slowswap"]
+            assert isinstance(slow, SlowBackend)
             slow.delay = 0.6  # every batch now takes longer than the stream's whole budget
             await until(lambda: p.level == 2, 30, "two steps down")
-            assert p.engine_name == "mesh" and p.cfg.detector.detect_every == 40  # 10 x 4
+            assert p.backend_name == "mesh" and p.cfg.detector.detect_every == 40  # 10 x 4
             # On mesh the stream is inside its budget: no third step, and (once the batch that was
-            # in flight at the switch is done) nothing more goes to the slow engine.
+            # in flight at the switch is done) nothing more goes to the slow backend.
             await until(lambda: len(p.latency_since_change) >= 5, 10, "frames on mesh")
             batches_on_slow = slow.batches
             await asyncio.sleep(0.5)
             assert p.level == 2 and slow.batches == batches_on_slow
             slow.delay = 0.0  # the load falls
             await until(lambda: p.level == 0, 30, "back to full quality")
-            assert p.engine_name == "slowswap" and p.cfg.detector.detect_every == 10
+            assert p.backend_name == "slowswap" and p.cfg.detector.detect_every == 10
             assert slow.batches > batches_on_slow
             info = p.info()
             text = rt.metrics.render().decode()
@@ -153,7 +153,7 @@ def test_controller_steps_down_on_a_slow_engine_and_back_up_when_it_recovers(cli
     times = [h["time"] for h in info["history"]]
     assert times[3] - times[2] >= 1.0  # hysteresis: the hold between two steps up
     final = info["final"]
-    # While the engine was slow, frames were dropped (oldest first, counted) rather than queued.
+    # While the backend was slow, frames were dropped (oldest first, counted) rather than queued.
     assert final["dropped"]["input"] + final["dropped"]["swap"] + final["dropped"]["encode"] > 0
     assert final["pts_regressions"] == 0
     assert final["frames_in"] == final["frames_out"] + sum(final["dropped"].values())
@@ -373,14 +373,14 @@ def test_streams_on_a_gpu_have_no_low_res_step() -> None:
             p._shutdown_pools()
 
 
-class FlakyEngine:
-    """The mesh engine, failing on demand after it has changed the frames: a model that raises
+class FlakyBackend:
+    """The mesh backend, failing on demand after it has changed the frames: a model that raises
     part-way (a CUDA error, a bad input) as far as the runtime can tell."""
 
     name = "flaky"
 
     def __init__(self, config: Config) -> None:
-        self.inner = MeshEngine(config)
+        self.inner = MeshBackend(config)
         self.max_batch = self.inner.max_batch
         self.fail = False
 
@@ -399,16 +399,16 @@ class FlakyEngine:
 
 def test_a_failed_batch_gives_its_frames_back_whole(clip: tuple[Path, Any]) -> None:
     _, frames = clip
-    engines: dict[str, FlakyEngine] = {}
+    backends: dict[str, FlakyBackend] = {}
 
-    def factory(name: str, config: Config, device: str) -> SwapEngine:
-        engines[name] = FlakyEngine(config)
-        return engines[name]
+    def factory(name: str, config: Config, device: str) -> SwapBackend:
+        backends[name] = FlakyBackend(config)
+        return backends[name]
 
-    rt = StreamRuntime(runtime_config(), devices=["cpu"], engine_factory=factory, swappers=["flaky"])
+    rt = StreamRuntime(runtime_config(), devices=["cpu"], backend_factory=factory, swappers=["flaky"])
     slot = rt.slots[0]
     try:
-        flaky = slot._engine("flaky")
+        flaky = slot._backend("flaky")
         ident = flaky.identity(astronaut())
         originals = [frames[5], frames[20]]
         items = [SwapItem(f.copy(), flaky.inner._analyser.analyse_image(f), ident) for f in originals]
@@ -419,28 +419,28 @@ def test_a_failed_batch_gives_its_frames_back_whole(clip: tuple[Path, Any]) -> N
         results = slot._run("flaky", items)
         assert [type(r) for r in results] == [SwapFailed, SwapFailed]
         assert "the model failed after it pasted" in str(results[0])
-        # What the engine had pasted before it failed is undone: the frames are as they came.
+        # What the backend had pasted before it failed is undone: the frames are as they came.
         for it, f in zip(items, originals):
             assert np.array_equal(it.frame, f)
         assert slot.failed_frames == 2
         assert 'swapstream_swap_failed_frames_total{device="cpu"} 2.0' in rt.metrics.render().decode()
     finally:
-        for e in engines.values():
+        for e in backends.values():
             e.close()
         slot._pool.shutdown()
 
 
 def test_streams_carry_on_unswapped_through_failing_batches(clip: tuple[Path, Any]) -> None:
-    from ..stream.stamps import read_stamp
+    from ..helpers.stamps import read_stamp
     from .conftest import CELL
 
     path, frames = clip
-    engines: dict[str, FlakyEngine] = {}
+    backends: dict[str, FlakyBackend] = {}
     face = (slice(40, 200), slice(100, 230))  # around the portrait's head
 
-    def factory(name: str, config: Config, device: str) -> SwapEngine:
-        engines[name] = FlakyEngine(config) if name == "flaky" else MeshEngine(config)  # type: ignore[assignment]
-        return engines[name]
+    def factory(name: str, config: Config, device: str) -> SwapBackend:
+        backends[name] = FlakyBackend(config) if name == "flaky" else MeshBackend(config)  # type: ignore[assignment]
+        return backends[name]
 
     def face_diff(p: StreamPipeline) -> float:
         img = p.latest
@@ -448,7 +448,7 @@ def test_streams_carry_on_unswapped_through_failing_batches(clip: tuple[Path, An
         return float(np.abs(img[face].astype(int) - frames[read_stamp(img, CELL) % len(frames)][face]).mean())
 
     async def main() -> None:
-        rt = StreamRuntime(runtime_config("runtime.max_wait_ms=40"), devices=["cpu"], engine_factory=factory,
+        rt = StreamRuntime(runtime_config("runtime.max_wait_ms=40"), devices=["cpu"], backend_factory=factory,
                            swappers=["mesh", "flaky"])
         await rt.start()
         try:
@@ -457,7 +457,7 @@ def test_streams_carry_on_unswapped_through_failing_batches(clip: tuple[Path, An
                 await p.set_source(astronaut())
             await until(lambda: all(p.faces_swapped >= 3 for p in ps), 20, "both streams swapping")
             assert all(face_diff(p) > 15 for p in ps)
-            engines["flaky"].fail = True
+            backends["flaky"].fail = True
             await until(lambda: all(p.frames_swap_failed >= 5 for p in ps), 20, "failed batches on both")
             out = [p.frames_out for p in ps]
             await asyncio.sleep(0.5)
@@ -466,7 +466,7 @@ def test_streams_carry_on_unswapped_through_failing_batches(clip: tuple[Path, An
                 assert p.state == "running" and p.error is None and p.frames_out > n
                 assert face_diff(p) < 6, face_diff(p)
             swapped = [p.faces_swapped for p in ps]
-            engines["flaky"].fail = False
+            backends["flaky"].fail = False
             await until(lambda: all(p.faces_swapped > s + 2 for p, s in zip(ps, swapped)), 20, "swapping again")
             info = ps[0].info()
             assert info["frames_swap_failed"] >= 5 and info["pts_regressions"] == 0

@@ -44,7 +44,7 @@ def test_a_stream_on_the_gpu_stages(clip: tuple[Path, list[Any]], tmp_path: Path
         rt = StreamRuntime(runtime_config(), devices=["cuda:0"])
         await rt.start()
         try:
-            # The engine's source analysis, warmed before the clip plays: the frames are few.
+            # The swap backend's source analysis, warmed before the clip plays: the frames are few.
             await rt.slots[0].call(swapper, lambda e: e.identity(astronaut()))
             spec = StreamSpec("g", InputSpec(str(path), realtime=True),
                               (OutputSpec("hls", str(hls)), OutputSpec("null")), swapper=swapper)

@@ -29,7 +29,7 @@ pytest.importorskip("prometheus_client")
 from swapstream.config import Config  # noqa: E402
 from swapstream.demo import astronaut  # noqa: E402
 from swapstream.runtime.api import ApiSettings, RedactingAccessLogger, mount_runtime  # noqa: E402
-from swapstream.runtime.engines import MeshEngine, SwapEngine, SwapItem  # noqa: E402
+from swapstream.runtime.swappers import MeshBackend, SwapBackend, SwapItem  # noqa: E402
 from swapstream.runtime.manager import REMOVE_WAIT_S, StreamRuntime  # noqa: E402
 
 from .conftest import TOKEN, Served, runtime_config, serve_runtime  # noqa: E402
@@ -332,13 +332,13 @@ def test_healthz_and_delete_stay_prompt_while_streams_load_every_core(served: Se
 
 
 class DelayedMesh:
-    """The mesh engine behind a delay per batch: a device so overloaded that each batch takes
+    """The mesh backend behind a delay per batch: a device so overloaded that each batch takes
     seconds, as far as the runtime can tell."""
 
     name = "delayed"
 
     def __init__(self, config: Config) -> None:
-        self.inner = MeshEngine(config)
+        self.inner = MeshBackend(config)
         self.max_batch = self.inner.max_batch
         self.delay = 0.0
         self.running = threading.Event()
@@ -357,31 +357,31 @@ class DelayedMesh:
 
 @pytest.fixture
 def overloaded(clip: tuple[Path, Any], tmp_path: Path) -> Any:
-    engines: dict[str, DelayedMesh] = {}
+    backends: dict[str, DelayedMesh] = {}
 
-    def factory(name: str, config: Config, device: str) -> SwapEngine:
-        engines[name] = DelayedMesh(config)
-        return engines[name]
+    def factory(name: str, config: Config, device: str) -> SwapBackend:
+        backends[name] = DelayedMesh(config)
+        return backends[name]
 
-    runtime = StreamRuntime(runtime_config(), devices=["cpu"], engine_factory=factory, swappers=["delayed"])
+    runtime = StreamRuntime(runtime_config(), devices=["cpu"], backend_factory=factory, swappers=["delayed"])
     for s in serve_runtime(runtime, ApiSettings(TOKEN, hls_root=tmp_path / "hls", media_root=clip[0].parent)):
-        yield s, engines
-        for e in engines.values():
+        yield s, backends
+        for e in backends.values():
             e.delay = 0.0  # let the runtime close without waiting out a batch
 
 
 def test_delete_answers_within_2_s_when_the_device_is_slow(overloaded: Any) -> None:
-    served, engines = overloaded
+    served, backends = overloaded
     for sid in ("a", "b"):
         status, _, body = request(served, "POST", "/api/streams", file_stream(sid, swapper="delayed"))
         assert status == 201, body
         status, _, body = request(served, "PUT", f"/api/streams/{sid}/source", raw=png(astronaut()),
                                   ctype="image/png")
         assert status == 200, body
-    engine = engines["delayed"]
-    engine.delay = 4.0  # each batch now takes longer than any DELETE may
-    engine.running.clear()
-    assert engine.running.wait(20), "no batch started"
+    backend = backends["delayed"]
+    backend.delay = 4.0  # each batch now takes longer than any DELETE may
+    backend.running.clear()
+    assert backend.running.wait(20), "no batch started"
     t0 = time.monotonic()
     status, _, body = request(served, "DELETE", "/api/streams/a")
     took = time.monotonic() - t0
@@ -395,7 +395,7 @@ def test_delete_answers_within_2_s_when_the_device_is_slow(overloaded: Any) -> N
     assert status == 409 and "is still stopping" in error_of(body), body
     status, _, body = request(served, "GET", "/readyz", token=None)
     assert json.loads(body)["stopping"] == 1
-    engine.delay = 0.0
+    backend.delay = 0.0
     wait_until(lambda: not served.runtime.stopping, 15, "the removal to finish")
     assert info(served, "b")["state"] == "running"
     status, _, body = request(served, "POST", "/api/streams", file_stream("a", swapper="delayed"))

@@ -19,9 +19,9 @@ if CHROMIUM is None:
 import cv2  # noqa: E402
 
 from swapstream.demo import grace_hopper, render_target_frame  # noqa: E402
-from swapstream.live.probe import read_stamp, stamp  # noqa: E402
 from swapstream.live.webrtc import WhipServer  # noqa: E402
 
+from ..helpers.probe import read_stamp, stamp  # noqa: E402
 from .webrtc_peers import ServerThread, chromium_args, looks_swapped, mesh_swap  # noqa: E402
 
 W, H, FPS = 320, 240, 15

@@ -24,9 +24,9 @@ import cv2  # noqa: E402
 from aiohttp import ClientSession, web  # noqa: E402
 from aiortc import RTCPeerConnection  # noqa: E402
 
-from swapstream.live.probe import ProbeClock, Received, StampedVideoTrack, ToneTrack, read_stamp  # noqa: E402
 from swapstream.live.webrtc import WhipServer  # noqa: E402
 
+from ..helpers.probe import ProbeClock, Received, StampedVideoTrack, ToneTrack, read_stamp  # noqa: E402
 from .webrtc_peers import (ServerThread, chromium_args, connect, looks_swapped, mesh_swap,  # noqa: E402
                           publisher, until)
 

@@ -27,11 +27,11 @@ from aiohttp import ClientSession  # noqa: E402
 from aiortc import RTCPeerConnection, RTCSessionDescription  # noqa: E402
 
 from swapstream.config import load_config  # noqa: E402
-from swapstream.live.probe import ProbeClock, Received, StampedVideoTrack  # noqa: E402
 from swapstream.live.webrtc import WhipServer  # noqa: E402
 from swapstream.runtime.api import ApiSettings, mount_runtime  # noqa: E402
 from swapstream.runtime.manager import StreamRuntime  # noqa: E402
 
+from ..helpers.probe import ProbeClock, Received, StampedVideoTrack  # noqa: E402
 from .test_webrtc_security import HealthProbe  # noqa: E402
 from .webrtc_peers import ServerThread, publisher, until  # noqa: E402
 

@@ -19,10 +19,10 @@ pytest.importorskip("aiortc")
 
 from aiohttp import ClientSession  # noqa: E402
 
-from swapstream.live.probe import (ProbeClock, Received, StampedVideoTrack, ToneTrack,  # noqa: E402
-                                   audio_lag, peak_hz, tone_edges, video_lag)
 from swapstream.live.webrtc import AIORTC_AUDIO_PREFETCH_S, Session, WhipServer  # noqa: E402
 
+from ..helpers.probe import (ProbeClock, Received, StampedVideoTrack, ToneTrack,  # noqa: E402
+                             audio_lag, peak_hz, tone_edges, video_lag)
 from .webrtc_peers import connect, mesh_swap, publisher, start, until, viewer  # noqa: E402
 
 FPS = 15

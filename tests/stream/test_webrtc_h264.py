@@ -25,9 +25,9 @@ from aiohttp import ClientSession  # noqa: E402
 
 from swapstream.gpu.rtc import (DivertingQueue, divert_video, h264_first, prefer_h264,  # noqa: E402
                                 RTP_VIDEO_TIME_BASE)
-from swapstream.live.probe import ProbeClock, Received, StampedVideoTrack  # noqa: E402
 from swapstream.live.webrtc import WhipServer, first_codec  # noqa: E402
 
+from ..helpers.probe import ProbeClock, Received, StampedVideoTrack  # noqa: E402
 from .webrtc_peers import connect, fresh_job, looks_swapped, mesh_swap, publisher, start, until  # noqa: E402
 
 SIZE = (320, 240)

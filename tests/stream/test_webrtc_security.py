@@ -33,10 +33,10 @@ from aiortc import RTCPeerConnection  # noqa: E402
 
 from swapstream.config import WebRtcConfig  # noqa: E402
 from swapstream.errors import ConfigError  # noqa: E402
-from swapstream.live.probe import ProbeClock, Received, StampedVideoTrack, ToneTrack  # noqa: E402
 from swapstream.live.webrtc import (WhipServer, host_name, is_loopback_host, own_addresses,  # noqa: E402
                                     require_whip_token)
 
+from ..helpers.probe import ProbeClock, Received, StampedVideoTrack, ToneTrack  # noqa: E402
 from .webrtc_peers import ServerThread, connect, local_peer, publisher, start, until, viewer  # noqa: E402
 
 SIZE = (160, 120)

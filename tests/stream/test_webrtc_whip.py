@@ -17,9 +17,9 @@ pytest.importorskip("aiohttp")
 
 from aiohttp import ClientSession  # noqa: E402
 
-from swapstream.live.probe import ProbeClock, Received, StampedVideoTrack  # noqa: E402
 from swapstream.live.webrtc import WhipServer  # noqa: E402
 
+from ..helpers.probe import ProbeClock, Received, StampedVideoTrack  # noqa: E402
 from .webrtc_peers import (connect, fresh_job, looks_swapped, mesh_swap, publisher, start,  # noqa: E402
                           until, viewer)
 

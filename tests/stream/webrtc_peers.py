@@ -16,9 +16,10 @@ from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSes
 
 from swapstream.config import load_config
 from swapstream.demo import astronaut
-from swapstream.live.probe import Received, receive
 from swapstream.pipeline import FileJob
 from swapstream.types import Frame
+
+from ..helpers.probe import Received, receive
 
 T = TypeVar("T")
 

@@ -1,11 +1,12 @@
-"""Swap engines as the runtime sees them: one set per device, shared by every stream on it.
+"""Swap backends: the swappers as the runtime sees them, one set per device, shared by its streams.
 
-An engine turns a source image into an identity (once per stream and source face) and swaps a batch
-of frames' faces, each frame with its own stream's identity, in one call. `MeshEngine` wraps the
-built-in mesh swapper (its "batch" is a loop: the mesh kernels work face by face); `NeuralEngine` wraps
-the zoo swapper of `neural/factory.py`, whose model runs the faces of several streams as one batch.
+A backend turns a source image into an identity (once per stream and source face) and swaps a batch
+of frames' faces, each frame with its own stream's identity, in one call. `MeshBackend` wraps the
+built-in mesh swapper (its "batch" is a loop: the mesh kernels work face by face); `NeuralBackend`
+wraps the zoo swapper of `neural/factory.py`, whose model runs the faces of several streams as one
+batch. ("Engine" is kept for `swapstream.engines` and the TensorRT engines it builds.)
 
-Engines are built and called only in their device's worker thread (see `manager.DeviceSlot`): the
+Backends are built and called only in their device's worker thread (see `manager.DeviceSlot`): the
 models and their CUDA graphs are not thread-safe, and one thread per GPU is what orders the work.
 """
 
@@ -35,7 +36,7 @@ class SwapItem:
     """HxWx3 uint8 RGB, modified in place."""
     faces: list[Face]
     identity: Any
-    """What the engine's `identity` returned for this stream's source face."""
+    """What the backend's `identity` returned for this stream's source face."""
     scale: float = 1.0
     """Below 1: swap at this fraction of the resolution (the controller's `low_res` step, host
     frames only: streams on a GPU do not have that step)."""
@@ -47,11 +48,11 @@ class SwapItem:
 
 class SwapFailed(Exception):
     """The batch this frame was in failed: the frame goes on as it came (unswapped), and the stream
-    carries on. The message is the engine's error."""
+    carries on. The message is the backend's error."""
 
 
-class SwapEngine(Protocol):
-    """What the runtime needs from a swapper (mesh, neural, or a test's instrumented engine)."""
+class SwapBackend(Protocol):
+    """What the runtime needs from a swapper (mesh, neural, or a test's instrumented backend)."""
 
     name: str
     max_batch: int
@@ -68,8 +69,8 @@ class SwapEngine(Protocol):
     def close(self) -> None: ...
 
 
-EngineFactory = Callable[[str, Config, str], SwapEngine]
-"""Builds the engine for swapper `name` with the runtime's config on a device ("cpu", "cuda:0")."""
+BackendFactory = Callable[[str, Config, str], SwapBackend]
+"""Builds the backend for swapper `name` with the runtime's config on a device ("cpu", "cuda:0")."""
 
 
 def _scale_face(face: Face, x0: int, y0: int, fx: float, fy: float) -> Face:
@@ -129,7 +130,7 @@ def source_analyser(config: Config, device: str) -> Any:
     return FaceAnalyser(config)
 
 
-class MeshEngine:
+class MeshBackend:
     """The built-in mesh swapper for many streams: one `MeshSwapper` (source texture, scratch
     buffers) per identity, one face analyser for the source images."""
 
@@ -163,7 +164,7 @@ class MeshEngine:
         self._analyser.close()
 
 
-class NeuralEngine:
+class NeuralBackend:
     """A zoo swapper (inswapper, hyperswap, simswap...) for many streams: the faces of every item go
     into `swap_many` together, each with its own stream's source vector."""
 
@@ -225,10 +226,11 @@ class NeuralEngine:
         self._stages.close()
 
 
-def default_engine_factory(name: str, config: Config, device: str) -> SwapEngine:
-    """`mesh` or a zoo swapper. On a CUDA device the engine is built inside that device's context
+def default_backend_factory(name: str, config: Config, device: str) -> SwapBackend:
+    """`mesh` or a zoo swapper. On a CUDA device the backend is built inside that device's context
     (the caller's worker thread has made it current)."""
     t0 = time.perf_counter()
-    engine: SwapEngine = MeshEngine(config, device) if name == "mesh" else NeuralEngine(name, config, device)
-    log.info("engine %s ready on %s in %.1f s", name, device, time.perf_counter() - t0)
-    return engine
+    backend: SwapBackend = (MeshBackend(config, device) if name == "mesh"
+                            else NeuralBackend(name, config, device))
+    log.info("swap backend %s ready on %s in %.1f s", name, device, time.perf_counter() - t0)
+    return backend

@@ -5,7 +5,7 @@ coding), so that each frame that comes out of SwapStream can be matched to the f
 for pixels and for latency, whatever was dropped on the way. The audio is a tone that is on during
 even seconds and off during odd ones of the same clock as the video, so that the audio's delay can
 be set against the video's. Used by the live tests and by `tools/bench_live.py`. The stamps
-themselves are in `swapstream.live.stamps`, which needs nothing but NumPy.
+themselves are in `tests.helpers.stamps`, which needs nothing but NumPy.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import numpy as np
 from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
-from ..demo import grace_hopper, render_target_frame
+from swapstream.demo import grace_hopper, render_target_frame
+
 # The stamps live in `.stamps` (NumPy only); importable from here as before.
 from .stamps import BITS, read_stamp, stamp  # noqa: F401
 

@@ -7,6 +7,9 @@ refused and counted too: once a later frame has been let through, an earlier one
 
 The queue belongs to one asyncio loop; producers in other threads hand items over with
 `loop.call_soon_threadsafe(queue.put, item)`.
+
+It depends on nothing else of the package: the runtime's streams (`runtime.stream`) and the WebRTC
+tracks (`live.webrtc`) both use it, and `live` never imports `runtime`.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from swapstream.runtime.queues import DropOldestQueue, QueueClosed
+from swapstream.queues import DropOldestQueue, QueueClosed
 
 
 def test_full_queue_drops_the_oldest_and_counts_it() -> None:

@@ -3,7 +3,7 @@ survive lossy coding, so that a frame that comes out of SwapStream can be matche
 from whatever was dropped on the way.
 
 NumPy only, so that tests and tools that need nothing else (the runtime's pure-logic tests) import it
-without PyAV or aiortc; `swapstream.live.probe` builds its measurable media on it.
+without PyAV or aiortc; `tests.helpers.probe` builds its measurable media on it.
 """
 
 from __future__ import annotations
