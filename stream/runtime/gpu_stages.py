@@ -64,6 +64,7 @@ class GpuDecode:
         import cupy
 
         if isinstance(item, Frame):
+            self._check_size(item.data.shape[1], item.data.shape[0])
             with self.stream:
                 data = cupy.asarray(item.data)
             self.stream.synchronize()
@@ -98,9 +99,19 @@ class GpuDecode:
             self._key = (codec, reorders)
         return self._decoder
 
+    def _check_size(self, width: int, height: int) -> None:
+        if width % 2 or height % 2:
+            from ..errors import InputError
+
+            # NV12 (the encoders' input) has chroma for 2x2 pixels: an odd size cannot be encoded.
+            raise InputError(f"stream {self.name}: its video is {width}x{height}; the GPU path needs an even "
+                             f"width and height. Scale it in the encoder, or run the server with "
+                             f"--set device=cpu")
+
     def _to_rgb(self, f: Any, pts: int | None, time_base: Fraction | None) -> Frame:
         import cupy
 
+        self._check_size(f.width, f.height)
         with self.stream:
             rgb = cupy.empty((f.height, f.width, 3), cupy.uint8)
         f.copy_to(rgb).synchronize()  # NV12 -> RGB done before another thread reads it

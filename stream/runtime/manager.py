@@ -129,6 +129,7 @@ class DeviceSlot:
         self.batcher = DynamicBatcher(self._run, max_batch=config.neural.max_batch,
                                       max_wait=config.runtime.max_wait_ms / 1e3, executor=self._pool,
                                       observer=self._observed, name=f"batcher-{name}")
+        self._nvdec: tuple[bool, str] | None = None
         self._analysis: Any = None
         """On a GPU: the device's face analysis (gpu_stages.DeviceAnalysis), built in its thread."""
         self.analysis_batcher: DynamicBatcher | None = None
@@ -196,6 +197,12 @@ class DeviceSlot:
                 it.frame = h
                 if b is not None:
                     h[...] = b
+            if self.gpu_index is not None and backup:
+                import cupy
+
+                # Restored on this thread's stream: done before the encode thread reads the frames.
+                with self._device():
+                    cupy.cuda.get_current_stream().synchronize()
             counts = [SwapFailed(f"swap on {self.name} with {key} failed: {e}") for _ in items]
             self.failed_frames += len(items)
             self.metrics.observe_swap_failed(self.name, len(items))
@@ -279,6 +286,14 @@ class DeviceSlot:
             for matrix in ("bt601", "bt709"):
                 rgb_to_nv12(rgb, nv12[:h], nv12[h:], matrix=matrix)
         cupy.cuda.get_current_stream().synchronize()
+
+    def nvdec_available(self) -> tuple[bool, str]:
+        """Whether this GPU decodes with NVDEC (and why not), asked of the driver once."""
+        if self._nvdec is None:
+            from ..gpu.pynvc import nvdec_available
+
+            self._nvdec = nvdec_available(self.gpu_index or 0)
+        return self._nvdec
 
     async def forget(self, stream_id: str) -> None:
         """Drop a removed stream's tracks (GPU slots), in the thread that owns them."""

@@ -242,12 +242,12 @@ class StreamPipeline:
         gpu = self.slot.gpu_index is not None
         nvdec = False
         if gpu:
-            from ..gpu.pynvc import nvdec_available
             from .gpu_stages import GpuCompose, GpuDecode
 
             # The GPU stages of this same pipeline: NVDEC (or an upload) into GPU memory, analysis
             # with the device's other streams, label, mark and NV12 on the device.
-            nvdec, why = nvdec_available(self.slot.gpu_index or 0)
+            # Off the loop (it asks the driver for the decoder's capabilities), once per device.
+            nvdec, why = await loop.run_in_executor(None, self.slot.nvdec_available)
             if not nvdec:
                 log.warning("stream %s: decoded on the CPU and uploaded (%s)", self.id, why)
             with self.slot._device():
@@ -336,8 +336,8 @@ class StreamPipeline:
             self._analyser = None
         if self._decode is not None:
             await self.slot.forget(self.id)
-            if self._thread is None or not self._thread.is_alive():
-                self._decode.close()  # the reader thread is done with it
+            if self._thread is None:
+                self._decode.close()  # no reader thread ever used it (the reader closes its own)
         self._shutdown_pools()
         if self.state == "stopping":
             self.state = "stopped"
@@ -454,6 +454,9 @@ class StreamPipeline:
                 return  # call_soon_threadsafe on a closed loop: the runtime is gone, nobody to tell
             log.exception("stream %s: reader failed", self.id)
             self._tell(loop, self._fail, f"reading the input failed: {e}")
+        finally:
+            if self._decode is not None:
+                self._decode.close()  # in the thread that used it, whenever it ends (its NVDEC session)
         self._tell(loop, self.in_q.close)
 
     @staticmethod
