@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -215,7 +219,7 @@ def live(
     config: Annotated[Optional[str], typer.Option("--config", "-c", help="Preset name or YAML file.")] = "live",
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config key: key=value.")] = None,
     max_frames: Annotated[Optional[int], typer.Option(min=1, help="Stop after this many frames (default: until the input ends).")] = None,
-    reconnect: Annotated[float, typer.Option(min=0, help="Seconds to keep reconnecting to a dropped network input.")] = 60.0,
+    reconnect: Annotated[float, typer.Option(min=0, help="Seconds to wait for a network input to start publishing, to reconnect a dropped input, and for a failed output to come back.")] = 60.0,
     loop: Annotated[bool, typer.Option("--loop", help="Play a file input again from the start each time it ends (stop with Ctrl+C or --max-frames).")] = False,
     no_label: Annotated[bool, typer.Option("--no-label", help="Do not draw the visible 'AI-modified' "
                         "label (logs a warning; the invisible mark stays).")] = False,
@@ -228,28 +232,68 @@ def live(
         cfg.disclosure.label_live = False
     _insecure_tls(cfg, insecure_tls)
     job = _live_job_class(cfg)(cfg)
+    stop = threading.Event()  # the run sets it too, as it ends
+    interrupted = threading.Event()
     try:
         job.set_source(source)
         _log_disclosure(job)
         outputs = [x for x in (redact_url(rtmp_out) if rtmp_out else None, str(hls_dir) if hls_dir else None,
                                (vcam_device or "virtual camera") if vcam else None) if x]
         err.print(Text(f"live: {redact_url(input)} -> {', '.join(outputs)}"))  # no stream keys on screen
-        stats = job.run_live(input, rtmp_out=rtmp_out, hls_dir=hls_dir, max_frames=max_frames,
-                             reconnect_seconds=reconnect, vcam=vcam, vcam_device=vcam_device,
-                             loop=loop)
+
+        def waiting() -> None:
+            # Start SwapStream first, then OBS (docs/obs.md): say what it waits for, once.
+            err.print(Text(f"waiting for {redact_url(input)} (publish from OBS now)"), soft_wrap=True)
+
+        with _stop_on_sigint(stop, interrupted):
+            stats = job.run_live(input, rtmp_out=rtmp_out, hls_dir=hls_dir, max_frames=max_frames,
+                                 reconnect_seconds=reconnect, vcam=vcam, vcam_device=vcam_device,
+                                 loop=loop, stop=stop, on_wait=waiting)
     finally:
         job.close()
+    _live_summary(stats)
+    if interrupted.is_set():
+        raise typer.Exit(130)  # stopped by Ctrl+C: the shell's code for SIGINT, after the summary
+
+
+@contextlib.contextmanager
+def _stop_on_sigint(stop: threading.Event, interrupted: threading.Event) -> Iterator[None]:
+    """Ctrl+C sets `stop` (and `interrupted`) instead of raising in the middle of a write: the live
+    run then ends as at its normal end (outputs flushed and closed) and its summary is printed. A
+    second Ctrl+C, for a run that does not stop, interrupts at once."""
+    def on_sigint(signum: int, frame: object) -> None:
+        if interrupted.is_set():
+            raise KeyboardInterrupt
+        interrupted.set()
+        stop.set()
+
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread (a test calling the command in a thread)
+        return
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _live_summary(stats: "object") -> None:
+    """The line a live run ends with, at its end and after Ctrl+C alike."""
+    from .live.job import LiveStats
+
+    assert isinstance(stats, LiveStats)
     lat = sorted(stats.latency_ms)
     p50 = lat[len(lat) // 2] if lat else 0.0
     out.print(Text(f"frames in {stats.frames_in}, out {stats.frames_out}, dropped {stats.dropped}, "
                    f"faces swapped {stats.faces_swapped}, audio packets {stats.audio_packets}, "
-                   f"reconnects {stats.reconnects}, swap-stage latency p50 {p50:.0f} ms"))
+                   f"reconnects {stats.reconnects}, swap-stage latency p50 {p50:.0f} ms"), soft_wrap=True)
 
 
 @app.command()
 def serve(
     source: Annotated[Optional[Path], typer.Option(
-        "--source", "-s", help="Image with the face WHIP publishers get (needed unless --no-webrtc).")] = None,
+        "--source", "-s", help="Image with the face WHIP publishers get (needed unless --no-webrtc); API streams "
+                                     "start with it too, until a face is uploaded for them.")] = None,
     host: Annotated[str, typer.Option(help="Address to listen on; one other than loopback needs --whip-token.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="HTTP port for WHIP (POST /whip).")] = 8080,
     config: Annotated[Optional[str], typer.Option("--config", "-c", help="Preset name or YAML file.")] = "live",
@@ -305,7 +349,7 @@ def serve(
     if no_webrtc:
         app_ = web.Application()
         _mount_runtime(app_, cfg, api_token, hls_root, media_root, f"http://{host}:{port}",
-                       workers=workers, mps=mps)
+                       workers=workers, mps=mps, source=source)
         _run_app(app_, host, port)
         return
     if source is None:
@@ -337,7 +381,7 @@ def serve(
                  f"view for an OBS Browser Source: {base}/view?bg=transparent  (or ?bg=chroma&color=00ff00)"):
         err.print(Text(line), soft_wrap=True)  # URLs unbroken, to copy into OBS
     _mount_runtime(server.app, cfg, api_token, hls_root, media_root, f"http://{host}:{port}",
-                   workers=workers, mps=mps)
+                   workers=workers, mps=mps, source=source)
     try:
         _run_app(server.app, host, port)
     finally:
@@ -444,10 +488,10 @@ def _check_serve_folders(hls_root: Optional[Path], media_root: Optional[Path]) -
 
 def _mount_runtime(app_: object, cfg: Config, token: Optional[str], hls_root: Optional[Path],
                    media_root: Optional[Path], base: str, *, workers: int = 0,
-                   mps: Optional[bool] = None) -> None:
+                   mps: Optional[bool] = None, source: Optional[Path] = None) -> None:
     """The multi-stream runtime and its control API on the serve app (swapstream.runtime): in this
     process, or with `workers` worker processes per device behind it (runtime.workers). The folders
-    were checked by `_check_serve_folders`."""
+    were checked by `_check_serve_folders`. `source` (serve -s): the face API streams start with."""
     from .runtime.api import ApiSettings, mount_runtime, new_token
     from .runtime.manager import StreamRuntime, default_devices
     from .runtime.metrics import GpuMonitor
@@ -457,7 +501,7 @@ def _mount_runtime(app_: object, cfg: Config, token: Optional[str], hls_root: Op
         from .runtime.pool_api import mount_pool
         from .runtime.workers import WorkerPool
 
-        ApiSettings(chosen)  # the token's checks, as in one process
+        ApiSettings(chosen, default_source=source)  # the token's and image's checks, as in one process
         monitor = GpuMonitor()
         devices = default_devices(monitor) if cfg.device != "cpu" else ["cpu"]
         monitor.close()
@@ -468,12 +512,13 @@ def _mount_runtime(app_: object, cfg: Config, token: Optional[str], hls_root: Op
 
             raise ConfigError("--mps needs an NVIDIA GPU, and none is usable here: leave --mps out")
         mount_pool(app_, WorkerPool(cfg, devices=devices, per_device=workers, hls_root=hls_root,  # type: ignore[arg-type]
-                                    media_root=media_root, mps=use_mps), chosen, cfg.runtime.upload_max_bytes)
+                                    media_root=media_root, mps=use_mps, default_source=source),
+                   chosen, cfg.runtime.upload_max_bytes)
         err.print(Text(f"{workers} worker process(es) on each of {', '.join(devices)}"
                        + (" under MPS" if use_mps else "")))
     else:
         mount_runtime(app_, StreamRuntime(cfg), ApiSettings(chosen, hls_root=hls_root,  # type: ignore[arg-type]
-                                                             media_root=media_root))
+                                                             media_root=media_root, default_source=source))
     err.print(Text(f"stream API: {base}/api/streams  dashboard: {base}/dashboard  metrics: {base}/metrics"))
     if token is None:
         # Printed once, on the terminal that started the server; set SWAPSTREAM_API_TOKEN to choose it.

@@ -15,10 +15,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
+from ..errors import InputError
 from ..io.video import AudioPacket
 from ..netpolicy import Outbound
 from ..pipeline import FileJob
@@ -76,14 +77,26 @@ class LiveJob(FileJob):
     def run_live(self, url: str, *, rtmp_out: str | None = None, hls_dir: Path | None = None,
                  max_frames: int | None = None, buffer_frames: int = 2,
                  stop: threading.Event | None = None, reconnect_seconds: float = 60.0,
-                 vcam: bool = False, vcam_device: str | None = None, loop: bool = False) -> LiveStats:
+                 vcam: bool = False, vcam_device: str | None = None, loop: bool = False,
+                 on_wait: Callable[[], None] | None = None) -> LiveStats:
         """Run until the input ends (a file's end; a network input that stays away longer than
         `reconnect_seconds`), `max_frames` are out, or `stop` is set. A file input plays at its own
-        pace, once, or again and again with `loop`."""
+        pace, once, or again and again with `loop`.
+
+        `reconnect_seconds` is the one outage window of the run: how long a network input that is
+        not publishing yet is waited for (`on_wait` is called when that wait starts), how long a
+        dropped input is reconnected to, and how long each output may fail before the run ends."""
         self._check_live_args(url, rtmp_out, hls_dir, vcam, vcam_device, loop)
         stop = stop or threading.Event()
         reader = self._live_reader(url, reconnect_seconds=reconnect_seconds, loop=loop)
-        reader.open()
+        try:
+            # docs/obs.md has the operator start SwapStream first and OBS second: wait for it.
+            reader.open(wait_seconds=reconnect_seconds, on_wait=on_wait, stop=stop)
+        except BaseException as e:
+            self._close_live()
+            if isinstance(e, InputError) and stop.is_set():
+                return LiveStats()  # stopped (Ctrl+C) while waiting for the publisher: not an error
+            raise
         try:
             self._live_warm_up(reader)
         except BaseException:
@@ -102,7 +115,8 @@ class LiveJob(FileJob):
             """Send one swapped frame to the outputs (opened at the first, which gives the size)."""
             if not writers:
                 writers = self._open_writers(out.width, out.height, out.time_base, reader, rtmp_out,
-                                             hls_dir, vcam_device if vcam else None, vcam)
+                                             hls_dir, vcam_device if vcam else None, vcam,
+                                             reconnect_seconds=reconnect_seconds)
             stats.faces_swapped += out.faces
             t = time.perf_counter()
             for w in writers:
@@ -198,10 +212,11 @@ class LiveJob(FileJob):
 
     def _open_writers(self, width: int, height: int, time_base: Fraction | None, reader: LiveReader,
                       rtmp_out: str | None, hls_dir: Path | None, vcam_device: str | None = None,
-                      vcam: bool = False) -> list[LiveOutput]:
+                      vcam: bool = False, *, reconnect_seconds: float = 60.0) -> list[LiveOutput]:
+        # Each output tolerates the outage the operator asked for (--reconnect), not a fixed one.
         common: dict[str, Any] = dict(width=width, height=height, fps=reader.info_fps,
                                       time_base=time_base, audio_from=reader.audio_stream,
-                                      crf=self.config.encode.crf)
+                                      crf=self.config.encode.crf, reconnect_seconds=reconnect_seconds)
         out: list[LiveOutput] = []
         if rtmp_out:
             out.append(LiveWriter(rtmp_out, kind="rtmp", outbound=self._outbound(), **common))

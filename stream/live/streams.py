@@ -7,6 +7,7 @@ The options and arguments are built by pure functions (`rtmp_input_options`, `x2
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
 import threading
@@ -15,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import av
 import numpy as np
@@ -75,6 +76,14 @@ def hls_options(folder: Path, *, segment_seconds: float = 1.0, list_size: int = 
     return {"hls_time": f"{segment_seconds:g}", "hls_list_size": str(list_size),
             "hls_flags": "delete_segments+independent_segments+omit_endlist",
             "hls_segment_filename": str(folder / "seg_%05d.ts")}
+
+
+def _not_publishing(e: BaseException) -> bool:
+    """Whether a failed open looks like a server with nothing published yet: nginx-rtmp keeps a
+    player of an unpublished stream connected and silent, and FFmpeg ends that at its open timeout
+    with EIO (or ETIMEDOUT). A refused key, a server that speaks no RTMP or a bad URL fail otherwise,
+    and at once: they are errors to report, not reasons to wait."""
+    return isinstance(e, av.error.OSError) and e.errno in (errno.EIO, errno.ETIMEDOUT)
 
 
 @dataclass(frozen=True)
@@ -153,7 +162,7 @@ class LiveReader:
         self._wake = threading.Event()
         self._container: Any = None
 
-    def _open(self) -> Any:
+    def _open(self, open_timeout: float | None = None) -> Any:
         if self.is_file:
             return av.open(self.url, options=media_file_options() if self.media else {},
                            timeout=self.timeouts)
@@ -164,7 +173,8 @@ class LiveReader:
             opts = rtmp_input_options() if conn.url.startswith("rtmp") else {}
             if self.outbound.policy is not None:
                 opts["protocol_whitelist"] = "rtmp,tcp"  # what was checked, and nothing it leads to
-            c = av.open(conn.url, options=opts, timeout=self.timeouts)
+            timeouts = self.timeouts if open_timeout is None else (open_timeout, self.timeouts[1])
+            c = av.open(conn.url, options=opts, timeout=timeouts)
         except BaseException:
             conn.close()
             raise
@@ -177,22 +187,34 @@ class LiveReader:
         if conn is not None:
             conn.close()
 
-    def open(self) -> None:
-        """First connection: a failure here is the user's input error."""
-        try:
-            self._container = self._open()
-        except (av.error.FFmpegError, OSError) as e:
-            if self.is_file and isinstance(e, FileNotFoundError):
-                raise InputNotFoundError(f"live input file '{self.url}' does not exist. Check the "
-                                         f"path.") from None
-            if self.media and isinstance(e, av.error.ArgumentError):
-                # What FFmpeg answers for a demuxer off `format_whitelist` (a playlist, a list).
-                raise InputError(f"live input file '{Path(self.url).name}' is not a video file of a "
-                                 f"kind read from the media folder ({', '.join(MEDIA_FORMATS)}): "
-                                 f"playlists (.m3u8) and concat lists, which name other files, are "
-                                 f"refused. Give an MP4, MKV, FLV or TS file.") from None
-            raise InputError(f"cannot open live input '{self.url}': {e}. Check the URL and that "
-                             f"the stream is being published.") from None
+    def open(self, *, wait_seconds: float = 0.0, on_wait: Callable[[], None] | None = None,
+             stop: threading.Event | None = None) -> None:
+        """First connection: a failure here is the user's input error.
+
+        With `wait_seconds`, a network input that is not yet publishing is tried again until that
+        long has passed (the operator starts SwapStream first, then OBS); `on_wait` is called once,
+        at the first such miss, so that the caller can say what it waits for. `stop` (or `stop()`)
+        ends the wait early, as an `InputError` too."""
+        deadline = time.monotonic() + wait_seconds
+        waiting = False
+        while True:
+            try:
+                self._container = self._open(
+                    self._attempt_timeout(deadline, wait_seconds, first=not waiting)
+                    if wait_seconds > 0 else None)
+                break
+            except (av.error.FFmpegError, OSError) as e:
+                left = deadline - time.monotonic()
+                stopped = self._stopped or (stop is not None and stop.is_set())
+                if not self.is_file and _not_publishing(e) and left > 0 and not stopped:
+                    if not waiting and on_wait is not None:
+                        on_wait()
+                    waiting = True
+                    # A refused or empty play comes back at once or after the open timeout: a short
+                    # pause keeps a fast refusal from spinning.
+                    (stop or self._wake).wait(min(0.25, left))
+                    continue
+                self._raise_open_error(e)
         if not self._container.streams.video:
             raise InputError(f"live input '{self.url}' has no video stream")
         v = self._container.streams.video[0]
@@ -211,6 +233,28 @@ class LiveReader:
         # container has ended (a short file; an output that reconnects later): it stays open until
         # `close()`, since a closed container's streams are freed memory.
         self._template = self._container
+
+    def _attempt_timeout(self, deadline: float, wait_seconds: float, *, first: bool) -> float:
+        """The open timeout of one try when the input may be waited for: never past the deadline, so
+        that the wait ends when it says (nginx answers a player of a stream nobody publishes with
+        silence, and FFmpeg gives up on it only at its open timeout). The first try of a short wait
+        takes at most half of it, so that the "waiting" line comes while there is still a wait."""
+        limit = min(self.timeouts[0], wait_seconds / 2) if first else self.timeouts[0]
+        return max(0.5, min(limit, deadline - time.monotonic()))
+
+    def _raise_open_error(self, e: BaseException) -> NoReturn:
+        """The user's input error for a first connection that failed with `e`."""
+        if self.is_file and isinstance(e, FileNotFoundError):
+            raise InputNotFoundError(f"live input file '{self.url}' does not exist. Check the "
+                                     f"path.") from None
+        if self.media and isinstance(e, av.error.ArgumentError):
+            # What FFmpeg answers for a demuxer off `format_whitelist` (a playlist, a list).
+            raise InputError(f"live input file '{Path(self.url).name}' is not a video file of a "
+                             f"kind read from the media folder ({', '.join(MEDIA_FORMATS)}): "
+                             f"playlists (.m3u8) and concat lists, which name other files, are "
+                             f"refused. Give an MP4, MKV, FLV or TS file.") from None
+        raise InputError(f"cannot open live input '{self.url}': {e}. Check the URL and that "
+                         f"the stream is being published.") from None
 
     @property
     def time_base(self) -> Fraction | None:

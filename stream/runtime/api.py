@@ -91,14 +91,38 @@ class ApiSettings:
     """Folder whose files may be named as inputs; None: RTMP inputs only."""
     view_keys: dict[str, str] = field(default_factory=dict)
     """Stream id -> the secret in its HLS URL."""
+    default_source: Path | None = None
+    """Image file (`serve -s`) whose face every new stream starts with, through the same face and
+    consent checks as an upload, until a face is uploaded for it; None: streams start without one."""
+    default_image: np.ndarray | None = field(default=None, init=False, repr=False)
+    """`default_source` read as RGB (at construction, so that a bad file fails at once)."""
 
     def __post_init__(self) -> None:
+        if self.default_source is not None:
+            from ..pipeline import load_image
+
+            self.default_image = load_image(self.default_source)
         # Printable ASCII without spaces: what a client can send in an HTTP header unchanged. The
         # upper bound keeps the whole header under aiohttp's 8190-byte line limit.
         if not re.fullmatch(r"[\x21-\x7e]{16,4096}", self.token):
             raise ConfigError("the API token must be 16 to 4096 printable ASCII characters without "
                               "spaces: set SWAPSTREAM_API_TOKEN, --api-token-file or --api-token to a "
                               "long random string (or leave them unset to get one)")
+
+
+NO_FACE_IN_UPLOAD = ("no face found in the uploaded image: send a photo where one face is clearly "
+                     "visible, frontal, and fills at least a fifth of the picture")
+"""The answer to an uploaded image without a face (the swappers name it 'uploaded source')."""
+
+
+def _no_face_message(e: NoFaceError) -> str:
+    """The API's words for a NoFaceError about an uploaded image: the analysers' "no face found in
+    source image 'uploaded source'" becomes NO_FACE_IN_UPLOAD; other reasons (degenerate key points,
+    no dense landmarks) are kept, with the image named as the client knows it."""
+    text = str(e)
+    if text.startswith("no face found in source image"):
+        return NO_FACE_IN_UPLOAD
+    return text.replace("'uploaded source'", "the uploaded image")
 
 
 # -- request bodies -------------------------------------------------------------------------------
@@ -430,6 +454,7 @@ class ControlApi:
                 raise ApiError(400, _pydantic_message(e)) from None
             spec = await self._spec(body)
             p = await self.runtime.add_stream(spec)
+            await self._default_source(p)
             # The view key is set only once the stream is this request's: a create that loses the
             # id to another (409) or whose stream is removed while starting never touches the key
             # of the stream that has the id. Keys of streams the runtime has forgotten go too.
@@ -533,6 +558,18 @@ class ControlApi:
             raise ApiError(422, f"field 'input.file': no file {name!r} in the media folder")
         return path
 
+    async def _default_source(self, p: StreamPipeline) -> None:
+        """Give a new stream the server's `-s` face, if any. A face that fails its checks (no face,
+        no consent record, swapper unavailable) leaves the stream running without one, as before,
+        and is logged: an upload can still give it one."""
+        image, path = self.settings.default_image, self.settings.default_source
+        if image is None or path is None:
+            return
+        try:
+            await p.set_source(image, f"the server's source image '{path}'", path)
+        except SwapStreamError as e:
+            log.warning("stream %s starts without the server's face %s: %s", p.id, path, e)
+
     async def put_source(self, request: web.Request) -> web.StreamResponse:
         async def h() -> web.Response:
             p = self._stream(request)
@@ -543,7 +580,7 @@ class ControlApi:
             try:
                 await self.runtime.set_source(p.id, image)
             except NoFaceError as e:
-                raise ApiError(422, f"{e}".replace("'uploaded source'", "the uploaded image")) from None
+                raise ApiError(422, _no_face_message(e)) from None
             return web.json_response(self._info(p))
 
         return await self._guard(request, h)

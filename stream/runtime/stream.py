@@ -360,13 +360,15 @@ class StreamPipeline:
 
     # -- the source face ------------------------------------------------------------------------
 
-    async def set_source(self, image: np.ndarray) -> None:
-        """Use the largest face of `image` from the next frame on; NoFaceError leaves the old one."""
+    async def set_source(self, image: np.ndarray, name: str = "the uploaded image",
+                         path: str | Path | None = None) -> None:
+        """Use the largest face of `image` from the next frame on; NoFaceError leaves the old one.
+        `name` and `path` (the file it was read from, if any) are for the consent check."""
         async with self._identity_lock:
             ident = await self.slot.call(self.backend_name, lambda b: b.identity(image))
             # After the face check, so that a picture without a face says so rather than ask for
             # consent. ConsentError leaves the old face in place.
-            self.consent = self.consents.require(image, "the uploaded image")
+            self.consent = self.consents.require(image, name, path)
             log.info("stream %s: source face: %s", self.id, self.consent.summary())
             self.source_image = image
             self._identities = {self.backend_name: ident}

@@ -72,7 +72,8 @@ async def serve(settings: dict[str, Any]) -> None:
     runtime = StreamRuntime(cfg, devices=[settings["device"]], gpu=gpu)
     token = settings["token"]
     api = ApiSettings(token, hls_root=Path(settings["hls_root"]) if settings.get("hls_root") else None,
-                      media_root=Path(settings["media_root"]) if settings.get("media_root") else None)
+                      media_root=Path(settings["media_root"]) if settings.get("media_root") else None,
+                      default_source=Path(settings["default_source"]) if settings.get("default_source") else None)
     app = web.Application(client_max_size=settings.get("client_max_size", 16 * 1024 * 1024))
     mount_runtime(app, runtime, api)
 

@@ -124,12 +124,15 @@ class WorkerPool:
 
     def __init__(self, config: Config, *, devices: Sequence[str], per_device: int,
                  hls_root: Path | None = None, media_root: Path | None = None,
-                 mps: bool = False, python: str = sys.executable) -> None:
+                 mps: bool = False, python: str = sys.executable,
+                 default_source: Path | None = None) -> None:
         if per_device < 1:
             raise ValueError(f"per_device must be at least 1, got {per_device}")
         self.config = config
         self.hls_root = hls_root
         self.media_root = media_root
+        self.default_source = default_source
+        """serve -s: the image whose face each worker's new streams start with (ApiSettings)."""
         self.python = python
         self.mps = mps
         self._dir = Path(tempfile.mkdtemp(prefix="swapstream-workers-"))
@@ -207,7 +210,8 @@ class WorkerPool:
                     "nvml_index": int(visible) if visible.isdigit() else None,
                     "socket": w.socket, "token": w.token, "config": self.config.model_dump(mode="json"),
                     "hls_root": str(self.hls_root) if self.hls_root else None,
-                    "media_root": str(self.media_root) if self.media_root else None}
+                    "media_root": str(self.media_root) if self.media_root else None,
+                    "default_source": str(self.default_source.resolve()) if self.default_source else None}
         path = self._dir / f"{w.name}-{secrets.token_hex(4)}.json"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:

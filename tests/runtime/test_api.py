@@ -180,6 +180,9 @@ def test_uploads_are_checked_for_size_type_content_and_face(served: Served) -> N
     assert st == 422 and "20000x20000 pixels" in why
     st, why = put(png(np.full((200, 200, 3), 128, np.uint8)), "image/png")
     assert st == 422 and "no face found" in why
+    # The whole answer, in plain words (it once read "no face found in source image the uploaded image").
+    assert why == ("no face found in the uploaded image: send a photo where one face is clearly "
+                   "visible, frontal, and fills at least a fifth of the picture"), why
     st, why = put(face[: len(face) // 2], "image/png")
     assert st == 422 and "could not be decoded" in why
     # A face without a consent record (the astronaut mirrored: a picture nobody recorded) is refused.
@@ -332,3 +335,67 @@ def test_concurrent_creates_with_one_id_leave_the_winner_its_view_key(racing: Se
     assert request(served, "DELETE", "/api/streams/race")[0] == 200
     assert "race" not in served.settings.view_keys
     assert request(served, "GET", created["hls"], token=None)[0] == 404
+
+
+def test_a_servers_default_face_swaps_new_streams_without_an_upload(
+        clip: tuple[Path, list[np.ndarray]], tmp_path: Path) -> None:
+    """`serve -s FACE`: API streams start with that face (checked for a face and consent as an
+    upload is) instead of passing frames through until a face is uploaded."""
+    face = tmp_path / "face.png"
+    face.write_bytes(png(astronaut()))
+    runtime = StreamRuntime(runtime_config(), devices=["cpu"])
+    settings = ApiSettings(TOKEN, media_root=clip[0].parent, default_source=face)
+    for s in serve_runtime(runtime, settings):
+        status, _, body = request(s, "POST", "/api/streams", file_stream())
+        assert status == 201, body
+        assert json.loads(body)["source"] == {"set": True, "version": 1}
+        deadline = time.monotonic() + 30
+        info: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            info = json.loads(request(s, "GET", "/api/streams/cam")[2])
+            if info["faces_swapped"] > 0:
+                break
+            time.sleep(0.2)
+        assert info["faces_swapped"] > 0 and info["source"]["set"] is True, info
+        # An upload still replaces it.
+        status, _, body = request(s, "PUT", "/api/streams/cam/source", raw=png(grace_hopper()), ctype="image/png")
+        assert status == 200 and json.loads(body)["source"] == {"set": True, "version": 2}, body
+
+
+def test_without_a_default_face_new_streams_start_without_one(served: Served) -> None:
+    status, _, body = request(served, "POST", "/api/streams", file_stream())
+    assert status == 201, body
+    assert json.loads(body)["source"] == {"set": False, "version": 0}
+    time.sleep(1.0)
+    assert json.loads(request(served, "GET", "/api/streams/cam")[2])["faces_swapped"] == 0
+
+
+def test_a_default_face_that_is_no_image_fails_when_the_server_starts(tmp_path: Path) -> None:
+    from swapstream.errors import InputError
+
+    bad = tmp_path / "face.png"
+    bad.write_bytes(b"not an image")
+    with pytest.raises(InputError, match="is not an image OpenCV can read"):
+        ApiSettings(TOKEN, default_source=bad)
+
+
+def test_workers_start_their_streams_with_the_servers_default_face(
+        clip: tuple[Path, list[np.ndarray]], tmp_path: Path) -> None:
+    """`serve --workers N -s FACE`: the pool hands the image's path to each worker, whose API streams
+    start with it as in one process."""
+    from swapstream.runtime.workers import WorkerPool
+
+    from .test_workers import serve_pool
+
+    face = tmp_path / "face.png"
+    face.write_bytes(png(astronaut()))
+    pool = WorkerPool(runtime_config(), devices=["cpu"], per_device=1, media_root=clip[0].parent,
+                      default_source=face)
+    for p in serve_pool(pool):
+        status, info = p.call("POST", "/api/streams", file_stream())
+        assert status == 201, info
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and info.get("faces_swapped", 0) == 0:
+            time.sleep(0.3)
+            status, info = p.call("GET", "/api/streams/cam")
+        assert info["faces_swapped"] > 0 and info["source"]["set"] is True, info

@@ -28,18 +28,37 @@ W, H, FPS = 320, 240, 15
 CELL = 16
 
 
-def write_y4m(path: Path, n: int) -> list[np.ndarray]:
+def write_y4m(path: Path, n: int, size: tuple[int, int] = (W, H)) -> list[np.ndarray]:
     """A raw 4:2:0 clip for Chromium's fake camera (it loops it)."""
     frames = []
     portrait = grace_hopper()
+    w, h = size
     with open(path, "wb") as f:
-        f.write(f"YUV4MPEG2 W{W} H{H} F{FPS}:1 Ip A1:1 C420jpeg\n".encode())
+        f.write(f"YUV4MPEG2 W{w} H{h} F{FPS}:1 Ip A1:1 C420jpeg\n".encode())
         for i in range(n):
-            img = render_target_frame(portrait, i / FPS, (W, H))
+            img = render_target_frame(portrait, i / FPS, (w, h))
             stamp(img, i)
             frames.append(img)
             f.write(b"FRAME\n" + cv2.cvtColor(img, cv2.COLOR_RGB2YUV_I420).tobytes())
     return frames
+
+
+def shown(page: object, selector: str) -> tuple[float, str]:
+    """The aspect ratio of the video a <video> element plays, and its CSS object-fit."""
+    w, h, fit = page.evaluate(  # type: ignore[attr-defined]
+        f"(() => {{ const v = document.querySelector('{selector}'); "
+        f"return [v.videoWidth, v.videoHeight, getComputedStyle(v).objectFit]; }})()")
+    assert w > 0 and h > 0, (selector, w, h)
+    return w / h, fit
+
+
+def assert_unstretched(page: object, size: tuple[int, int]) -> None:
+    """Both videos keep the camera's aspect ratio (the page once asked for 320x240 whatever the
+    camera) and are fitted whole into their boxes, not stretched to them."""
+    for selector in ("#local", "#remote"):
+        ratio, fit = shown(page, selector)
+        assert ratio == pytest.approx(size[0] / size[1], rel=0.02), (selector, ratio, size)
+        assert fit == "contain", (selector, fit)
 
 
 def test_page_publishes_the_camera_and_shows_the_swapped_face(tmp_path: Path) -> None:
@@ -67,6 +86,7 @@ def test_page_publishes_the_camera_and_shows_the_swapped_face(tmp_path: Path) ->
             # The fake microphone's audio comes back too (Opus): packets keep arriving.
             page.wait_for_function(f"window.stats.audioPackets > {second['audioPackets'] + 25}",
                                    timeout=15000)
+            assert_unstretched(page, (W, H))
             png = page.locator("#remote").screenshot()
             browser.close()
     finally:
@@ -91,3 +111,26 @@ def test_page_publishes_the_camera_and_shows_the_swapped_face(tmp_path: Path) ->
     # 0.5 separates "shows the swapped face" from "shows the camera" (ratio 1 or more) with room.
     assert to_swapped < 0.5 * to_camera, (to_swapped, to_camera)
     print(f"browser: {second['frames']} frames shown, screenshot of frame {n} shows the swapped face")
+
+
+def test_a_wide_camera_keeps_its_aspect_ratio(tmp_path: Path) -> None:
+    """A 16:9 camera is neither cropped nor scaled to 4:3 and is shown letterboxed, not stretched."""
+    size = (384, 216)
+    y4m = tmp_path / "wide.y4m"
+    write_y4m(y4m, 30, size)
+    job, swap = mesh_swap(smoothing=False)
+    server = ServerThread(WhipServer(swap).app)
+    args = chromium_args("--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+                         f"--use-file-for-fake-video-capture={y4m}")
+    try:
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=args)
+            page = browser.new_page(viewport={"width": 800, "height": 500})
+            page.goto(f"{server.base}/")
+            page.wait_for_function("window.stats.frames > 5 || window.stats.error", timeout=30000)
+            assert page.evaluate("window.stats.error") is None
+            assert_unstretched(page, size)
+            browser.close()
+    finally:
+        server.close()
+        job.close()

@@ -229,10 +229,17 @@ def test_input_is_empty(assets: Assets, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("layout", ["index_at_end", "faststart"])
 def test_input_truncated(assets: Assets, tmp_path: Path, layout: str) -> None:
-    """A real MP4 cut to 40% of its bytes: a clean error, or a clean run on the frames that survive.
+    """A real MP4 cut to 40% of its bytes is a clean input error (exit 2) naming the file, with no
+    output left behind.
 
     With the index (moov) at the end, as FFmpeg writes by default, the cut file has no index at all;
-    with it at the front the cut file has an index and the first frames' data.
+    with it at the front the cut file has an index and the first frames' data, and the decoder still
+    stops on the cut with "Invalid data found" before the run ends. That is today's behaviour for
+    both layouts (checked: exit 2, one `error:` line, no out.mp4); this test pins it so that it
+    cannot silently turn into a partial run.
+    TODO(live-reliability issue): what is wanted later for a cut file whose first frames decode is
+    to write those frames and exit 3 with one `warning:` line saying the input ended early; when
+    that lands, the faststart case here changes to expect it.
     """
     full = assets.clip if layout == "index_at_end" else assets.clip_faststart
     data = full.read_bytes()
@@ -240,13 +247,10 @@ def test_input_truncated(assets: Assets, tmp_path: Path, layout: str) -> None:
     video.write_bytes(data[: int(len(data) * 0.4)])
     out = tmp_path / "out.mp4"
     res = cli("run", "-s", assets.face, "-i", video, "-o", out, "--quiet", cwd=tmp_path)
-    assert "Traceback" not in res.stdout + res.stderr, _show(res)
-    if res.returncode != 0:
-        assert_user_error(res, f"'{video}'")
-    else:
-        n = count_frames(out)
-        assert 0 < n < CLIP_FRAMES, _show(res)
-        assert re.search(rf"^frames\s+{n}\s*$", res.stdout, re.M), res.stdout
+    line = assert_user_error(res, f"'{video}'", "Check that it is a complete video file")
+    assert res.returncode == 2, _show(res)
+    assert "cannot decode" in line, line
+    assert not out.exists(), _show(res)
 
 
 # --------------------------------------------------------------------------------------------------

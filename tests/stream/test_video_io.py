@@ -354,31 +354,41 @@ def test_directory_as_input(tmp_path: Path) -> None:
     assert_user_message(caught.value, tmp_path)
 
 
+# What each cut gives today (checked): a decodable head -> its frames, in order, without an error;
+# nothing decodable -> InputError naming the file. Each case expects exactly one of the two.
+# TODO(live-reliability issue): a cut whose head decodes should later also say that the input ended
+# early (the CLI: exit 3 with a `warning:` line); these cases stay "frames" then, with the warning.
 @pytest.mark.parametrize(
-    ("name", "options"),
+    ("name", "options", "keep", "outcome"),
     [
-        ("plain.mp4", None),  # index (moov) at the end: half a file has none
-        ("faststart.mp4", {"movflags": "+faststart"}),  # index first: half the frames survive
-        ("stream.mkv", None),
+        ("plain.mp4", None, 0.5, "error"),  # index (moov) at the end: half a file has none
+        ("plain.mp4", None, 0.02, "error"),
+        ("faststart.mp4", {"movflags": "+faststart"}, 0.5, "frames"),  # index first: frames survive
+        ("faststart.mp4", {"movflags": "+faststart"}, 0.02, "error"),  # the index and no frame data
+        ("stream.mkv", None, 0.5, "frames"),
+        ("stream.mkv", None, 0.02, "error"),
     ],
 )
-@pytest.mark.parametrize("keep", [0.5, 0.02])
 def test_truncated_input_gives_surviving_frames_or_input_error(
-    tmp_path: Path, name: str, options: dict[str, str] | None, keep: float
+    tmp_path: Path, name: str, options: dict[str, str] | None, keep: float, outcome: str
 ) -> None:
     whole = tmp_path / name
     write_clip(whole, frames=60, container_options=options)
     cut = tmp_path / f"cut_{name}"
     data = whole.read_bytes()
     cut.write_bytes(data[: int(len(data) * keep)])
-    try:
-        with VideoReader(cut) as reader:
-            numbers = [number_of(f.data) for f in reader if isinstance(f, Frame)]
-    except InputError as e:
-        assert_user_message(e, cut)
-    else:
-        assert 0 < len(numbers) < 60
-        assert numbers == list(range(len(numbers)))
+    if outcome == "error":
+        with pytest.raises(InputError) as caught:
+            with VideoReader(cut) as reader:
+                for _ in reader:
+                    pass
+        assert_user_message(caught.value, cut)
+        return
+    with VideoReader(cut) as reader:
+        numbers = [number_of(f.data) for f in reader if isinstance(f, Frame)]
+    # About half the frames (25 and 28 measured), from the first on, none skipped or repeated.
+    assert 15 <= len(numbers) < 45, len(numbers)
+    assert numbers == list(range(len(numbers)))
 
 
 def test_corrupt_packets_are_skipped_like_ffmpeg_does(tmp_path: Path) -> None:

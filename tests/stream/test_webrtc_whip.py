@@ -119,7 +119,13 @@ def test_a_long_session_keeps_a_bounded_latency_window() -> None:
     s = asyncio.run(scenario())
     assert s.frames_out == n and s.faces == n
     assert len(s.latency_ms) == LATENCY_SAMPLES
-    assert statistics.median(s.latency_ms) >= 0 and np.percentile(s.latency_ms, 99) >= 0
+    # Each sample is the swap stage's real time for a 16x16 frame through the swap thread: above 0
+    # (a thread hop takes time; 0 would mean the clock is not read around it) and far below the
+    # frame interval (measured: a median well under 1 ms; 100 ms leaves room for a loaded machine).
+    print(f"swap stage: median {statistics.median(s.latency_ms):.3f} ms, "
+          f"p99 {np.percentile(s.latency_ms, 99):.3f} ms, max {max(s.latency_ms):.3f} ms")
+    assert min(s.latency_ms) > 0
+    assert statistics.median(s.latency_ms) < 20 and np.percentile(s.latency_ms, 99) < 100
     assert s.video_delay_s > 0
 
 
