@@ -33,16 +33,29 @@ MIN_TEXT_PX = 8.0
 # MP4 and MOV keep `comment` (MP4 also `description`); MKV and FLV keep every key; MPEG-TS (HLS)
 # keeps only `service_provider` and `service_name`. The digital source type is the IPTC term (the
 # vocabulary C2PA uses) for real footage composited with the output of a trained model.
-SYNTHETIC_TAGS = {
-    "comment": "AI-modified: faces swapped by SwapStream",
-    "description": "Synthetic content: faces in this video were replaced by SwapStream (AI). Every "
-                   "modified frame carries an invisible watermark; check it with `swapstream verify`.",
-    "digital_source_type": "http://cv.iptc.org/newscodes/digitalsourcetype/"
-                           "compositeWithTrainedAlgorithmicMedia",
-    "encoder_note": "swapstream",
-    "service_provider": "SwapStream",
-    "service_name": "AI-modified (faces swapped)",
-}
+_DESCRIPTION = "Synthetic content: faces in this video were replaced by SwapStream (AI)."
+_WATERMARK_NOTE = (" Every modified frame carries an invisible watermark; check it with "
+                   "`swapstream verify`.")
+
+
+def synthetic_tags(*, watermarked: bool) -> dict[str, str]:
+    """The container tags for an output. They state only what was done: the synthetic-content
+    declaration always, the watermark sentence only when the frames were marked (a tag that claims
+    a mark which is not there would send a checker looking for proof that cannot be found)."""
+    return {
+        "comment": "AI-modified: faces swapped by SwapStream",
+        "description": _DESCRIPTION + (_WATERMARK_NOTE if watermarked else ""),
+        "digital_source_type": "http://cv.iptc.org/newscodes/digitalsourcetype/"
+                               "compositeWithTrainedAlgorithmicMedia",
+        "encoder_note": "swapstream",
+        "service_provider": "SwapStream",
+        "service_name": "AI-modified (faces swapped)",
+    }
+
+
+SYNTHETIC_TAGS = synthetic_tags(watermarked=True)
+"""The tags of an output whose frames carry the mark (the default). Writers that know the job's
+config take `Disclosure.tags` instead, which drops the watermark claim when the mark is off."""
 
 
 @dataclass(frozen=True)
@@ -162,6 +175,12 @@ class Disclosure:
             self.frames_marked += 1
             return True
         return False
+
+    @property
+    def tags(self) -> dict[str, str]:
+        """The container tags for this job's outputs (`synthetic_tags`): they mention the watermark
+        only when it is on."""
+        return synthetic_tags(watermarked=self.watermarker is not None)
 
     def describe(self) -> list[tuple[str, str]]:
         """(name, value) lines for the run's log and summary."""

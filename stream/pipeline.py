@@ -145,7 +145,7 @@ class FileJob:
         with VideoReader(inp) as reader, VideoWriter(
                 out, width=info.width, height=info.height, time_base=info.time_base,
                 rate=info.avg_rate, crf=enc.crf, preset=enc.preset, codec=enc.codec,
-                audio_from=reader.audio_stream, metadata=SYNTHETIC_TAGS, threads=enc.threads) as writer:
+                audio_from=reader.audio_stream, metadata=self.disclosure.tags, threads=enc.threads) as writer:
             t0 = time.perf_counter()
             # Frames wait here until their faces are swapped: a neural swapper batches the faces of
             # several frames into one model call. Audio goes straight through; frames keep their order.

@@ -66,7 +66,10 @@ class VerifyReport:
     combined: Detection | None = None
     """All frames' soft values decoded together."""
     metadata: dict[str, str] = field(default_factory=dict)
-    """The container's tags (where the synthetic-content note is)."""
+    """The container's tags (where MP4, MKV and FLV keep the synthetic-content note)."""
+    tags: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Tags at every level, by where they were found: "format" (the container's), "stream N" (each
+    stream's), "program N" (an MPEG-TS service: HLS segments keep the note only there)."""
     stopped_early: str = ""
     """Why decoding stopped before the end (a decode error), if it did."""
 
@@ -103,6 +106,7 @@ class VerifyReport:
                     "score": round(self.combined.score, 4)},
                 "mark_found": self.found,
                 "metadata": self.metadata,
+                "tags": self.tags,
                 **({"stopped_early": self.stopped_early} if self.stopped_early else {}),
             },
         }
@@ -135,6 +139,138 @@ def _open(source: str) -> Any:
                          f"MOV, WebM, TS...) or a stream URL.") from None
 
 
+TS_PACKET = 188
+TS_SCAN_BYTES = 2 * 1024 * 1024
+"""How much of an MPEG-TS file is searched for its service table: FFmpeg writes the SDT at the start
+and again every few hundred ms, so it is in the first packets of any segment."""
+SDT_PID, SDT_ACTUAL = 0x11, 0x42
+SERVICE_DESCRIPTOR = 0x48
+
+
+def _dvb_text(b: bytes) -> str:
+    # A DVB string may start with a character-table byte (< 0x20); FFmpeg marks UTF-8 with 0x15.
+    if b and b[0] < 0x20:
+        b = b[1:]
+    return b.decode("utf-8", "replace")
+
+
+def ts_services(data: bytes) -> list[dict[str, str]]:
+    """The services of an MPEG-TS stream's first SDT (actual transport stream), each as FFmpeg names
+    them: {"service_provider": ..., "service_name": ...}. PyAV does not expose FFmpeg's programs, and
+    the SDT is where FFmpeg's mpegts muxer (and so every HLS segment) keeps the service names."""
+    start = data.find(b"\x47")
+    section = bytearray()
+    collecting = False
+    for off in range(max(start, 0), len(data) - TS_PACKET + 1, TS_PACKET):
+        pkt = data[off:off + TS_PACKET]
+        if pkt[0] != 0x47:
+            break  # lost sync: not (or no longer) a transport stream
+        pid = ((pkt[1] & 0x1F) << 8) | pkt[2]
+        if pid != SDT_PID:
+            continue
+        pusi = bool(pkt[1] & 0x40)
+        afc = (pkt[3] >> 4) & 3
+        i = 4 + (1 + pkt[4] if afc in (2, 3) else 0)
+        if afc in (0, 2) or i >= TS_PACKET:
+            continue  # no payload
+        payload = pkt[i:]
+        if pusi:
+            payload = payload[1 + payload[0]:]  # skip the pointer field
+            section, collecting = bytearray(payload), True
+        elif collecting:
+            section += payload
+        else:
+            continue
+        if len(section) < 3:
+            continue
+        length = ((section[1] & 0x0F) << 8) | section[2]
+        if len(section) < 3 + length:
+            continue  # the section goes on in the next SDT packet
+        if section[0] == SDT_ACTUAL:
+            return _sdt_services(bytes(section[:3 + length]))
+        collecting = False
+    return []
+
+
+def _sdt_services(sec: bytes) -> list[dict[str, str]]:
+    end = len(sec) - 4  # the CRC
+    out: list[dict[str, str]] = []
+    i = 11  # after the section header, transport_stream_id, version, numbers and original_network_id
+    while i + 5 <= end:
+        loop = ((sec[i + 3] & 0x0F) << 8) | sec[i + 4]
+        j, stop = i + 5, min(i + 5 + loop, end)
+        tags: dict[str, str] = {}
+        while j + 2 <= stop:
+            tag, n = sec[j], sec[j + 1]
+            d = sec[j + 2:j + 2 + n]
+            if tag == SERVICE_DESCRIPTOR and len(d) >= 2:
+                pn = d[1]
+                provider = d[2:2 + pn]
+                rest = d[2 + pn:]
+                name = rest[1:1 + rest[0]] if rest else b""
+                tags = {"service_provider": _dvb_text(provider), "service_name": _dvb_text(name)}
+            j += 2 + n
+        if tags:
+            out.append(tags)
+        i = stop
+    return out
+
+
+def _first_segment(playlist: Path) -> Path | None:
+    """The first media segment of a local HLS playlist (following one level of variant playlist)."""
+    for _ in range(2):
+        try:
+            lines = playlist.read_text(errors="replace").splitlines()
+        except OSError:
+            return None
+        uri = next((ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")), None)
+        if uri is None or "://" in uri:
+            return None
+        target = playlist.parent / uri
+        if target.suffix.lower() != ".m3u8":
+            return target
+        playlist = target
+    return None
+
+
+def _local_ts(source: str, container: Any) -> Path | None:
+    """The local MPEG-TS file whose service table to read: the source itself, or the first segment
+    of a local HLS playlist. URLs are not fetched a second time (the demuxer's reading is all)."""
+    if "://" in source:
+        return None
+    name = container.format.name if container.format is not None else ""
+    p = Path(source)
+    if "hls" in name or p.suffix.lower() == ".m3u8":
+        return _first_segment(p)
+    if "mpegts" in name:
+        return p
+    return None
+
+
+def read_tags(source: str, container: Any) -> dict[str, dict[str, str]]:
+    """Tags at every level: the container's ("format"), each stream's ("stream N"), and for MPEG-TS
+    (a .ts file, or a local HLS playlist's first segment) each service's ("program N")."""
+    tags: dict[str, dict[str, str]] = {}
+    fmt = {k: str(v) for k, v in container.metadata.items()}
+    if fmt:
+        tags["format"] = fmt
+    for s in container.streams:
+        st = {k: str(v) for k, v in s.metadata.items()}
+        if st:
+            tags[f"stream {s.index}"] = st
+    ts = _local_ts(source, container)
+    if ts is not None:
+        try:
+            with ts.open("rb") as f:
+                data = f.read(TS_SCAN_BYTES)
+        except OSError as e:
+            log.warning("cannot read %s for its service names: %s", ts, e)
+        else:
+            for n, service in enumerate(ts_services(data)):
+                tags[f"program {n}"] = service
+    return tags
+
+
 def verify(source: str, *, max_frames: int | None = None,
            on_frame: Callable[[FrameResult], None] | None = None,
            keep_frames: int | None = KEEP_FRAMES) -> VerifyReport:
@@ -146,6 +282,7 @@ def verify(source: str, *, max_frames: int | None = None,
     container = _open(source)
     with container:
         report.metadata = {k: str(v) for k, v in container.metadata.items()}
+        report.tags = read_tags(source, container)
         if not container.streams.video:
             raise InputError(f"input '{source}' has no video stream. Give a video file or stream.")
         stream = container.streams.video[0]

@@ -24,6 +24,11 @@ def _frame_line(r: FrameResult) -> Text:
     return Text(f"frame {r.index:6d}  {t}  no mark    ({r.reason}, score {r.score:.2f})")
 
 
+def _is_synthetic_tag(value: str) -> bool:
+    v = value.lower()
+    return "ai-modified" in v or "synthetic" in v or "trainedalgorithmicmedia" in v
+
+
 def _summary(rep: VerifyReport) -> None:
     n = rep.frame_count
     t = Table(show_header=False, box=None, pad_edge=False)
@@ -36,10 +41,11 @@ def _summary(rep: VerifyReport) -> None:
         c = rep.combined
         t.add_row("all frames together", Text(f"marked, {c.payload}, score {c.score:.2f}" if c.found
                                               else f"no mark ({c.reason}, score {c.score:.2f})"))
-    synthetic = {k: v for k, v in rep.metadata.items()
-                 if "ai-modified" in v.lower() or "synthetic" in v.lower()
-                 or "trainedalgorithmicmedia" in v.lower()}
-    t.add_row("metadata", Text("; ".join(f"{k}={v}" for k, v in synthetic.items())
+    # Every level: an HLS segment keeps the note only in its MPEG-TS service names.
+    synthetic = [(k if where == "format" else f"{where}: {k}", v)
+                 for where, tags in (rep.tags or {"format": rep.metadata}).items()
+                 for k, v in tags.items() if _is_synthetic_tag(v)]
+    t.add_row("metadata", Text("; ".join(f"{k}={v}" for k, v in synthetic)
                                if synthetic else "no synthetic-content tags"))
     if rep.stopped_early:
         t.add_row("note", Text(rep.stopped_early))

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..config import Config
 from ..io.video import AudioPacket, VideoReader, VideoWriter, probe
-from ..pipeline import SYNTHETIC_TAGS, FileJob, JobStats, ProgressFn, expected_frames
+from ..pipeline import FileJob, JobStats, ProgressFn, expected_frames
 from ..types import Frame
 from .loop import nvtx
 from .ring import Ring, Slot
@@ -88,7 +88,7 @@ class GpuFileJob(FileJob):
         with VideoReader(inp) as reader, VideoWriter(
                 out, width=info.width, height=info.height, time_base=info.time_base,
                 rate=info.avg_rate, crf=enc.crf, preset=enc.preset, codec=enc.codec,
-                audio_from=reader.audio_stream, metadata=SYNTHETIC_TAGS, threads=enc.threads) as writer:
+                audio_from=reader.audio_stream, metadata=self.disclosure.tags, threads=enc.threads) as writer:
 
             def finish_oldest() -> None:
                 slot, event, frame = in_flight.popleft()
