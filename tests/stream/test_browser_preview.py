@@ -5,7 +5,10 @@ Chromium is Debian's; Playwright only drives it."""
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -61,12 +64,10 @@ def assert_unstretched(page: object, size: tuple[int, int]) -> None:
         assert fit == "contain", (selector, fit)
 
 
-def test_page_publishes_the_camera_and_shows_the_swapped_face(tmp_path: Path) -> None:
-    y4m = tmp_path / "cam.y4m"
-    sources = write_y4m(y4m, 60)
-    # Landmark smoothing off: each frame's swap then depends on that frame alone, so the screenshot
-    # can be compared with the same camera frame swapped here. With it on, the swapped face trails a
-    # fast-turning head by a frame or two, and how far depends on which frame the screenshot caught.
+@contextmanager
+def preview_page(y4m: Path) -> Iterator[Any]:
+    """The preview page in headless Chromium, its fake camera playing `y4m`, against a WHIP server
+    with the real CPU swap (mesh, landmark smoothing off: each frame's swap depends on it alone)."""
     job, swap = mesh_swap(smoothing=False)
     server = ServerThread(WhipServer(swap).app)
     args = chromium_args("--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
@@ -76,22 +77,32 @@ def test_page_publishes_the_camera_and_shows_the_swapped_face(tmp_path: Path) ->
             browser = p.chromium.launch(executable_path=CHROMIUM, args=args)
             page = browser.new_page(viewport={"width": 800, "height": 500})
             page.goto(f"{server.base}/")
-            page.wait_for_function("window.stats.frames > 20 || window.stats.error", timeout=30000)
-            first = page.evaluate("window.stats")
-            assert first["error"] is None and first["status"] == 201
-            page.wait_for_function(f"window.stats.frames > {first['frames'] + 10}", timeout=15000)
-            second = page.evaluate("window.stats")
-            assert second["frames"] > first["frames"]  # frames keep being decoded
-            assert second["mediaTime"] > first["mediaTime"]
-            # The fake microphone's audio comes back too (Opus): packets keep arriving.
-            page.wait_for_function(f"window.stats.audioPackets > {second['audioPackets'] + 25}",
-                                   timeout=15000)
-            assert_unstretched(page, (W, H))
-            png = page.locator("#remote").screenshot()
+            yield page
             browser.close()
     finally:
         server.close()
         job.close()
+
+
+def test_page_publishes_the_camera_and_shows_the_swapped_face(tmp_path: Path) -> None:
+    y4m = tmp_path / "cam.y4m"
+    sources = write_y4m(y4m, 60)
+    # Landmark smoothing off: each frame's swap then depends on that frame alone, so the screenshot
+    # can be compared with the same camera frame swapped here. With it on, the swapped face trails a
+    # fast-turning head by a frame or two, and how far depends on which frame the screenshot caught.
+    with preview_page(y4m) as page:
+        page.wait_for_function("window.stats.frames > 20 || window.stats.error", timeout=30000)
+        first = page.evaluate("window.stats")
+        assert first["error"] is None and first["status"] == 201
+        page.wait_for_function(f"window.stats.frames > {first['frames'] + 10}", timeout=15000)
+        second = page.evaluate("window.stats")
+        assert second["frames"] > first["frames"]  # frames keep being decoded
+        assert second["mediaTime"] > first["mediaTime"]
+        # The fake microphone's audio comes back too (Opus): packets keep arriving.
+        page.wait_for_function(f"window.stats.audioPackets > {second['audioPackets'] + 25}",
+                               timeout=15000)
+        assert_unstretched(page, (W, H))
+        png = page.locator("#remote").screenshot()
     shot = cv2.cvtColor(cv2.imdecode(np.frombuffer(png, np.uint8), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
     shot = cv2.resize(shot, (W, H), interpolation=cv2.INTER_AREA)
     n = read_stamp(shot)
@@ -118,19 +129,7 @@ def test_a_wide_camera_keeps_its_aspect_ratio(tmp_path: Path) -> None:
     size = (384, 216)
     y4m = tmp_path / "wide.y4m"
     write_y4m(y4m, 30, size)
-    job, swap = mesh_swap(smoothing=False)
-    server = ServerThread(WhipServer(swap).app)
-    args = chromium_args("--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
-                         f"--use-file-for-fake-video-capture={y4m}")
-    try:
-        with sync_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=args)
-            page = browser.new_page(viewport={"width": 800, "height": 500})
-            page.goto(f"{server.base}/")
-            page.wait_for_function("window.stats.frames > 5 || window.stats.error", timeout=30000)
-            assert page.evaluate("window.stats.error") is None
-            assert_unstretched(page, size)
-            browser.close()
-    finally:
-        server.close()
-        job.close()
+    with preview_page(y4m) as page:
+        page.wait_for_function("window.stats.frames > 5 || window.stats.error", timeout=30000)
+        assert page.evaluate("window.stats.error") is None
+        assert_unstretched(page, size)
