@@ -51,6 +51,23 @@ def check_publish(form: dict[str, list[str]], keys: list[bytes], app: str) -> bo
     return ok
 
 
+def bearer_refusal(header: str, token: str) -> str | None:
+    """None when an `Authorization` header value is `Bearer TOKEN`; else why not, for the 401. The
+    one check of every bearer token: WHIP/WHEP, the control API, the worker pool's front. The
+    comparison takes constant time; header bytes that are not UTF-8 (aiohttp hands them over as
+    surrogates, which a plain encode() refuses: that was a 500) are compared as the bytes they were."""
+    if not header:
+        return "missing bearer token"
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not given:
+        return "the Authorization header must be 'Bearer TOKEN'"
+    try:
+        raw = given.strip().encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate outside the escape range: not what any client sent
+        return "invalid bearer token"
+    return None if hmac.compare_digest(raw, token.encode()) else "invalid bearer token"
+
+
 def _serve(keys: list[str], app: str, host: str, port: int, ready: Any, refused: Any,
            dropped: Any) -> None:
     allowed = [k.encode() for k in keys]

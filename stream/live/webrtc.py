@@ -23,7 +23,6 @@ adds, less the 80 ms its audio jitter buffer adds.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import html
 import ipaddress
 import json
@@ -710,16 +709,12 @@ class WhipServer:
             return None
         from aiohttp import web
 
-        # aiohttp hands header bytes that are not UTF-8 over as surrogates, which a plain encode()
-        # refuses (that was a 500): surrogateescape gives back the bytes that came, to compare.
-        try:
-            given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
-        except UnicodeEncodeError:
-            given = b""
-        expected = f"Bearer {self.token}".encode("utf-8", "surrogateescape")
-        if given and hmac.compare_digest(given, expected):
+        from .auth import bearer_refusal
+
+        why = bearer_refusal(request.headers.get("Authorization", ""), self.token)
+        if why is None:
             return None
-        return web.Response(status=401, text="missing or wrong bearer token (Authorization: Bearer ...)\n",
+        return web.Response(status=401, text=f"{why} (Authorization: Bearer ..., OBS: the WHIP Bearer Token)\n",
                             headers={"WWW-Authenticate": 'Bearer realm="whip"'})
 
     async def _drop(self, sessions: dict[str, Session], sid: str) -> None:

@@ -53,6 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..config import PRESETS_DIR
 from ..errors import ConfigError, ConsentError, EngineUserError, InputError, NoFaceError, SwapStreamError
+from ..live.auth import bearer_refusal
 from ..netpolicy import OutboundPolicy, OutboundRefused, UrlSyntaxError, parse_rtmp_url
 from ..redact import MASK, RedactingFilter, redact_text
 from .manager import (REMOVE_WAIT_S, SERVER_SETTINGS, STREAM_ID, StreamNotFound, StreamRequestError,
@@ -179,20 +180,17 @@ def _pydantic_message(e: ValidationError) -> str:
     return f"field '{where}': {err['msg']} (got {err.get('input')!r})"
 
 
+TOKEN_HINT = "send 'Authorization: Bearer TOKEN' with the token that swapstream serve printed or SWAPSTREAM_API_TOKEN holds"
+
+
 def authorize(request: web.Request, token: str) -> web.Response | None:
     """None when the request carries `Authorization: Bearer TOKEN`; else the 401 to answer. For the
-    routes outside `ControlApi` (the worker pool's front, a worker's load report). A header that is
-    not valid text is a wrong token, not a server error; the comparison takes constant time."""
-    header = request.headers.get("Authorization", "")
-    scheme, _, given = header.partition(" ")
-    try:
-        ok = scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
-    except UnicodeEncodeError:  # undecodable bytes arrive as surrogates
-        ok = False
-    if ok:
+    routes outside `ControlApi` (the worker pool's front, a worker's load report); the check is
+    `live.auth.bearer_refusal`, as everywhere."""
+    why = bearer_refusal(request.headers.get("Authorization", ""), token)
+    if why is None:
         return None
-    resp = _error(401, "missing or invalid bearer token: send 'Authorization: Bearer TOKEN' with the "
-                       "token that swapstream serve printed or SWAPSTREAM_API_TOKEN holds")
+    resp = _error(401, f"{why}: {TOKEN_HINT}" if why.startswith("missing") else why)
     resp.headers["WWW-Authenticate"] = 'Bearer realm="swapstream"'
     return resp
 
@@ -326,21 +324,9 @@ class ControlApi:
     # -- helpers --------------------------------------------------------------------------------
 
     def _authorize(self, request: web.Request) -> None:
-        header = request.headers.get("Authorization", "")
-        if not header:
-            raise ApiError(401, "missing bearer token: send 'Authorization: Bearer TOKEN' with the "
-                                "token that swapstream serve printed or SWAPSTREAM_API_TOKEN holds")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token:
-            raise ApiError(401, "the Authorization header must be 'Bearer TOKEN'")
-        try:
-            # aiohttp hands over bytes that are not UTF-8 as surrogates, which do not encode:
-            # such a header is a wrong token (401), not a server error.
-            given = token.strip().encode()
-        except UnicodeEncodeError:
-            raise ApiError(401, "invalid bearer token") from None
-        if not hmac.compare_digest(given, self.settings.token.encode()):
-            raise ApiError(401, "invalid bearer token")
+        why = bearer_refusal(request.headers.get("Authorization", ""), self.settings.token)
+        if why is not None:
+            raise ApiError(401, f"{why}: {TOKEN_HINT}" if why.startswith("missing") else why)
 
     def _stream(self, request: web.Request) -> StreamPipeline:
         sid = request.match_info["sid"]

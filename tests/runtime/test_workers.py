@@ -10,16 +10,12 @@ stream.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,27 +34,24 @@ from swapstream.runtime.workers import WorkerPool, merge_metrics  # noqa: E402
 from .conftest import TOKEN, runtime_config  # noqa: E402
 
 
-@dataclass
-class Pool:
-    url: str
-    pool: WorkerPool
+def _bench_api() -> type:
+    """The stream benchmark's API client (tools/bench_streams.py): the tests call the API the same way."""
+    import importlib.util
 
-    def call(self, method: str, path: str, body: Any = None, *, raw: bytes | None = None,
-             ctype: str | None = None) -> tuple[int, Any]:
-        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        headers = {"Authorization": f"Bearer {TOKEN}"}
-        if data is not None:
-            headers["Content-Type"] = ctype or "application/json"
-        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
-        try:
-            with urllib.request.urlopen(req, timeout=60) as r:
-                status, payload = r.status, r.read()
-        except urllib.error.HTTPError as e:
-            status, payload = e.code, e.read()
-        try:
-            return status, json.loads(payload)
-        except ValueError:
-            return status, payload.decode(errors="replace")
+    spec = importlib.util.spec_from_file_location("bench_streams", Path(__file__).resolve().parents[2] / "tools"
+                                                  / "bench_streams.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.Api
+
+
+class Pool(_bench_api()):  # type: ignore[misc]
+    """The pool's front on loopback, with the API token, and the pool object behind it."""
+
+    def __init__(self, url: str, pool: WorkerPool) -> None:
+        super().__init__(url, TOKEN)
+        self.url, self.pool = url, pool
 
 
 def serve_pool(pool: WorkerPool) -> Iterator[Pool]:
