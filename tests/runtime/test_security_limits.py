@@ -372,16 +372,22 @@ def overloaded(clip: tuple[Path, Any], tmp_path: Path) -> Any:
 
 def test_delete_answers_within_2_s_when_the_device_is_slow(overloaded: Any) -> None:
     served, backends = overloaded
-    for sid in ("a", "b"):
+
+    def start(sid: str) -> None:
         status, _, body = request(served, "POST", "/api/streams", file_stream(sid, swapper="delayed"))
         assert status == 201, body
         status, _, body = request(served, "PUT", f"/api/streams/{sid}/source", raw=png(astronaut()),
                                   ctype="image/png")
         assert status == 200, body
+
+    start("a")
     backend = backends["delayed"]
     backend.delay = 4.0  # each batch now takes longer than any DELETE may
     backend.running.clear()
+    # Only "a" runs yet, so the batch in flight holds a's frame: DELETE must not wait it out. (With
+    # both streams running, the batch could hold only b's frames, and "a" would stop at once.)
     assert backend.running.wait(20), "no batch started"
+    start("b")
     t0 = time.monotonic()
     status, _, body = request(served, "DELETE", "/api/streams/a")
     took = time.monotonic() - t0
