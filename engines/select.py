@@ -1,4 +1,5 @@
-"""Pick a runner: TensorRT, then PyTorch on CUDA, then ONNX Runtime, and say why."""
+"""Pick a runner: TensorRT (once its start-up self-check passes), then PyTorch on CUDA, then ONNX
+Runtime, and say why."""
 
 from __future__ import annotations
 
@@ -23,14 +24,21 @@ def torch_cuda_available() -> tuple[bool, str]:
     return True, f"PyTorch {torch.__version__} on {torch.cuda.get_device_name()}"
 
 
-def choose_runner(preference: RunnerName = "auto") -> tuple[str, str]:
-    """(runner name, reason). `auto` takes the first of tensorrt, torch, onnxruntime that works."""
+def choose_runner(preference: RunnerName = "auto", *, precision: str = "auto") -> tuple[str, str]:
+    """(runner name, reason). `auto` takes the first of tensorrt, torch, onnxruntime that works;
+    TensorRT only once its start-up self-check has passed (`tensorrt_self_check`: an engine built
+    here, its output compared with ONNX Runtime's) at the precision the runner would use. A
+    TensorRT that is installed but fails the check is logged as a warning with the reason."""
     if preference != "auto":
         return preference, "asked for in the configuration"
     try:
-        from .tensorrt_runner import tensorrt_available
+        from .tensorrt_runner import tensorrt_available, tensorrt_self_check
 
         ok, why = tensorrt_available()
+        if ok:
+            ok, why = tensorrt_self_check("fp32" if precision == "fp32" else "fp16")
+            if not ok:
+                log.warning("neural.runner=auto: not using TensorRT: %s", why)
     except ImportError:
         ok, why = False, "the TensorRT runner is not part of this build"
     if ok:
@@ -48,7 +56,7 @@ def make_runner(model: str | Path, preference: RunnerName = "auto", *,
     PyTorch runs only architectures that have a native module (see torch_models); under `auto`, any
     other model goes to ONNX Runtime, which uses its CUDA provider where one is installed.
     """
-    name, why = choose_runner(preference)
+    name, why = choose_runner(preference, precision=precision)
     loaded: Any = None
     if name == "torch" and preference == "auto":
         import onnx

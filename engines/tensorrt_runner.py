@@ -1113,6 +1113,98 @@ class TensorRTRunner(Runner):
         return dict(slot.outputs)
 
 
+# ------------------------------------------------------------------------------ start-up self-check
+
+SELF_CHECK_REL_TOL: dict[str, float] = {"fp32": 5e-3, "fp16": 1e-2}
+"""Largest relative L2 error the self-check accepts. fp32 builds use TF32 by default (a 10-bit
+mantissa: ~1e-3 relative); fp16 carries 11 significant bits, a few layers of rounding stay well
+under 1e-2. A wrong engine (a bad kernel, a broken install, garbage memory) is off by order 1."""
+
+
+def outputs_agree(got: np.ndarray, want: np.ndarray, *, rel_tol: float) -> tuple[bool, str]:
+    """(agree, why): whether `got` matches the reference `want`: the same shape, every value finite,
+    and the relative L2 error ||got - want|| / ||want|| at most `rel_tol` (against an all-zero
+    reference, the absolute L2 norm of `got`)."""
+    g = np.asarray(got, dtype=np.float64)
+    w = np.asarray(want, dtype=np.float64)
+    if g.shape != w.shape:
+        return False, f"output shape {g.shape} where the reference has {w.shape}"
+    bad = int(np.count_nonzero(~np.isfinite(g)))
+    if bad:
+        return False, f"{bad} of {g.size} output values are not finite"
+    ref = float(np.linalg.norm(w))
+    err = float(np.linalg.norm(g - w)) / (ref if ref > 0 else 1.0)
+    if not err <= rel_tol:
+        return False, f"relative error {err:.2g} against the reference, over the {rel_tol:g} allowed"
+    return True, f"relative error {err:.2g} (at most {rel_tol:g})"
+
+
+def self_check_case() -> tuple[bytes, np.ndarray, np.ndarray]:
+    """(ONNX model, input, ONNX Runtime's output) of the start-up self-check: a 3x3 convolution,
+    ReLU, a 1x1 convolution and a sigmoid on one 3x32x32 image, fixed weights and input (seed 0),
+    run on the CPU by ONNX Runtime as the reference."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+             for name, shape in (("w1", (8, 3, 3, 3)), ("b1", (8,)), ("w2", (3, 8, 1, 1)), ("b2", (3,)))]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c1"], ["r1"]),
+         helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"]),
+         helper.make_node("Sigmoid", ["c2"], ["y"])],
+        "swapstream_self_check",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 32, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 32, 32])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    data = model.SerializeToString()
+    x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    return data, x, session.run(None, {"x": x})[0]
+
+
+@functools.cache
+def tensorrt_self_check(precision: Precision = "fp16") -> tuple[bool, str]:
+    """(passed, why): TensorRT is available, builds an engine of `self_check_case`'s model at
+    `precision`, and that engine's output, eager and replayed from its CUDA graph, agrees with ONNX
+    Runtime's (`outputs_agree`). `neural.runner=auto` takes TensorRT only when this passes: the
+    runner is written to TensorRT's documented API but has never run on a real TensorRT here.
+
+    Run once per process and remembered (functools.cache): the installed TensorRT and GPU do not
+    change under a running process, and the first check builds an engine (seconds). The engine is
+    cached like any other (`default_engine_cache_dir`), so later starts only load and run it."""
+    ok, why = tensorrt_available()
+    if not ok:
+        return False, why
+    fail = "TensorRT failed its start-up self-check"
+    try:
+        import cupy
+
+        data, x, want = self_check_case()
+        folder = default_engine_cache_dir() / "self_check"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / "self_check.onnx"
+        if not path.is_file() or path.read_bytes() != data:
+            _write_atomic(path, data)
+        stream = cupy.cuda.Stream(non_blocking=True)
+        with TensorRTRunner(path, cache_dir=folder, precision=precision, max_batch=1,
+                            progress=lambda msg: log.debug("self-check: %s", msg)) as runner:
+            for attempt in ("eager", "CUDA graph"):  # the first call runs eagerly and captures
+                out = runner.infer({"x": cupy.asarray(x)}, stream)
+                stream.synchronize()
+                got = cupy.asnumpy(next(iter(out.values())))
+                agree, detail = outputs_agree(got, want, rel_tol=SELF_CHECK_REL_TOL[precision])
+                if not agree:
+                    return False, f"{fail} ({precision}, {attempt} run): {detail}"
+    except Exception as exc:  # any failure of a TensorRT that cannot be trusted is a reason not to use it
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        return False, f"{fail} ({precision}): {type(exc).__name__}: {first}"
+    return True, f"{why}; {precision} self-check passed ({detail})"
+
+
 def as_device_array(name: str, a: Any, cupy: Any) -> Any:
     """`a` as a CuPy array without copying, or a FeedError saying how to get it onto the GPU."""
     mod = array_module_name(a)
@@ -1128,5 +1220,6 @@ def as_device_array(name: str, a: Any, cupy: Any) -> Any:
 
 __all__ = ["EngineBuildResult", "EngineCacheKey", "TensorRTRunner", "build_engine",
            "convert_onnx_to_fp16", "default_engine_cache_dir", "engine_cache_path", "ensure_engine",
-           "gpu_identity", "make_engine_cache_key", "norm_statistics_nodes", "resolve_model",
-           "tensorrt_available", "timing_cache_path"]
+           "gpu_identity", "make_engine_cache_key", "norm_statistics_nodes", "outputs_agree",
+           "resolve_model", "self_check_case", "tensorrt_available", "tensorrt_self_check",
+           "timing_cache_path"]

@@ -26,7 +26,10 @@ from .redact import install_log_redaction, redact_url
 
 app = typer.Typer(
     name="swapstream",
-    help="Real-time face swapping in video files and live streams.",
+    help="Real-time face swapping in video files and live streams.\n\n"
+         "Exit status: 0 done; 1 `verify` found no mark; 2 bad input, output or configuration (one "
+         "`error:` line); 3 `run`'s input ended before the frames it declared (what it held was "
+         "written; one `warning:` line); 130 `live` stopped with Ctrl+C.",
     add_completion=False,
     no_args_is_help=True,
     # Bad input must give one line, never a traceback: user errors are caught below, and anything
@@ -200,12 +203,63 @@ def run(
     accept_licence: Annotated[bool, typer.Option("--accept-licence",
                               help="Accept zoo model licences without asking (non-interactive runs).")] = False,
 ) -> None:
-    """Swap the face from SOURCE into every face of INPUT and write OUTPUT."""
+    """Swap the face from SOURCE into every face of INPUT and write OUTPUT.
+
+    Exit status 0: done; 2: bad input, output or configuration (one `error:` line); 3: the input
+    ended before the frames it declared (a truncated file): what it held was written, and one
+    `warning:` line gives the counts.
+    """
+    # Before the models load: a typo is known in a fraction of a second, not after seconds.
+    _check_input_file("source image", source, "a PNG or JPEG file")
+    _check_input_file("input", input, "a video file")
     cfg = _config(config, set_, models_dir)
     if accept_licence:
         cfg.neural.accept_licence = True
     stats = _run_job(cfg, source, input, output, quiet)
     _summary(stats, output)
+    _exit_if_short(stats, input, output)
+
+
+EXIT_ENDED_EARLY = 3
+"""`run`'s exit status when the input ended before the frames it declared (the output holds the
+frames that were there): scripts can tell a partial result from a full one (0) and from a failure (2)."""
+
+
+def _exit_if_short(stats: "object", input_path: Path, output: Path) -> None:
+    """One warning line and exit 3 when the input delivered fewer frames than it declared."""
+    from .io.video import ended_early
+    from .pipeline import JobStats
+
+    assert isinstance(stats, JobStats)
+    expected = ended_early(stats.input_info, stats.frames) if stats.input_info is not None else None
+    if expected is None:
+        return
+    err.print(Text(f"warning: input '{input_path}' ended early: {stats.frames} of {expected} frames "
+                   f"(truncated?); wrote {stats.frames} frames to '{output}'"), soft_wrap=True)
+    raise typer.Exit(EXIT_ENDED_EARLY)
+
+
+def _check_input_file(what: str, path: Path, give: str, shown: str | None = None) -> None:
+    """`path` (quoted as `shown`, by default itself) names an existing file, `give` being what it
+    should be: checked when the command starts, because a missing input found after the models have
+    loaded costs seconds (minutes for a first download) before the one-line error."""
+    from .errors import InputError, InputNotFoundError
+
+    name = str(path) if shown is None else shown
+    if not path.exists():
+        raise InputNotFoundError(f"{what} '{name}' does not exist. Check the path and its spelling.")
+    if path.is_dir():
+        raise InputError(f"{what} '{name}' is a folder. Give the path of {give}.")
+
+
+def _live_input_file(url: str) -> Path | None:
+    """The file a `live` input names (a path, or a file: URL read as FFmpeg's file protocol reads
+    it: what follows `file:`), or None for a network stream."""
+    from .live.streams import is_file_input
+
+    if not is_file_input(url):
+        return None
+    return Path(url[len("file:"):] if url.lower().startswith("file:") else url)
 
 
 @app.command()
@@ -226,7 +280,16 @@ def live(
     insecure_tls: Annotated[bool, typer.Option("--insecure-tls", help=INSECURE_TLS_HELP)] = False,
 ) -> None:
     """Swap faces in a live stream: pull RTMP; push RTMP, write HLS and/or feed a virtual camera,
-    without building up latency."""
+    without building up latency.
+
+    Exit status 0: the input ended (or --max-frames); 2: bad input, output or configuration (one
+    `error:` line); 130: stopped with Ctrl+C (after the summary).
+    """
+    # Local inputs are checked before the models load, as in `run`.
+    _check_input_file("source image", source, "a PNG or JPEG file")
+    local = _live_input_file(input)
+    if local is not None:
+        _check_input_file("live input file", local, "a video file", shown=input)
     cfg = _config(config, set_, None)
     if no_label:
         cfg.disclosure.label_live = False
@@ -342,6 +405,8 @@ def serve(
 
     api_token = _token(api_token, api_token_file, "--api-token", "SWAPSTREAM_API_TOKEN")
     _check_serve_folders(hls_root, media_root)  # before the models load: bad paths fail at once
+    if source is not None:
+        _check_input_file("source image", source, "a PNG or JPEG file")
     cfg = _config(config, set_, None)
     if no_label:
         cfg.disclosure.label_live = False

@@ -79,6 +79,17 @@ class MeshConfig(_Section):
     """0 keeps the source colours, 1 matches the target fully."""
 
 
+class MaskConfig(_Section):
+    occlusion: bool = True
+    """Keep the target where something is in front of the face (hair, glasses, a hand, a microphone): face pixels unlike the colour of the target's own cheeks are not painted over (built-in mesh swapper)."""
+    # Below about 2 standard deviations ordinary skin (shading, a flush) starts to count as an
+    # occluder and holes appear in the swap; past 10 only black or saturated colours would.
+    occlusion_threshold: float = Field(3.0, ge=1.5, le=10.0)
+    """Colour distance from the learned skin, in standard deviations, at which a pixel starts to count as an occluder (lower keeps more of the target)."""
+    occlusion_smoothing: float = Field(0.5, gt=0.0, le=1.0)
+    """Weight of the newest frame in each face's moving average of the mask: lower is steadier on a still head and slower to follow a hand (1: no smoothing)."""
+
+
 class EncodeConfig(_Section):
     codec: Literal["libx264"] = "libx264"
     """Video encoder for file outputs."""
@@ -91,11 +102,16 @@ class EncodeConfig(_Section):
     # stream runs best on 1-2.
     threads: int = Field(0, ge=0, le=16)
     """Encoder threads (0: let x264 choose)."""
+    # Under 0.25 s the stream is mostly keyframes (large, and x264's rate control starves the frames
+    # between them); over 10 s a new viewer waits that long for a first picture and an HLS player
+    # lags several times that. Live outputs only: files keep x264's own keyframe placement.
+    gop_seconds: float = Field(1.0, ge=0.25, le=10.0)
+    """Live outputs (RTMP, HLS): a keyframe every this many seconds of the output's timeline, whatever its frame rate; also the HLS segment length."""
 
 
 class NeuralConfig(_Section):
     runner: Literal["auto", "tensorrt", "torch", "onnxruntime"] = "auto"
-    """Inference backend for zoo models; `auto` picks TensorRT, then PyTorch on CUDA, then ONNX Runtime."""
+    """Inference backend for zoo models; `auto` picks TensorRT (once its start-up self-check passes), then PyTorch on CUDA, then ONNX Runtime."""
     precision: Literal["auto", "fp16", "fp32"] = "auto"
     """fp16 where the GPU has Tensor Cores (compute capability 7.0+), else fp32."""
     compile: bool = True
@@ -243,10 +259,12 @@ class Config(_Section):
     """Temporal landmark smoothing."""
     mesh: MeshConfig = MeshConfig()
     """The built-in mesh swapper."""
+    mask: MaskConfig = MaskConfig()
+    """What the swap may paint over: the occlusion mask."""
     neural: NeuralConfig = NeuralConfig()
     """Zoo models: runner, precision, batching, detector and downloads."""
     encode: EncodeConfig = EncodeConfig()
-    """Video encoding of file outputs."""
+    """Video encoding: x264 settings of file outputs, and the keyframe interval of live outputs."""
     runtime: RuntimeConfig = RuntimeConfig()
     """The multi-stream runtime of `swapstream serve`: batching, budgets, degradation, uploads."""
     watermark: WatermarkConfig = WatermarkConfig()

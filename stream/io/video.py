@@ -43,6 +43,7 @@ __all__ = [
     "VideoReader",
     "VideoWriter",
     "audio_plan",
+    "ended_early",
     "probe",
 ]
 
@@ -264,6 +265,26 @@ def probe(path: str | os.PathLike[str]) -> VideoInfo:
     finally:
         container.close()
     return _upright(info, _display_rotation(name))
+
+
+def ended_early(info: VideoInfo, frames: int) -> int | None:
+    """The frame count `info` promised, when the `frames` a full read decoded fall short of it (a
+    truncated or damaged file: the index at the front of an MP4 promises frames whose data is
+    missing, and the read stops quietly where the data does), else None.
+
+    A count the container declares (MP4, MOV) is exact, but an edit list may hide a frame or two:
+    short by more than 1% (at least 2 frames) counts. One estimated from the duration and the
+    average rate (Matroska declares no count) is rougher, and variable frame rate makes it rougher
+    still: short by more than 5% (at least 3 frames) counts. No count and no duration: None.
+    """
+    if info.frames:
+        expected, margin = info.frames, max(1, info.frames // 100)
+    elif info.duration and info.avg_rate:
+        expected = int(round(info.duration * float(info.avg_rate)))
+        margin = max(2, expected // 20)
+    else:
+        return None
+    return expected if expected - frames > margin else None
 
 
 class VideoReader:

@@ -213,10 +213,13 @@ class LiveJob(FileJob):
     def _open_writers(self, width: int, height: int, time_base: Fraction | None, reader: LiveReader,
                       rtmp_out: str | None, hls_dir: Path | None, vcam_device: str | None = None,
                       vcam: bool = False, *, reconnect_seconds: float = 60.0) -> list[LiveOutput]:
-        # Each output tolerates the outage the operator asked for (--reconnect), not a fixed one.
+        # Each output tolerates the outage the operator asked for (--reconnect), not a fixed one; its
+        # tags claim the watermark only when this job embeds it.
         common: dict[str, Any] = dict(width=width, height=height, fps=reader.info_fps,
                                       time_base=time_base, audio_from=reader.audio_stream,
-                                      crf=self.config.encode.crf, reconnect_seconds=reconnect_seconds)
+                                      crf=self.config.encode.crf, reconnect_seconds=reconnect_seconds,
+                                      gop_seconds=self.config.encode.gop_seconds,
+                                      tags=self.disclosure.tags)
         out: list[LiveOutput] = []
         if rtmp_out:
             out.append(LiveWriter(rtmp_out, kind="rtmp", outbound=self._outbound(), **common))

@@ -12,7 +12,8 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -20,8 +21,9 @@ from typing import Any, NoReturn
 
 import av
 import numpy as np
+from av.video.frame import PictureType
 
-from ..disclosure import SYNTHETIC_TAGS
+from ..disclosure import synthetic_tags
 from ..errors import InputError, InputNotFoundError, OutputError
 from ..io.video import AudioPacket
 from ..netpolicy import Connection, Outbound
@@ -62,17 +64,29 @@ def media_file_options() -> dict[str, str]:
             "enable_drefs": "0"}
 
 
+KEYINT_BACKSTOP_GOPS = 10
+"""x264's own keyframe interval, in GOPs at the rate given to `x264_live_options`: a backstop only."""
+
+
 def x264_live_options(fps: float, *, preset: str = "ultrafast", crf: int = 23,
-                      keyint_seconds: float = 1.0) -> dict[str, str]:
-    """libx264 for live outputs: no B-frames (no reordering delay), a keyframe every second so that
-    players and HLS segments can start anywhere, zerolatency tuning."""
-    g = max(1, round(fps * keyint_seconds))
+                      gop_seconds: float = 1.0) -> dict[str, str]:
+    """libx264 for live outputs: no B-frames (no reordering delay), zerolatency tuning, and the
+    keyframes placed by the caller, who forces one every `gop_seconds` of output time (`LiveWriter`).
+
+    x264 counts its keyframe interval in frames, and a live output's rate is not known in advance
+    (a CPU swap that keeps up with 2-7 of 30 input frames a second): `g` = 30 frames then meant a
+    keyframe every 4-15 s. So x264's own interval is set far out (KEYINT_BACKSTOP_GOPS GOPs at
+    `fps`), a backstop should forcing ever stop; forced keyframes are IDR (`forced-idr`), where a
+    new viewer or an HLS segment can start; scene cuts add none (`sc_threshold` 0)."""
+    g = max(1, round(fps * gop_seconds * KEYINT_BACKSTOP_GOPS))
     return {"preset": preset, "tune": "zerolatency", "crf": str(crf), "bf": "0", "g": str(g),
-            "keyint_min": str(g), "sc_threshold": "0"}
+            "sc_threshold": "0", "forced-idr": "1"}
 
 
 def hls_options(folder: Path, *, segment_seconds: float = 1.0, list_size: int = 6) -> dict[str, str]:
-    """A sliding-window live playlist: short segments, old ones deleted."""
+    """A sliding-window live playlist: short segments, old ones deleted. The muxer cuts a segment at
+    the first keyframe past each `segment_seconds`: the writer's keyframes every `gop_seconds`
+    (the same value) make every segment that long, within a frame."""
     return {"hls_time": f"{segment_seconds:g}", "hls_list_size": str(list_size),
             "hls_flags": "delete_segments+independent_segments+omit_endlist",
             "hls_segment_filename": str(folder / "seg_%05d.ts")}
@@ -111,13 +125,135 @@ def _video_facts(v: Any) -> tuple[str, bool]:
     return ("hevc" if v.codec_context.name == "hevc" else "h264"), bool(v.codec_context.has_b_frames)
 
 
+JUMP_S = Fraction(1)
+"""A stream's timestamps that move forward by more than this between two packets of one connection
+have jumped (a publisher that restarted its clock, an encoder's wrap): a live input never leaves a
+gap this long without the read timing out and the connection dropping first."""
+BACK_S = Fraction(1, 2)
+"""...and timestamps that go back by more than this have jumped too (decode order never does;
+presentation order goes back by a few frames at most, with B-frames)."""
+
+
+HELD_AUDIO = 500
+"""Audio packets (about 10 s) a connection may hold while it waits for its first video packet."""
+
+
+class Timeline:
+    """One clock for a live input's video and audio: where each packet goes on the output timeline.
+
+    The input's timestamps run in epochs: the first connection's first epoch keeps its own times;
+    a new epoch starts at each reconnect (and each pass of a looped file), and wherever a stream's
+    timestamps jump within a connection (forward by more than `JUMP_S`, back by more than
+    `BACK_S`): a publisher restarted behind the same server, whose clock starts at 0 again, or an
+    encoder whose clock jumps. The video starts each epoch one frame after its last frame, and that
+    epoch's ONE shift moves its audio too: the publisher's own A/V offset is kept exactly. Audio that
+    reaches a new epoch before the video does waits (`offset` answers None) until the video's first
+    packet of it sets the shift, or until the video has gone on for `JUMP_S` without a jump of its
+    own (an audio-only jump): then the audio continues one packet after its own last one.
+    Times are exact fractions of a second.
+    """
+
+    def __init__(self) -> None:
+        self._shifts: list[Fraction] = [Fraction(0)]
+        """Each epoch's shift: seconds added to its packets' times."""
+        self._epoch = {"video": 0, "audio": 0}
+        """Which epoch each stream is in."""
+        self._audio_next: int | None = None
+        """The epoch the video started last, until the audio joins it (or the video has run on
+        `JUMP_S` without it: that jump was the video's alone)."""
+        self._video_jumped_at = Fraction(0)
+        self._waiting: tuple[Fraction, Fraction] | None = None
+        """While the audio waits in an epoch the video has not reached: (the audio's order time at
+        its jump, the video's order time then)."""
+        self._fresh: set[str] = set()
+        """Streams whose next packet starts a new epoch (a new connection)."""
+        self._last: dict[str, Fraction] = {}
+        """Per stream: the order time of its last packet, to find jumps."""
+        self._end: dict[str, Fraction] = {}
+        """Per stream: the output time just after its latest packet."""
+        self.jumps = 0
+        """Timestamp jumps found within connections, in any stream."""
+
+    def new_connection(self) -> None:
+        """The next packets come from a new connection (or a new pass of a file): both streams
+        start a new epoch with their next packet."""
+        if self._end:
+            self._fresh = {"video", "audio"}
+
+    def _jumped(self, kind: str, order: Fraction) -> bool:
+        last = self._last.get(kind)
+        self._last[kind] = order
+        if kind in self._fresh:
+            self._fresh.discard(kind)
+            return True
+        if last is None:
+            return False
+        gap = order - last
+        if gap > JUMP_S or gap < -BACK_S:
+            self.jumps += 1
+            log.info("live input timestamps jumped by %.3f s (%s): continuing", float(gap), kind)
+            return True
+        return False
+
+    def offset(self, kind: str, order: Fraction, pts: Fraction, duration: Fraction) -> Fraction | None:
+        """The amount to add to a packet's times (seconds), or None for audio that must wait for
+        the video to reach its epoch. `kind` is 'video' or 'audio'; `order` is the time the stream's
+        packets increase in (decode time; the pts where there is none), `pts` its presentation time
+        and `duration` its length, or the stream's frame or packet interval. A packet that waited
+        is offered again, unchanged, until it is placed."""
+        if kind == "video":
+            off = self._video(order, self._jumped(kind, order))
+        elif self._waiting is not None and self._last.get("audio") == order:
+            return None  # the same packet, offered again: still waiting
+        else:
+            off = self._audio(order, self._jumped(kind, order))
+            if off is None:
+                return None
+        end = max(order, pts) + off + duration
+        if end > self._end.get(kind, end - 1):
+            self._end[kind] = end
+        return off
+
+    def _video(self, order: Fraction, jumped: bool) -> Fraction:
+        if jumped:
+            shift = self._end.get("video", order) - order  # one frame after the last one
+            if self._waiting is not None:
+                self._shifts[self._epoch["audio"]] = shift  # the epoch the audio waits in
+                self._epoch["video"] = self._epoch["audio"]
+                self._waiting = None
+            else:
+                self._shifts.append(shift)
+                self._epoch["video"] = self._audio_next = len(self._shifts) - 1
+                self._video_jumped_at = order
+        elif self._waiting is not None and order - self._waiting[1] > JUMP_S:
+            # The audio jumped alone: it continues one packet after its own last one.
+            a_order = self._waiting[0]
+            self._shifts[self._epoch["audio"]] = self._end.get("audio", a_order) - a_order
+            self._waiting = None
+        elif self._audio_next is not None and order - self._video_jumped_at > JUMP_S:
+            self._audio_next = None  # the video jumped alone
+        return self._shifts[self._epoch["video"]]
+
+    def _audio(self, order: Fraction, jumped: bool) -> Fraction | None:
+        if jumped:
+            if self._audio_next is not None:
+                self._epoch["audio"], self._audio_next = self._audio_next, None
+            else:
+                self._shifts.append(Fraction(0))  # set by the video's jump, or by the wait's end
+                self._epoch["audio"] = len(self._shifts) - 1
+                self._waiting = (order, self._last.get("video", order))
+        if self._waiting is not None:
+            return None
+        return self._shifts[self._epoch["audio"]]
+
+
 class LiveReader:
     """Frames and audio packets from a live URL, reconnecting when the input drops, or from a file,
     which ends at its end (or starts again with `loop`).
 
     After a reconnect the new publisher's timestamps start again, and so do a looped file's; the
-    reader shifts them so that `pts` keeps increasing across the gap (in the first connection's time
-    base). With `realtime`, a file's frames come out at their own pace, as a live source sends them.
+    reader's `Timeline` moves video and audio together so that both continue across the gap, in
+    step (video pts in the first connection's time base). With `realtime`, a file's frames come out at their own pace, as a live source sends them.
     """
 
     def __init__(self, url: str, *, reconnect_seconds: float = 60.0, open_timeout: float = 5.0,
@@ -150,11 +286,14 @@ class LiveReader:
         """(width, height) the input declared when it was opened; (0, 0) if it did not."""
         self._template: Any = None
         self.info_fps: float = 30.0
-        self._offset = 0
+        self.timeline = Timeline()
+        """Where video and audio go on the output timeline, together (one clock)."""
         self._last_pts: int | None = None
-        self._first_pts: int | None = None
-        self._step = 1
-        self._next_shift: int | None = None
+        """The largest video pts given out (output timeline, in `time_base`)."""
+        self._last_audio: int | None = None
+        """The last audio pts given out (output timeline, in the audio stream's time base)."""
+        self._step = Fraction(1, 30)
+        """One frame, in seconds: the video's duration when a packet gives none."""
         self._clock: tuple[float, float] | None = None
         self._time_base: Fraction | None = None
         self._index = 0
@@ -227,7 +366,7 @@ class LiveReader:
         self.codec, self.reorders = _video_facts(v)
         self.size = (int(v.codec_context.width or 0), int(v.codec_context.height or 0))
         self.info_fps = float(v.average_rate or v.guessed_rate or 30)
-        self._step = max(1, round(1 / (self.info_fps * v.time_base)))  # one frame, in pts
+        self._step = 1 / Fraction(self.info_fps).limit_denominator(1001)
         self.audio_stream = self._container.streams.audio[0] if self._container.streams.audio else None
         # Writers add their audio stream from `audio_stream` as a template, possibly after this
         # container has ended (a short file; an output that reconnects later): it stays open until
@@ -298,13 +437,11 @@ class LiveReader:
 
     def _read(self, c: Any) -> Iterator[Frame | VideoPacket | AudioPacket]:
         v = c.streams.video[0]
-        streams = [v] + ([c.streams.audio[0]] if c.streams.audio else [])
-        # A looped file's shift is known before its first packet, so its audio moves with it; a new
-        # connection's is found from its first frame, and its audio keeps the publisher's times.
-        shift, self._next_shift = self._next_shift, None
-        audio_shift = 0
-        if shift is not None and c.streams.audio and self._time_base is not None:
-            audio_shift = round(shift * self._time_base / c.streams.audio[0].time_base)
+        a = c.streams.audio[0] if c.streams.audio else None
+        streams = [v] + ([a] if a is not None else [])
+        self.timeline.new_connection()
+        held: list[Any] = []  # audio waiting for its connection's first video packet
+        tb = self._time_base or v.time_base
         bsf = None
         connection = self.reconnects + self.loops
         codec, reorders = _video_facts(v)  # this connection's: a new publisher may differ
@@ -318,52 +455,92 @@ class LiveReader:
                 return
             if packet.stream.type == "audio":
                 if packet.size:
-                    if audio_shift and packet.pts is not None:
-                        packet.pts += audio_shift
-                        if packet.dts is not None:
-                            packet.dts += audio_shift
-                    yield AudioPacket(packet)
+                    held.append(packet)
+                    yield from self._audio_out(held)
                 continue
             if self.packets:
                 units = self._annexb(bsf, packet)
                 for data, raw_pts, raw_dts, key in units:
                     # Packets come in decode order: with B-frames their pts go back and forth.
-                    shift, pts = self._shifted(raw_pts, shift, monotonic=False)
+                    pts, dts = self._place_video(raw_pts, raw_dts, v.time_base, monotonic=False)
+                    yield from self._audio_out(held)
                     if self.realtime:
                         # A live source sends in decode order: pace by the decode time, which
                         # increases, rather than hold a reference frame until its display time.
-                        self._pace(pts if raw_dts is None or raw_pts is None else raw_dts + shift)
+                        self._pace(dts)
                         if self._stopped:
                             return
-                    yield VideoPacket(data, pts, self._time_base or v.time_base, self._index, key,
-                                      connection, codec, reorders)
+                    yield VideoPacket(data, pts, tb, self._index, key, connection, codec, reorders)
                     self._index += 1
                 continue
             for vf in packet.decode():
-                shift, pts = self._shifted(vf.pts, shift)
+                pts, _ = self._place_video(vf.pts, None, v.time_base)
+                yield from self._audio_out(held)
                 rgb = np.ascontiguousarray(vf.to_ndarray(format="rgb24"))
                 if self.realtime:
                     self._pace(pts)
                     if self._stopped:
                         return
-                yield Frame(rgb, pts=pts, time_base=self._time_base or v.time_base, index=self._index)
+                yield Frame(rgb, pts=pts, time_base=tb, index=self._index)
                 self._index += 1
 
-    def _shifted(self, raw: int | None, shift: int | None, *, monotonic: bool = True) -> tuple[int, int]:
-        """(shift, pts): the connection's shift (found at its first frame) and this frame's pts on
-        the reader's continuous timeline, strictly increasing when `monotonic` (frames); packets in
-        decode order keep their order, and the last pts is the largest so far."""
-        pts = raw if raw is not None else (self._last_pts or 0) + 1
-        if self._first_pts is None:
-            self._first_pts = pts
-        if shift is None:
-            # A new connection: continue one frame after the last frame we gave out.
-            shift = 0 if self._last_pts is None else self._last_pts + self._step - pts
-        pts += shift
+    def _place_video(self, raw_pts: int | None, raw_dts: int | None, time_base: Fraction, *,
+                     monotonic: bool = True) -> tuple[int, int]:
+        """(pts, dts) of a video frame or packet on the output timeline, in the reader's
+        `time_base` (the first connection's). Frames (`monotonic`) get strictly increasing pts;
+        packets in decode order keep their order, and `_last_pts` is the largest so far."""
+        out_tb = self._time_base or time_base
+        if raw_pts is None:
+            # No time (a raw stream): one frame after the last one given out.
+            pts = dts = (self._last_pts or 0) + max(1, round(self._step / out_tb))
+        else:
+            p = raw_pts * time_base
+            d = raw_dts * time_base if raw_dts is not None else p
+            off = self.timeline.offset("video", d, p, self._step)
+            assert off is not None  # video always places itself
+            pts = round((p + off) / out_tb)
+            dts = round((d + off) / out_tb)
         if monotonic and self._last_pts is not None and pts <= self._last_pts:
             pts = self._last_pts + 1
         self._last_pts = pts if self._last_pts is None else max(pts, self._last_pts)
-        return shift, pts
+        return pts, dts
+
+    def _audio_out(self, held: list[Any]) -> Iterator[AudioPacket]:
+        """The held audio packets that can be placed now, in order; the rest stay held (at most
+        `HELD_AUDIO`: a connection whose video never comes loses its oldest audio, not memory)."""
+        while held:
+            placed = self._place_audio(held[0])
+            if placed is None:
+                del held[:-HELD_AUDIO]
+                return
+            p = held.pop(0)
+            if placed:
+                yield AudioPacket(p)
+
+    def _place_audio(self, packet: Any) -> bool | None:
+        """Move an audio packet onto the output timeline, beside the video (one clock). None while
+        its connection has no video yet; False for a packet to leave out: no time, or one that would
+        not come after the last one given out (a new connection's first audio may start a few ms
+        before its first video, which continues the video exactly; a muxer refuses audio that goes
+        back)."""
+        if packet.pts is None:
+            return False
+        tb = packet.time_base or packet.stream.time_base
+        p = packet.pts * tb
+        d = packet.dts * tb if packet.dts is not None else p
+        dur = packet.duration * tb if packet.duration else Fraction(1024, max(1, packet.stream.rate or 48000))
+        off = self.timeline.offset("audio", d, p, dur)
+        if off is None:
+            return None
+        shift = round(off / tb)
+        pts = packet.pts + shift
+        if self._last_audio is not None and pts <= self._last_audio:
+            return False
+        packet.pts = pts
+        if packet.dts is not None:
+            packet.dts += shift
+        self._last_audio = pts
+        return True
 
     @staticmethod
     def _annexb(bsf: Any, packet: Any) -> list[tuple[bytes, int | None, int | None, bool]]:
@@ -395,8 +572,6 @@ class LiveReader:
         except (av.error.FFmpegError, OSError) as e:
             log.warning("live input file '%s' could not be opened again: %s", self.url, e)
             return False
-        if self._last_pts is not None and self._first_pts is not None:
-            self._next_shift = self._last_pts + self._step - self._first_pts
         self.loops += 1
         return True
 
@@ -415,8 +590,9 @@ class LiveReader:
             except (av.error.FFmpegError, OSError):
                 pass
             delay = min(delay * 2, 2.0)  # back off, but retry at least every 2 s
-        log.warning("live input '%s' did not come back within %.0f s: ending", self.url,
-                    self.reconnect_seconds)
+        if not self._stopped:  # stopped (Ctrl+C, DELETE): not an outage to report
+            log.warning("live input '%s' did not come back within %.0f s: ending", self.url,
+                        self.reconnect_seconds)
         return False
 
 
@@ -426,17 +602,60 @@ proves nothing: a server that accepts the connection and drops it takes a frame 
 socket's buffer before a write fails."""
 
 
+RATE_HOLD_FRAMES = 16
+"""Most frames a new `LiveWriter` holds back while it measures the rate it will declare (16 frames
+of 1080p are ~50 MB held as YUV 4:2:0, once per output, at its start)."""
+RATE_WINDOW_FRAMES = 64
+"""Frames whose output times a writer keeps to measure the rate it declares on a reconnection."""
+AUDIO_HOLD_PACKETS = 256
+"""Audio packets a new writer keeps while it measures (about 5 s of 48 kHz AAC); older ones go."""
+
+
+def delivered_rate(times: Iterable[Fraction]) -> Fraction | None:
+    """The frame rate a series of output times (seconds, increasing) delivers: frames per second
+    over its intervals, leaving out gaps over 4 times the median interval (an outage, or an input
+    that dropped, is not the rate); None with fewer than two frames or no time between them."""
+    t = list(times)
+    gaps = sorted(b - a for a, b in zip(t, t[1:]) if b > a)
+    if not gaps:
+        return None
+    limit = 4 * gaps[len(gaps) // 2]
+    kept = [g for g in gaps if g <= limit]
+    return Fraction(len(kept)) / sum(kept, Fraction(0))
+
+
 class LiveWriter:
     """Encodes RGB frames with x264 (+ AAC audio) and pushes them to an RTMP URL (FLV) or writes an
     HLS playlist. A push that fails reconnects with back-off; frames during the outage are counted
     in `dropped`, never queued without bound. An outage runs from the first failure until a
     connection has carried frames for `RECOVERED_AFTER_S`; one longer than `reconnect_seconds` is an
-    `OutputError`."""
+    `OutputError`.
+
+    Keyframes: one every `gop_seconds` of the output's timeline (the frames' pts), forced by the
+    writer, whatever the frame rate: the first frame at or past each multiple of `gop_seconds` from
+    the first frame is an IDR frame. An HLS segment is that long and a new RTMP viewer waits at most
+    that long for a picture, at 30 fps or at the 2-7 fps of a CPU swap that falls behind.
+
+    Declared rate: the rate the output delivers, measured. A live job's output rate is not known in
+    advance: the CPU path drops the frames its swap cannot keep up with, so it delivers anything up
+    to the input's rate (`fps`), and that input rate would be a false claim. The writer holds its
+    first frames until they span `gop_seconds` (or RATE_HOLD_FRAMES frames), declares the rate they
+    were delivered at (FLV's `framerate`, the stream's average rate, x264's SPS timing), then sends
+    them; a reconnection declares the rate of the last RATE_WINDOW_FRAMES frames. The stream's
+    start waits that long, once; HLS waits as long for its first segment anyway. `fps` is declared
+    only when an output ends before two frames could be measured.
+
+    Tags: `tags` are written as given (`Disclosure.tags`, which claims a watermark only when the
+    frames carry one); without them, the synthetic-content tags without the watermark claim, since
+    a writer that is not told what was done to its frames must not claim more.
+    """
 
     def __init__(self, target: str, *, width: int, height: int, fps: float, time_base: Fraction,
                  audio_from: Any = None, kind: str = "rtmp", crf: int = 23,
-                 segment_seconds: float = 1.0, reconnect_seconds: float = 30.0,
-                 outbound: Outbound | None = None) -> None:
+                 gop_seconds: float = 1.0, reconnect_seconds: float = 30.0,
+                 outbound: Outbound | None = None, tags: Mapping[str, str] | None = None) -> None:
+        if not gop_seconds > 0:
+            raise ValueError(f"gop_seconds must be positive, got {gop_seconds!r}")
         self.target = target
         self.kind = kind
         self.outbound = outbound or Outbound()
@@ -447,10 +666,24 @@ class LiveWriter:
         self.time_base = time_base
         self.audio_from = audio_from
         self.crf = crf
-        self.segment_seconds = segment_seconds
+        self.gop_seconds = gop_seconds
+        self._gop = Fraction(gop_seconds).limit_denominator(1000)
+        self.tags = dict(tags) if tags is not None else synthetic_tags(watermarked=False)
         self.reconnect_seconds = reconnect_seconds
         self.frames = 0
         self.dropped = 0
+        self.keyframes = 0
+        """Keyframes forced so far (one per `gop_seconds` of output)."""
+        self.declared_rate: Fraction | None = None
+        """The frame rate the current connection declares, once measured."""
+        self._times: deque[Fraction] = deque(maxlen=RATE_WINDOW_FRAMES)
+        """Output times (seconds) of the newest frames sent or held: the delivered rate."""
+        self._held: list[tuple[Any, Fraction]] = []
+        """Frames (and their times) held while the first rate is measured."""
+        self._held_audio: deque[AudioPacket] = deque(maxlen=AUDIO_HOLD_PACKETS)
+        self._next_key: Fraction | None = None
+        """Output time from which the next frame is forced to be a keyframe; None: the next one is."""
+        self._grid: Fraction = Fraction(0)
         self._down_since: float | None = None
         """Start of the current outage (its first failure), or None while the output works."""
         self._up_since = time.monotonic()
@@ -458,15 +691,19 @@ class LiveWriter:
         self._next_try = 0.0
         self._delay = 0.25
         self._c: Any = None
+        self._v: Any = None
+        self._a: Any = None
         self._open()
 
     def _open(self) -> None:
+        """Open the container (an unusable output fails here, at once); its streams are added once
+        the rate to declare is known (`_add_streams`)."""
         try:
             if self.kind == "hls":
                 folder = Path(self.target).parent
                 folder.mkdir(parents=True, exist_ok=True)
                 c = av.open(self.target, "w", format="hls",
-                            options=hls_options(folder, segment_seconds=self.segment_seconds))
+                            options=hls_options(folder, segment_seconds=self.gop_seconds))
             else:
                 conn = self.outbound.connect(self.target, timeout=5.0)
                 try:
@@ -478,18 +715,26 @@ class LiveWriter:
         except (av.error.FFmpegError, OSError) as e:
             raise OutputError(f"cannot open live output '{self.target}': {e}. Check the URL or "
                               f"folder, and that the server accepts this stream key.") from None
-        v = c.add_stream("libx264", rate=Fraction(self.fps).limit_denominator(1001))
+        self._c, self._v, self._a = c, None, None
+        if self.declared_rate is not None:
+            # A reconnection: the rate delivered lately, known without holding frames back.
+            self._add_streams(delivered_rate(self._times) or self.declared_rate)
+
+    def _add_streams(self, rate: Fraction) -> None:
+        rate = min(max(Fraction(rate), Fraction(1, 10)), Fraction(1000)).limit_denominator(1001)
+        self.declared_rate = rate
+        c = self._c
+        v = c.add_stream("libx264", rate=rate)
         v.width, v.height, v.pix_fmt = self.width, self.height, "yuv420p"
         v.time_base = self.time_base
         v.codec_context.time_base = self.time_base
-        v.options = x264_live_options(self.fps, crf=self.crf, keyint_seconds=self.segment_seconds)
+        v.options = x264_live_options(float(rate), crf=self.crf, gop_seconds=self.gop_seconds)
         self._v = v
-        self._a = None
         if self.audio_from is not None and self.audio_from.codec_context.name == "aac":
             self._a = c.add_stream_from_template(self.audio_from)
         # The content is synthetic: FLV keeps every tag, HLS's MPEG-TS segments the service names.
-        c.metadata.update(SYNTHETIC_TAGS)
-        self._c = c
+        c.metadata.update(self.tags)
+        self._next_key = None  # a new encoder starts with a keyframe, and the grid from it
 
     def write(self, frame: Frame) -> None:
         """Encode and send an RGB frame."""
@@ -510,9 +755,56 @@ class LiveWriter:
         vf = av.VideoFrame.from_ndarray(nv12, format="nv12")
         self._send(vf, pts, time_base)
 
+    def _time(self, pts: int | None, time_base: Fraction | None) -> Fraction:
+        """The frame's time on the output timeline, in seconds; a frame without a pts comes one
+        frame (at `fps`) after the last."""
+        if pts is not None and time_base is not None:
+            return pts * Fraction(time_base)
+        step = 1 / Fraction(self.fps).limit_denominator(1001)
+        return self._times[-1] + step if self._times else Fraction(0)
+
     def _send(self, vf: Any, pts: int | None, time_base: Fraction | None) -> None:
         vf.pts = pts
         vf.time_base = time_base
+        t = self._time(pts, time_base)
+        self._times.append(t)
+        if self._v is None:
+            # Held as YUV 4:2:0, half the size of RGB; x264 takes that format as it is.
+            self._held.append((vf if vf.format.name != "rgb24" else self._yuv(vf), t))
+            if t - self._held[0][1] < self._gop and len(self._held) < RATE_HOLD_FRAMES:
+                return
+            self._start()
+            return
+        self._encode(vf, t)
+
+    @staticmethod
+    def _yuv(vf: Any) -> Any:
+        out = vf.reformat(format="yuv420p")
+        out.pts, out.time_base = vf.pts, vf.time_base
+        return out
+
+    def _start(self) -> None:
+        """Declare the rate of the held frames, then send them and the audio held with them."""
+        held, self._held = self._held, []
+        self._add_streams(delivered_rate([t for _, t in held]) or Fraction(self.fps).limit_denominator(1001))
+        for vf, t in held:
+            if self._c is None:
+                self.dropped += 1  # the connection failed on an earlier held frame
+                continue
+            self._encode(vf, t)
+        audio, self._held_audio = list(self._held_audio), deque(maxlen=AUDIO_HOLD_PACKETS)
+        for p in audio:
+            self.write_audio(p)
+
+    def _encode(self, vf: Any, t: Fraction) -> None:
+        if self._next_key is None or t >= self._next_key:
+            # Forced, on the grid of gop_seconds from the connection's first frame: x264 counts
+            # frames, and this output's frame rate is whatever the swap keeps up with.
+            vf.pict_type = PictureType.I
+            if self._next_key is None:
+                self._grid = t
+            self._next_key = self._grid + (int((t - self._grid) / self._gop) + 1) * self._gop
+            self.keyframes += 1
         try:
             for p in self._v.encode(vf):
                 self._c.mux(p)
@@ -527,7 +819,13 @@ class LiveWriter:
             self._down_since = None
 
     def write_audio(self, packet: AudioPacket) -> None:
-        if self._c is None or self._a is None:
+        if self._c is None:
+            return
+        if self._v is None:
+            if self.audio_from is not None:
+                self._held_audio.append(packet)  # sent after the held frames, once streams exist
+            return
+        if self._a is None:
             return
         p = packet.packet
         p.stream = self._a
@@ -543,6 +841,7 @@ class LiveWriter:
         except (av.error.FFmpegError, OSError):
             pass
         self._c = None
+        self._v = self._a = None
         self._release()
         now = time.monotonic()
         if self._down_since is None:
@@ -573,11 +872,14 @@ class LiveWriter:
         return True
 
     def close(self) -> None:
+        if self._c is not None and self._v is None and self._held:
+            self._start()  # an output shorter than one GOP: declare what its frames show
         if self._c is None:
             return
         try:
-            for p in self._v.encode(None):
-                self._c.mux(p)
+            if self._v is not None:
+                for p in self._v.encode(None):
+                    self._c.mux(p)
         except (av.error.FFmpegError, OSError, ValueError):
             pass
         try:
@@ -585,6 +887,7 @@ class LiveWriter:
         except (av.error.FFmpegError, OSError):
             pass
         self._c = None
+        self._v = self._a = None
         self._release()
 
     def _release(self) -> None:

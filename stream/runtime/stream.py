@@ -613,7 +613,8 @@ class StreamPipeline:
         h, w = first.data.shape[:2]
         common: dict[str, Any] = dict(width=w, height=h, fps=self._reader.info_fps,
                                       time_base=first.time_base, audio_from=self._reader.audio_stream,
-                                      crf=self.cfg.encode.crf)
+                                      crf=self.cfg.encode.crf, gop_seconds=self.cfg.encode.gop_seconds,
+                                      tags=self.disclosure.tags)
         sinks: list[Any] = []
         for o in self.spec.outputs:
             if o.kind == "null":

@@ -1,6 +1,7 @@
 """The TensorRT runner: what runs everywhere (engine cache keys, the fp16 ONNX conversion checked with
-ONNX Runtime, behaviour without TensorRT, the CLI's one-line error) and, where `import tensorrt` works
-and a GPU is present, engines compared with ONNX Runtime at batch 1-4.
+ONNX Runtime, behaviour without TensorRT, the CLI's one-line error, the start-up self-check's
+comparison and `auto`'s fall-back) and, where `import tensorrt` works and a GPU is present, engines
+compared with ONNX Runtime at batch 1-4 and the self-check passing.
 
 TensorRT cannot be installed on our CI or on the H200 device machine (NVIDIA's wheels download from an
 index those machines cannot reach), so the TensorRT group is skipped there.
@@ -9,6 +10,7 @@ index those machines cannot reach), so the TensorRT group is skipped there.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import subprocess
 import sys
@@ -21,10 +23,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 from swapstream.engines.errors import EngineUserError
 from swapstream.engines.runner import FeedError
-from swapstream.engines.tensorrt_runner import (EngineCacheKey, as_device_array,
+from swapstream.engines.tensorrt_runner import (SELF_CHECK_REL_TOL, EngineCacheKey, as_device_array,
                                                 convert_onnx_to_fp16, default_engine_cache_dir,
                                                 engine_cache_path, make_engine_cache_key,
-                                                norm_statistics_nodes, tensorrt_available,
+                                                norm_statistics_nodes, outputs_agree, self_check_case,
+                                                tensorrt_available, tensorrt_self_check,
                                                 timing_cache_path)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -643,3 +646,106 @@ def test_runner_streams_and_feeds_with_a_stand_in_engine(fake_trt: _FakeEngine, 
             runner.infer({"x": x}, stream=s1)
         with pytest.raises(FeedError, match="outside the engine's range 1-4"):
             runner.infer({"x": cupy.zeros((5, 3, 16, 16), np.float32)}, stream=s1)
+
+
+# ------------------------------------------------------------------------- start-up self-check
+
+
+def test_outputs_agree_on_real_arrays() -> None:
+    rng = np.random.default_rng(3)
+    want = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    assert outputs_agree(want.copy(), want, rel_tol=0.0)[0]
+    # fp16 rounding of every value (what an fp16 engine's output is at best): well inside fp16's
+    # tolerance, outside a tolerance tighter than its 2^-11 relative step.
+    halved = want.astype(np.float16).astype(np.float32)
+    ok, why = outputs_agree(halved, want, rel_tol=SELF_CHECK_REL_TOL["fp16"])
+    assert ok and why.startswith("relative error "), why
+    assert not outputs_agree(halved, want, rel_tol=1e-6)[0]
+    # Wrong results: another input's output, a sign flipped channel, garbage, NaN, another shape.
+    assert not outputs_agree(rng.standard_normal(want.shape), want, rel_tol=0.5)[0]
+    flipped = want.copy()
+    flipped[:, 1] *= -1
+    ok, why = outputs_agree(flipped, want, rel_tol=SELF_CHECK_REL_TOL["fp32"])
+    assert not ok and "over the 0.005 allowed" in why, why
+    nan = want.copy()
+    nan[0, 0, 0, :3] = np.nan
+    ok, why = outputs_agree(nan, want, rel_tol=1.0)
+    assert not ok and why == f"3 of {want.size} output values are not finite", why
+    ok, why = outputs_agree(want[:1], want, rel_tol=1.0)
+    assert not ok and "(1, 3, 8, 8)" in why and "(2, 3, 8, 8)" in why, why
+    # An all-zero reference: the output's own size is the error.
+    zeros = np.zeros((4,), np.float32)
+    assert outputs_agree(zeros, zeros, rel_tol=0.0)[0]
+    assert not outputs_agree(np.full(4, 1e-2, np.float32), zeros, rel_tol=1e-3)[0]
+
+
+def test_self_check_case_tells_a_right_model_from_a_wrong_one() -> None:
+    """The check's reference, ONNX Runtime's output, accepts the same model run another way (its fp16
+    conversion, as an fp16 engine would compute) and refuses a model with one weight changed."""
+    data, x, want = self_check_case()
+    assert want.shape == (1, 3, 32, 32) and np.isfinite(want).all() and float(want.std()) > 0.05
+    again = self_check_case()
+    assert again[0] == data and np.array_equal(again[1], x) and np.array_equal(again[2], want)
+    half = ort_run(convert_onnx_to_fp16(data), x)
+    assert outputs_agree(half, want, rel_tol=SELF_CHECK_REL_TOL["fp16"])[0]
+    wrong = onnx.load_from_string(data)
+    w2 = next(t for t in wrong.graph.initializer if t.name == "w2")
+    changed = numpy_helper.to_array(w2).copy()
+    changed[0] = -changed[0]
+    w2.CopyFrom(numpy_helper.from_array(changed, "w2"))
+    assert not outputs_agree(ort_run(wrong.SerializeToString(), x), want,
+                             rel_tol=SELF_CHECK_REL_TOL["fp16"])[0]
+
+
+def test_self_check_without_tensorrt_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    tensorrt_self_check.cache_clear()
+    try:
+        ok, why = tensorrt_self_check("fp16")
+    finally:
+        tensorrt_self_check.cache_clear()
+    assert ok is False and why.startswith("TensorRT is not installed:"), why
+
+
+def test_auto_without_tensorrt_falls_back_and_logs_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """`neural.runner=auto` where TensorRT cannot be imported: the runner chosen is another one, the
+    log says why, and that runner computes the model right."""
+    from swapstream.engines.select import make_runner
+
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    tensorrt_self_check.cache_clear()
+    data, x, want = self_check_case()
+    path = tmp_path / "check.onnx"
+    path.write_bytes(data)
+    caplog.set_level(logging.INFO, logger="swapstream.engines.select")
+    try:
+        runner = make_runner(path, "auto", precision="fp32")
+    finally:
+        tensorrt_self_check.cache_clear()
+    assert runner.name != "tensorrt"
+    lines = [r.getMessage() for r in caplog.records if r.name == "swapstream.engines.select"]
+    assert any(line.startswith(f"runner for check.onnx: {runner.name} (TensorRT unavailable (TensorRT "
+                               f"is not installed:") for line in lines), lines
+    with runner:
+        got = runner.infer({"x": x})["y"]
+    assert outputs_agree(np.asarray(got), want, rel_tol=1e-5)[0]
+
+
+@needs_trt
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_self_check_passes_on_a_working_tensorrt(trt_ready: None, cp: object, precision: str,
+                                                 tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SWAPSTREAM_ENGINE_CACHE", str(tmp_path))
+    tensorrt_self_check.cache_clear()
+    try:
+        ok, why = tensorrt_self_check(precision)  # type: ignore[arg-type]
+    finally:
+        tensorrt_self_check.cache_clear()
+    assert ok, why
+    assert f"{precision} self-check passed (relative error" in why
+    from swapstream.engines.select import choose_runner
+
+    assert choose_runner("auto", precision=precision)[0] == "tensorrt"

@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import cv2
@@ -234,12 +235,9 @@ def test_input_truncated(assets: Assets, tmp_path: Path, layout: str) -> None:
 
     With the index (moov) at the end, as FFmpeg writes by default, the cut file has no index at all;
     with it at the front the cut file has an index and the first frames' data, and the decoder still
-    stops on the cut with "Invalid data found" before the run ends. That is today's behaviour for
-    both layouts (checked: exit 2, one `error:` line, no out.mp4); this test pins it so that it
-    cannot silently turn into a partial run.
-    TODO(live-reliability issue): what is wanted later for a cut file whose first frames decode is
-    to write those frames and exit 3 with one `warning:` line saying the input ended early; when
-    that lands, the faststart case here changes to expect it.
+    stops on the cut with "Invalid data found" before the run ends. Both layouts (checked: exit 2,
+    one `error:` line, no out.mp4): this test pins it so that it cannot silently turn into a partial
+    run. A cut file whose first frames do decode is `test_input_cut_after_its_first_frames`.
     """
     full = assets.clip if layout == "index_at_end" else assets.clip_faststart
     data = full.read_bytes()
@@ -251,6 +249,85 @@ def test_input_truncated(assets: Assets, tmp_path: Path, layout: str) -> None:
     assert res.returncode == 2, _show(res)
     assert "cannot decode" in line, line
     assert not out.exists(), _show(res)
+
+
+def _ffmpeg_clip(path: Path, frames: int, *args: str) -> None:
+    """A real H.264 + AAC MP4 of `frames` frames at 25 fps, written by the ffmpeg tool."""
+    import shutil
+
+    if shutil.which("ffmpeg") is None:
+        pytest.skip("needs the ffmpeg tool")
+    subprocess.run(["ffmpeg", "-hide_banner", "-loglevel", "error", "-y",
+                    "-f", "lavfi", "-i", "testsrc=size=320x240:rate=25",
+                    "-f", "lavfi", "-i", "sine=frequency=440:sample_rate=48000",
+                    "-frames:v", str(frames), "-shortest", "-c:v", "libx264", "-pix_fmt", "yuv420p",
+                    "-c:a", "aac", *args, str(path)], check=True, timeout=60)
+
+
+def test_input_cut_after_its_first_frames(assets: Assets, tmp_path: Path) -> None:
+    """A 100-frame MP4 with its index at the front (-movflags +faststart, as web video has it), cut
+    in half: the index promises 100 frames and the data holds the first ones. The run writes those,
+    says so in one `warning:` line with the counts, and exits 3 (it used to exit 0, silently)."""
+    full, video, out = tmp_path / "full.mp4", tmp_path / "cut.mp4", tmp_path / "out.mp4"
+    _ffmpeg_clip(full, 100, "-movflags", "+faststart")
+    data = full.read_bytes()
+    video.write_bytes(data[: len(data) // 2])
+    res = cli("run", "-s", assets.face, "-i", video, "-o", out, "--quiet", cwd=tmp_path)
+    assert res.returncode == 3, _show(res)
+    assert "Traceback" not in res.stdout + res.stderr and "error:" not in res.stderr, _show(res)
+    warnings = [ln for ln in res.stderr.splitlines() if ln.startswith("warning:")]
+    assert len(warnings) == 1, _show(res)
+    m = re.fullmatch(rf"warning: input '{re.escape(str(video))}' ended early: (\d+) of 100 frames "
+                     rf"\(truncated\?\); wrote (\d+) frames to '{re.escape(str(out))}'", warnings[0])
+    assert m and m.group(1) == m.group(2), warnings[0]
+    written = int(m.group(1))
+    assert 10 <= written <= 90, written
+    assert count_frames(out) == written
+    assert re.search(rf"^frames\s+{written}\s*$", res.stdout, re.M), res.stdout
+    # The whole file runs through with exit 0 and no warning.
+    res = cli("run", "-s", assets.face, "-i", full, "-o", tmp_path / "whole.mp4", "--quiet", cwd=tmp_path)
+    assert res.returncode == 0 and "warning:" not in res.stderr, _show(res)
+    assert count_frames(tmp_path / "whole.mp4") == 100
+
+
+# --------------------------------------------------------------------------------------------------
+# Missing inputs are found before the models load. With an empty models folder, loading them fails
+# with its own error: an error that names the missing file shows that nothing was loaded first.
+
+
+def _missing_input_commands(assets: Assets, tmp_path: Path) -> dict[str, tuple[list[object], str]]:
+    nobody, no_clip = tmp_path / "nobody.png", tmp_path / "no_clip.mp4"
+    out, hls = tmp_path / "out.mp4", tmp_path / "hls"
+    return {
+        "run-source": (["run", "-s", nobody, "-i", assets.clip, "-o", out], f"source image '{nobody}'"),
+        "run-input": (["run", "-s", assets.face, "-i", no_clip, "-o", out], f"input '{no_clip}'"),
+        "live-source": (["live", "-s", nobody, "-i", assets.clip, "--hls-dir", hls],
+                        f"source image '{nobody}'"),
+        "live-input": (["live", "-s", assets.face, "-i", no_clip, "--hls-dir", hls],
+                       f"live input file '{no_clip}'"),
+        "live-file-url": (["live", "-s", assets.face, "-i", f"file://{no_clip}", "--hls-dir", hls],
+                          f"live input file 'file://{no_clip}'"),
+        "serve-source": (["serve", "-s", nobody, "--port", "9"], f"source image '{nobody}'"),
+    }
+
+
+@pytest.mark.parametrize("case", ["run-source", "run-input", "live-source", "live-input",
+                                  "live-file-url", "serve-source"])
+def test_missing_input_is_found_before_models_load(assets: Assets, tmp_path: Path, case: str) -> None:
+    args, names = _missing_input_commands(assets, tmp_path)[case]
+    empty = tmp_path / "no_models"
+    empty.mkdir()
+    env = {**_env(), "SWAPSTREAM_MODELS_DIR": str(empty)}
+    t0 = time.monotonic()
+    res = subprocess.run([sys.executable, "-m", "swapstream.cli", *map(str, args)], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    took = time.monotonic() - t0
+    line = assert_user_error(res, names, "does not exist")
+    assert res.returncode == 2, _show(res)
+    assert "model" not in line and "setup" not in res.stderr, _show(res)
+    assert not (tmp_path / "out.mp4").exists() and not (tmp_path / "hls").exists()
+    # Python and the command line's imports, not the models (about 3 s more here): well under 2 s.
+    assert took < 2.0, took
 
 
 # --------------------------------------------------------------------------------------------------
@@ -296,6 +373,17 @@ def test_bad_value_in_set(command: list[object], tmp_path: Path) -> None:
     res = cli(*command, "--set", "mesh.feather=abc", cwd=tmp_path)
     assert_user_error(res, "'mesh.feather'", "'abc'")
     assert not (tmp_path / "out.mp4").exists()
+
+
+@pytest.mark.parametrize("value", ["0.1", "11", "abc"])
+def test_gop_seconds_out_of_bounds(tmp_path: Path, value: str) -> None:
+    """encode.gop_seconds: 0.25-10 s (under it the stream is mostly keyframes, over it a new viewer
+    waits that long); outside, one error line quoting the key and the value."""
+    res = cli("config", "--set", f"encode.gop_seconds={value}", cwd=tmp_path)
+    assert_user_error(res, "'encode.gop_seconds'", value)
+    res = cli("config", "--set", "encode.gop_seconds=2.5", cwd=tmp_path)
+    assert res.returncode == 0, _show(res)
+    assert re.search(r"encode\.gop_seconds\s*│\s*2\.5\b", res.stdout), res.stdout
 
 
 def test_set_without_equals(command: list[object], tmp_path: Path) -> None:

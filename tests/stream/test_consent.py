@@ -291,7 +291,9 @@ def test_store_errors_say_how_each_command_chooses_another(tmp_path: Path, stran
                               store=store))
     assert "--store PATH" in line and "consent.store" not in line, line
     face = save(tmp_path / "face.png", stranger)
-    line = one_error_line(cli("run", "-s", face, "-i", tmp_path / "in.mp4", "-o", tmp_path / "out.mp4",
+    clip = tmp_path / "in.mp4"
+    clip.write_bytes(b"")  # it exists (a missing input is found first); the store is read before it is
+    line = one_error_line(cli("run", "-s", face, "-i", clip, "-o", tmp_path / "out.mp4",
                               "-q", cwd=tmp_path, store=store))
     assert f"'{store}'" in line and "--set consent.store=PATH" in line and "--store PATH" not in line, line
 

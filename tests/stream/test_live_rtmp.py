@@ -80,8 +80,9 @@ def test_config_and_option_builders_are_exact(tmp_path: Path) -> None:
     assert "user " not in conf  # nginx's own default unless told
     rooted = nginx_rtmp_config(rtmp_port=1935, prefix=tmp_path, user="root")
     assert rooted.splitlines()[0] == "user root;" and "on_publish" not in rooted
+    # x264's own keyframes 10 GOPs out, a backstop: the writer forces one every GOP of output time.
     assert x264_live_options(30) == {"preset": "ultrafast", "tune": "zerolatency", "crf": "23", "bf": "0",
-                                     "g": "30", "keyint_min": "30", "sc_threshold": "0"}
+                                     "g": "300", "sc_threshold": "0", "forced-idr": "1"}
     assert hls_options(tmp_path, segment_seconds=1, list_size=6) == {
         "hls_time": "1", "hls_list_size": "6",
         "hls_flags": "delete_segments+independent_segments+omit_endlist",

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -122,3 +123,43 @@ def test_a_push_that_comes_back_goes_on(flaky_server: int) -> None:
     frames_for(w, GIVE_UP_S + 2 * RECOVERED_AFTER_S)
     assert w.dropped >= 1 and w.frames > FPS * GIVE_UP_S
     w.close()
+
+
+# -- the tags of a live output say what was done -----------------------------------------------------
+
+
+@pytest.mark.parametrize("mark", [False, True], ids=["watermark-off", "watermark-on"])
+def test_live_output_tags_claim_the_watermark_only_when_on(tmp_path: Path, mark: bool) -> None:
+    """The live job's own outputs (`LiveJob._open_writers`, as `run_live` opens them at its first
+    frame), fed by its reader and swap: FLV, as an RTMP push sends it, keeps every tag (nginx-rtmp
+    replaces them with its own on the way, so the stream is written to a file here)."""
+    from swapstream.config import load_config
+    from swapstream.demo import astronaut, grace_hopper, write_demo_clip
+    from swapstream.live.job import LiveJob
+    from swapstream.live.streams import LiveReader
+    from swapstream.verify import verify
+
+    clip, flv = tmp_path / "clip.mp4", tmp_path / "out.flv"
+    assert write_demo_clip(clip, grace_hopper(), seconds=2.0, fps=10, size=(320, 240)) == 20
+    job = LiveJob(load_config(None, [f"watermark.enabled={'true' if mark else 'false'}"]))
+    job.set_source_image(astronaut(), "astronaut")
+    reader = LiveReader(str(clip))
+    reader.open()
+    [w] = job._open_writers(320, 240, reader.time_base, reader, str(flv), None)
+    swapped = 0
+    for item in reader:
+        if isinstance(item, Frame):
+            swapped += job.swap_frame(item) > 0
+            w.write(item)
+        else:
+            w.write_audio(item)
+    w.close()
+    reader.close()
+    job.close()
+    assert swapped >= 15
+    with av.open(str(flv)) as c:
+        tags = {k.lower(): str(v) for k, v in c.metadata.items()}
+    assert "ai-modified" in tags["comment"].lower() and "synthetic" in tags["description"].lower()
+    assert ("watermark" in " ".join(tags.values()).lower()) is mark, tags
+    rep = verify(str(flv))
+    assert rep.found is mark and ("watermark" in " ".join(rep.metadata.values()).lower()) is mark
