@@ -25,6 +25,12 @@ STATS_LEN = 13
 # the gain (same floor as color.color_transfer).
 MIN_STD = 1.0
 _SPACE_CODE = {"none": 0, "rgb": 1, "lab": 2}
+# A source whose skin chroma (the root of the summed variances of a* and b* inside the mask) is at or
+# below CHROMA_GREY is treated as greyscale and takes a*, b* pixel by pixel from the target; at or
+# above CHROMA_FULL it keeps its own (transferred) chroma; in between the two are mixed linearly.
+# Colour portraits' skin measures 5-12; a greyscale photo measures < 0.5 (JPEG chroma noise).
+CHROMA_GREY = 1.5
+CHROMA_FULL = 4.0
 # The GPU blur keeps its taps in shared memory (MAX_TAPS = 512 in meshswap.cu).
 _MAX_RADIUS = 255
 
@@ -118,10 +124,44 @@ def gain_offset(stats: np.ndarray, strength: float) -> tuple[np.ndarray, np.ndar
     return gain.astype(np.float32), (target_mean - ms * gain).astype(np.float32)
 
 
+def chroma_weight(stats: np.ndarray) -> float:
+    """How much of a*, b* comes from the target pixel (0..1), from `color_stats` in L*a*b*: 1 for a
+    greyscale source, 0 for one with normal skin chroma (CHROMA_GREY, CHROMA_FULL)."""
+    n = float(stats[0])
+    if n <= 0:
+        return 0.0
+    m = stats[1:4] / n
+    var = np.maximum(stats[4:7] / n - m * m, 0.0)
+    spread = math.sqrt(float(var[1] + var[2]))
+    return float(min(max((CHROMA_FULL - spread) / (CHROMA_FULL - CHROMA_GREY), 0.0), 1.0))
+
+
+def smooth_stats(stats: Any, state: Any, alpha: float) -> Any:
+    """Exponential moving average of colour statistics, in place into `state` (13,) float64, which
+    starts as zeros for a new track. Sums are normalised by their count first (the state holds
+    count 1 and per-pixel moments), so a face that grows or shrinks does not weigh more. A frame with
+    no selected pixel leaves the state as it was. Runs on NumPy or CuPy arrays without a host
+    synchronisation; the result feeds `transfer_blend` like raw `color_stats` output."""
+    check_array("stats", stats, ndim=1, dtype=np.float64, shape=(STATS_LEN,))
+    check_array("state", state, ndim=1, dtype=np.float64, shape=(STATS_LEN,))
+    xp = get_xp(stats, state)
+    n = stats[0:1]
+    norm = stats / xp.maximum(n, 1.0)
+    norm[0] = 1.0
+    # The first frame of a track (state count 0) is taken as it is.
+    a = xp.where(state[0:1] > 0, alpha, 1.0)
+    state[...] = xp.where(n > 0, state + a * (norm - state), state)
+    return state
+
+
 def transfer_blend(frame: Any, warped: Any, mask: Any, stats: Any, origin: tuple[int, int],
                    space: ColorSpace, strength: float = 1.0) -> Any:
     """In place: colour-correct the warped source with `stats` (from `color_stats`) and blend it
-    into the frame region at `origin` under `mask`. Pixels where mask == 0 keep their exact value."""
+    into the frame region at `origin` under `mask`. Pixels where mask == 0 keep their exact value.
+
+    In L*a*b*, a greyscale source (`chroma_weight`) takes a*, b* from the target pixel under it,
+    after L* has been matched: the target's skin, lips and cheek colour come through instead of the
+    flat mean colour that a transfer of a chroma-less source gives."""
     check_array("frame", frame, ndim=3, dtype=np.uint8)
     check_array("warped", warped, ndim=3, dtype=np.float32)
     check_array("mask", mask, ndim=2, dtype=np.float32, shape=tuple(warped.shape[:2]))
@@ -141,6 +181,13 @@ def transfer_blend(frame: Any, warped: Any, mask: Any, stats: Any, origin: tuple
             lab = rgb_to_lab(warped, np.empty((h, w, 3), np.float32))
             lab *= gain
             lab += off
+            k = np.float32(chroma_weight(stats) * strength)
+            if k > 0:
+                x0, y0 = origin
+                if x0 < 0 or y0 < 0 or y0 + h > frame.shape[0] or x0 + w > frame.shape[1]:
+                    raise ValueError(f"region at {origin} of size {w}x{h} is not inside the frame")
+                tgt = rgb_to_lab(frame[y0:y0 + h, x0:x0 + w], np.empty((h, w, 3), np.float32))
+                lab[..., 1:] = lab[..., 1:] * (np.float32(1.0) - k) + tgt[..., 1:] * k
             fg = lab_to_rgb(lab, np.empty((h, w, 3), np.float32))
         else:
             fg = np.clip(warped * gain + off, 0.0, 255.0)
@@ -159,7 +206,9 @@ def _k(name: str) -> Any:
     from .color import _M_FWD, _M_INV
     from .cuda_loader import kernel
 
-    return kernel("meshswap.cu", name, {"M_FWD": _c_floats(_M_FWD), "M_INV": _c_floats(_M_INV)})
+    return kernel("meshswap.cu", name, {"M_FWD": _c_floats(_M_FWD), "M_INV": _c_floats(_M_INV),
+                                        "CHROMA_GREY": repr(float(CHROMA_GREY)),
+                                        "CHROMA_FULL": repr(float(CHROMA_FULL))})
 
 
 def _blur_args(sigma: float) -> tuple[np.float64, np.int32]:

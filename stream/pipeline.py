@@ -20,6 +20,7 @@ from .errors import InputError, InputNotFoundError, OutputError
 from .face.analyser import FaceAnalyser
 from .io.video import AudioPacket, VideoInfo, VideoReader, VideoWriter, probe
 from .swap.mesh import MeshSwapper, source_face
+from .swap.occlusion import occlusion_masker
 from .types import Frame
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,8 @@ class FileJob:
         self.swapper: Any
         if config.swapper == "mesh":
             self.analyser = self._builtin_analyser(config)
-            self.swapper = MeshSwapper(config.mesh, self.analyser.topology)
+            self.swapper = MeshSwapper(config.mesh, self.analyser.topology,
+                                       occlusion=occlusion_masker(config.mask, self.analyser.topology))
         else:
             # Imported here: the neural stages pull in ONNX and the runners, which the built-in
             # mesh path does not need.

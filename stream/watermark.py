@@ -40,8 +40,8 @@ from typing import Any
 import cv2
 import numpy as np
 
-from .kernels.watermark import BLOCK, BlockPattern, add_luma_delta_ref, block_pattern, \
-    embed_watermark, pattern_delta_ref
+from .kernels.watermark import BLOCK, BlockPattern, add_luma_delta_fast, block_pattern, \
+    embed_watermark, pattern_delta_ref, split_luma_delta
 
 SCHEME = "swapstream-bdct-v1"
 """Name and version of this layout; a different layout must get a new name (and key)."""
@@ -255,7 +255,7 @@ class Watermarker:
             raise ValueError(f"strength must be a finite number > 0, got {strength!r}")
         self.payload = payload
         self.strength = strength
-        self._host: dict[tuple[int, int], np.ndarray] = {}
+        self._host: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._device: dict[tuple[int, int, int], tuple[Any, BlockPattern]] = {}
 
     def _tables(self, h: int, w: int) -> tuple[np.ndarray, BlockPattern]:
@@ -280,12 +280,13 @@ class Watermarker:
         if type(frame).__module__.startswith("cupy"):
             embed_watermark(frame, *self.device_tables(h, w))
             return
-        delta = self._host.get((h, w))
-        if delta is None:
+        planes = self._host.get((h, w))
+        if planes is None:
             # The CPU path adds a cached offset map: the reference's pattern step depends only on
-            # the payload and the frame size, so it is computed once per stream and size.
-            delta = self._host.setdefault((h, w), pattern_delta_ref(*self._tables(h, w)))
-        add_luma_delta_ref(frame, delta)
+            # the payload and the frame size, so it is computed once per stream and size, and kept
+            # as the saturating-add planes of `add_luma_delta_fast` (bit-identical to the reference).
+            planes = self._host.setdefault((h, w), split_luma_delta(pattern_delta_ref(*self._tables(h, w))))
+        add_luma_delta_fast(frame, *planes)
 
 
 # -- detection --------------------------------------------------------------------------------------

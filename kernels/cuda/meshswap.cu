@@ -234,6 +234,21 @@ __device__ void gain_offset(const double* st, double strength, float* g, float* 
     }
 }
 
+// meshswap.chroma_weight (times the strength), in double, rounded to float like the reference.
+__device__ float chroma_weight(const double* st, double strength)
+{
+    double n = st[0];
+    if (n <= 0.0) return 0.0f;
+    double var[3];
+    for (int c = 1; c < 3; ++c) {
+        double m = st[1 + c] / n;
+        var[c] = fmax(st[4 + c] / n - m * m, 0.0);
+    }
+    double spread = sqrt(var[1] + var[2]);
+    double k = fmin(fmax((CHROMA_FULL - spread) / (CHROMA_FULL - CHROMA_GREY), 0.0), 1.0);
+    return (float)(k * strength);
+}
+
 template <int SPACE>  // 0 none, 1 rgb, 2 lab
 __device__ void transfer_blend(unsigned char* __restrict__ frame, int fh, int fw,
                                const float* __restrict__ warped, const float* __restrict__ mask,
@@ -254,6 +269,14 @@ __device__ void transfer_blend(unsigned char* __restrict__ frame, int fh, int fw
             float lab[3];
             rgb_to_lab(fg, lab);
             for (int c = 0; c < 3; ++c) lab[c] = __fadd_rn(__fmul_rn(lab[c], g[c]), o[c]);
+            float k = chroma_weight(stats, strength);
+            if (k > 0.0f) {  // a greyscale source: a*, b* from the target pixel
+                const unsigned char* q = frame + 3 * ((size_t)y * fw + x);
+                float t[3] = {(float)q[0], (float)q[1], (float)q[2]}, tl[3];
+                rgb_to_lab(t, tl);
+                float keep = __fsub_rn(1.0f, k);
+                for (int c = 1; c < 3; ++c) lab[c] = __fadd_rn(__fmul_rn(lab[c], keep), __fmul_rn(tl[c], k));
+            }
             lab_to_rgb(lab, fg);
         } else {
             for (int c = 0; c < 3; ++c)

@@ -68,10 +68,16 @@ def closed_mesh_triangles(topo: Topology) -> np.ndarray:
     """The mesh triangles plus hole fans; fan centres are vertices 468, 469, 470 (HOLE_RINGS order)."""
     fans = []
     n = int(topo.triangles.max()) + 1
+    # Directed edges of the mesh: a fan wound consistently with the mesh runs each ring edge in the
+    # opposite direction to the mesh triangle beside it (the rings' own order differs between the
+    # two eyes), so that one orientation means "facing the camera" everywhere.
+    directed = {(int(a), int(b)) for t in topo.triangles for a, b in ((t[0], t[1]), (t[1], t[2]), (t[2], t[0]))}
     for k, name in enumerate(HOLE_RINGS):
-        ring = getattr(topo, name)
+        ring = [int(v) for v in getattr(topo, name)]
+        if (ring[0], ring[1]) in directed:
+            ring = ring[::-1]
         centre = n + k
-        fans += [[centre, int(ring[i]), int(ring[(i + 1) % len(ring)])] for i in range(len(ring))]
+        fans += [[centre, ring[i], ring[(i + 1) % len(ring)]] for i in range(len(ring))]
     return np.ascontiguousarray(np.vstack([topo.triangles, np.asarray(fans, dtype=np.int32)]),
                                 dtype=np.int32)
 
@@ -80,3 +86,24 @@ def closed_mesh_points(xy: np.ndarray, topo: Topology) -> np.ndarray:
     """(468, 2) landmark positions plus the hole centroids, matching `closed_mesh_triangles`."""
     centres = [xy[getattr(topo, name)].mean(axis=0) for name in HOLE_RINGS]
     return np.ascontiguousarray(np.vstack([xy, np.asarray(centres)]), dtype=np.float32)
+
+
+_MIRROR_PATH = _PATH.parent / "face_mesh_mirror.json"
+
+
+@cache
+def load_mirror() -> np.ndarray:
+    """(468,) int32: the landmark at the mirror-image position of each landmark (left <-> right;
+    midline landmarks map to themselves). Made by tools/face_mesh_mirror.py; read-only."""
+    m = np.asarray(json.loads(_MIRROR_PATH.read_text())["mirror"], dtype=np.int32)
+    m.setflags(write=False)
+    return m
+
+
+def closed_mesh_mirror(topo: Topology) -> np.ndarray:
+    """`load_mirror` extended to the hole centres of `closed_mesh_points`: the two eye centres swap,
+    the mouth centre is its own mirror image."""
+    n = int(topo.triangles.max()) + 1
+    extra = {name: n + k for k, name in enumerate(HOLE_RINGS)}
+    return np.concatenate([load_mirror(), [extra["image_right_eye"], extra["image_left_eye"],
+                                           extra["lips_inner"]]]).astype(np.int32)

@@ -143,8 +143,10 @@ class MeshBackend:
 
     def identity(self, image: np.ndarray) -> Any:
         from ..swap.mesh import MeshSwapper, source_face
+        from ..swap.occlusion import occlusion_masker
 
-        swapper = MeshSwapper(self.config.mesh, self._analyser.topology)
+        topo = self._analyser.topology
+        swapper = MeshSwapper(self.config.mesh, topo, occlusion=occlusion_masker(self.config.mask, topo))
         swapper.set_source(image, source_face(self._analyser.analyse_image(image), "uploaded source"))
         return swapper
 

@@ -3,8 +3,18 @@
 Per target face: rasterise the target's Face Mesh triangles into a map of source coordinates, sample the
 source texture through it, match its colours to the target's skin in L*a*b*, build a feathered mask
 from the face outline (minus the inner mouth and, optionally, the eyes), and alpha-blend the result
-into the frame. Every array step is an op in `swapstream.kernels`, so the same code runs on NumPy
-here and on the GPU kernels later.
+into the frame. Every array step is an op in `swapstream.kernels`: CuPy frames run the CUDA kernels,
+NumPy frames the OpenCV product path (`kernels.meshswap_cpu`), and `reference=True` the NumPy
+references that both are tested against.
+
+Source validity: a source landmark outside the source image (a photo cut at the forehead, chin or one
+cheek) has no texture. A triangle that needs one samples its mirror image on the other side of the
+face instead (the Face Mesh is left/right symmetric, `face.topology.load_mirror`), and when that one
+is cut off too the triangle is not drawn: the mask excludes it and the target stays there. Nothing is
+ever sampled outside the source image.
+
+Colour statistics are smoothed per track (an exponential moving average), so that the transfer does
+not flicker from frame to frame on a still head.
 """
 
 from __future__ import annotations
@@ -18,16 +28,27 @@ import numpy as np
 from ..config import MeshConfig
 from ..errors import NoFaceError
 from ..kernels._xp import get_xp
-from ..kernels.mesh import rasterize_mesh
-from ..kernels.meshswap import STATS_LEN, color_stats, mesh_mask, transfer_blend
+from ..kernels.mesh import facing_winding, rasterize_mesh, rasterize_mesh_fast
+from ..kernels.meshswap import STATS_LEN, color_stats, mesh_mask, smooth_stats, transfer_blend
+from ..kernels.meshswap_cpu import color_stats_fast, mesh_mask_fast, remap_fast, transfer_blend_fast
 from ..kernels.warp import remap_bilinear
 from ..types import Face
-from ..face.topology import Topology, closed_mesh_points, closed_mesh_triangles, load_topology
+from .occlusion import OcclusionMasker
+from ..face.topology import (HOLE_RINGS, Topology, closed_mesh_mirror, closed_mesh_points,
+                             closed_mesh_triangles, load_topology)
 
 # Keep-out regions are grown about their centroid so that the kept target mouth/eyes include the
 # lip and lid edges: a seam exactly on the edge shows more than one just outside it.
 _MOUTH_GROW = 1.15
 _EYE_GROW = 1.35
+# A source vertex counts as inside the image when it is at least this far inside the outermost pixel
+# centres, so that a bilinear sample near it never needs a pixel beyond the edge.
+_SOURCE_MARGIN = 1.0
+# Weight of the newest frame in the per-track colour statistics: a time constant of about 4 frames,
+# quick enough to follow a light change, slow enough to settle landmark jitter.
+COLOR_EMA = 0.25
+# A track's colour state is forgotten after this many frames without it.
+_TRACK_TTL = 30
 
 
 class Workspace:
@@ -91,15 +112,28 @@ def _grow(poly: np.ndarray, factor: float) -> np.ndarray:
 class MeshSwapper:
     """Swaps a source face into target faces. Call `set_source` once, then `swap` per frame."""
 
-    def __init__(self, config: MeshConfig, topology: Topology | None = None) -> None:
+    def __init__(self, config: MeshConfig, topology: Topology | None = None, *,
+                 reference: bool = False, occlusion: OcclusionMasker | None = None) -> None:
         self.config = config
+        self.occlusion = occlusion
+        """Occlusion hook (issue 20): per-track mask of what is in front of the face, or None."""
         self.topo = topology or load_topology()
-        self._tris = closed_mesh_triangles(self.topo)
+        self.reference = reference
+        """NumPy frames run the NumPy reference ops instead of the OpenCV product path (tests)."""
+        self._all_tris = closed_mesh_triangles(self.topo)
+        self._mirror = closed_mesh_mirror(self.topo)
         self._src_img: np.ndarray | None = None
         self._src_pts: np.ndarray | None = None
-        # Per array module (NumPy, CuPy): device copies of the source and topology, and scratch
-        # buffers. Frames on the GPU are swapped there; the source is uploaded once.
+        # The triangles drawn for this source and the source vertices each one samples (its own, or
+        # its mirror image's when its own fall outside the source image).
+        self._tris = self._all_tris
+        self._src_tris = self._all_tris
+        # Per array module (NumPy, CuPy): device copies of the source, and scratch buffers. Frames on
+        # the GPU are swapped there; the source is uploaded once.
         self._dev: dict[str, dict[str, Any]] = {}
+        # Per (array module, track id): smoothed colour statistics and the frame they were last used.
+        self._color: dict[tuple[str, int], tuple[Any, int]] = {}
+        self._frame_no = 0
 
     def set_source(self, image: np.ndarray, face: Face) -> None:
         """Use `face` in `image` (HxWx3 uint8 RGB) as the identity to paste."""
@@ -107,14 +141,20 @@ class MeshSwapper:
             raise NoFaceError("the source face has no dense landmarks; the mesh swapper needs them")
         self._src_img = np.ascontiguousarray(image)
         self._src_pts = closed_mesh_points(face.landmarks[:, :2], self.topo)
+        self._tris, self._src_tris = source_triangles(self._src_pts, image.shape[:2],
+                                                      self._all_tris, self._mirror)
         self._dev = {}
+        self._color = {}
 
     def _on(self, xp: ModuleType) -> dict[str, Any]:
-        """The source, triangles and workspace in `xp`'s memory, made on first use."""
+        """The source and workspace in `xp`'s memory, made on first use."""
         d = self._dev.get(xp.__name__)
         if d is None:
             d = {"img": xp.asarray(self._src_img), "pts": xp.asarray(self._src_pts),
-                 "tris": xp.asarray(self._tris), "ws": Workspace(xp)}
+                 "ws": Workspace(xp)}
+            if xp is np and not self.reference:
+                # cv2.remap samples float32 images without converting them on every call.
+                d["img_f32"] = self._src_img.astype(np.float32)
             self._dev[xp.__name__] = d
         return d
 
@@ -136,6 +176,7 @@ class MeshSwapper:
         """
         if self._src_img is None or self._src_pts is None:
             raise RuntimeError("MeshSwapper.swap called before set_source")
+        self._frame_no += 1
         done = []
         for face in faces:
             if face.landmarks is None:
@@ -143,7 +184,33 @@ class MeshSwapper:
             r = self._swap_one(frame, face)
             if r is not None:
                 done.append(r)
+        stale = [k for k, (_, seen) in self._color.items() if self._frame_no - seen > _TRACK_TTL]
+        for k in stale:
+            del self._color[k]
         return done
+
+    def _depth_order(self, face: Face) -> np.ndarray:
+        """Indices of the drawn triangles from far to near (the rasteriser lets the highest index win
+        where folds of a turned head overlap, so the nearest surface is shown)."""
+        lm = face.landmarks
+        assert lm is not None
+        if lm.shape[1] < 3:
+            return np.arange(len(self._tris))
+        z = np.concatenate([lm[:, 2], [lm[getattr(self.topo, r), 2].mean() for r in HOLE_RINGS]])
+        # Face Mesh depth grows away from the camera: the largest mean depth comes first.
+        return np.argsort(-z[self._tris].mean(axis=1), kind="stable")
+
+    def _smoothed(self, xp: ModuleType, face: Face, stats: Any) -> Any:
+        """`stats` smoothed over the frames of the face's track (untracked faces: as they are)."""
+        if face.track_id < 0:
+            return stats
+        key = (xp.__name__, face.track_id)
+        state = self._color.get(key, (None, 0))[0]
+        if state is None:
+            state = xp.zeros(STATS_LEN, dtype=xp.float64)
+        smooth_stats(stats, state, COLOR_EMA)
+        self._color[key] = (state, self._frame_no)
+        return state
 
     def _swap_one(self, frame: Any, face: Face) -> SwapRegion | None:
         assert self._src_img is not None and self._src_pts is not None and face.landmarks is not None
@@ -168,25 +235,69 @@ class MeshSwapper:
         dst = packed[:n_pts]
         outline = packed[n_pts:n_pts + n_oval]
         keep = packed[n_pts + n_oval:]
+        order = self._depth_order(face)
+        tris = ws.upload("tris", np.ascontiguousarray(self._tris[order]))
+        src_tris = ws.upload("src_tris", np.ascontiguousarray(self._src_tris[order]))
         origin = (x0, y0)
+        fast = xp is np and not self.reference
 
         # Geometry: source coordinates for every covered pixel, then the source texture through them.
-        src_map = rasterize_mesh(dst, dev["pts"], dev["tris"], origin, ws.get("map", (h, w, 2)))
-        warped = remap_bilinear(dev["img"], src_map, ws.get("warped", (h, w, 3)))
+        raster = rasterize_mesh_fast if fast else rasterize_mesh
+        # The closed mesh is wound consistently, so the target's majority winding faces the camera;
+        # the source's own winding would wrongly cull triangles that fold in the source photo.
+        src_map = raster(dst, dev["pts"], tris, origin, ws.get("map", (h, w, 2)), src_tris=src_tris,
+                         front=facing_winding(dst_host, self._tris))
+        if fast:
+            warped = remap_fast(dev["img_f32"], src_map, ws.get("warped", (h, w, 3)))
+        else:
+            warped = remap_bilinear(dev["img"], src_map, ws.get("warped", (h, w, 3)))
 
         # Mask: face outline where the mesh covers, feathered inward, minus the keep-out regions.
         sigma = max(cfg.feather * float(max(w, h)) / 2.5, 0.5)
-        mask = mesh_mask(outline, keep, tuple(len(p) for p in keep_polys), src_map, origin, sigma,
-                         max(sigma * 0.5, 0.5), ws.get("mask", (h, w)))
+        mask = (mesh_mask_fast if fast else mesh_mask)(
+            outline, keep, tuple(len(p) for p in keep_polys), src_map, origin, sigma,
+            max(sigma * 0.5, 0.5), ws.get("mask", (h, w)))
+        # Occlusion hook (issue 20): the target stays where something is in front of the face.
+        if self.occlusion is not None:
+            mask *= self.occlusion.visible(frame, face, (x0, y0, w, h))
 
         # Colour: move the source skin's statistics onto the target's inside the mask, and blend.
         space = cfg.color_match if cfg.color_strength > 0 else "none"
         stats = None
-        if space != "none":
-            stats = color_stats(warped, frame, mask, origin, space,
-                                ws.get("stats", (STATS_LEN,), np.float64))
-        transfer_blend(frame, warped, mask, stats, origin, space, cfg.color_strength)
+        out_stats = ws.get("stats", (STATS_LEN,), np.float64)
+        if fast:
+            labs: dict[str, np.ndarray] = {}
+            if space != "none":
+                stats = self._smoothed(xp, face, color_stats_fast(warped, frame, mask, origin, space,
+                                                                  out_stats, labs))
+            transfer_blend_fast(frame, warped, mask, stats, origin, space, cfg.color_strength, labs)
+        else:
+            if space != "none":
+                stats = self._smoothed(xp, face, color_stats(warped, frame, mask, origin, space,
+                                                             out_stats))
+            transfer_blend(frame, warped, mask, stats, origin, space, cfg.color_strength)
         return SwapRegion(origin, mask)
+
+
+def source_triangles(src_pts: np.ndarray, image_hw: tuple[int, int], tris: np.ndarray,
+                     mirror: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(triangles to draw, source vertices each one samples) for a source face whose landmarks
+    `src_pts` ((N, 2), closed mesh) lie in an image of `image_hw`.
+
+    A triangle whose three source vertices are inside the image samples itself; otherwise, when its
+    mirror image's three are, it samples that one (a triangle of the image is inside the image: the
+    image is convex); otherwise it is left out."""
+    h, w = image_hw
+    m = _SOURCE_MARGIN
+    ok = ((src_pts[:, 0] >= m) & (src_pts[:, 0] <= w - 1 - m)
+          & (src_pts[:, 1] >= m) & (src_pts[:, 1] <= h - 1 - m))
+    own = ok[tris].all(axis=1)
+    mirrored = mirror[tris]
+    other = ok[mirrored].all(axis=1) & ~own
+    keep = own | other
+    src_tris = np.where(other[:, None], mirrored, tris)
+    return (np.ascontiguousarray(tris[keep], dtype=np.int32),
+            np.ascontiguousarray(src_tris[keep], dtype=np.int32))
 
 
 def source_face(faces: list[Face], what: str) -> Face:

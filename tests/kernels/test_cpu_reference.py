@@ -131,9 +131,11 @@ def test_rasterize_mesh_is_the_piecewise_affine_map(rng: np.random.Generator) ->
     assert np.array_equal(covered, inside)
     exp_x = m[0, 0] * fx + m[0, 1] * fy + m[0, 2]
     exp_y = m[1, 0] * fx + m[1, 1] * fy + m[1, 2]
-    # One global affine seen through many triangles: float32 vertices give ~1e-5 px error.
-    np.testing.assert_allclose(out[..., 0][inside], exp_x[inside], atol=1e-3)
-    np.testing.assert_allclose(out[..., 1][inside], exp_y[inside], atol=1e-3)
+    # One global affine seen through many triangles. Target vertices are snapped to 1/256 px (at
+    # most 1/512 px off in x and y), which the map's scale (<= 1.6) carries into the source:
+    # 1.6 * sqrt(2) / 512 = 0.0044 px at most.
+    np.testing.assert_allclose(out[..., 0][inside], exp_x[inside], atol=4.5e-3)
+    np.testing.assert_allclose(out[..., 1][inside], exp_y[inside], atol=4.5e-3)
 
 
 def test_rasterize_mesh_culls_flipped_triangles() -> None:

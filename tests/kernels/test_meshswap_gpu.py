@@ -7,7 +7,8 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from swapstream.kernels.meshswap import STATS_LEN, color_stats, mesh_mask, transfer_blend
+from swapstream.kernels.meshswap import (STATS_LEN, chroma_weight, color_stats, mesh_mask, smooth_stats,
+                                         transfer_blend)
 
 pytestmark = pytest.mark.gpu
 
@@ -55,17 +56,24 @@ def test_color_stats_matches_reference(cp: ModuleType, space: str) -> None:
     assert ref[0] > 1000
 
 
+@pytest.mark.parametrize("grey", [False, True])
 @pytest.mark.parametrize("space", ["lab", "rgb", "none"])
-def test_transfer_blend_matches_reference(cp: ModuleType, space: str) -> None:
+def test_transfer_blend_matches_reference(cp: ModuleType, space: str, grey: bool) -> None:
     rng = np.random.default_rng()
     frame = rng.integers(0, 256, (120, 150, 3), dtype=np.uint8)
     warped = rng.uniform(0, 255, (70, 90, 3)).astype(np.float32)
+    if grey:
+        # A greyscale source, in part: chroma_weight strictly between 0 and 1 or 1, so the kernel's
+        # per-pixel target chroma mix runs.
+        warped[..., 1:] = warped[..., :1] + rng.uniform(-3, 3, (70, 90, 2)).astype(np.float32)
     mask = rng.uniform(0, 1, (70, 90)).astype(np.float32)
     mask[rng.random((70, 90)) < 0.3] = 0.0
     stats = np.zeros(STATS_LEN)
     if space != "none":
         color_stats(warped, frame, mask, (40, 33), space, stats)
         stats[7:10] += rng.uniform(-20, 20, 3) * stats[0]  # move the target mean
+        if space == "lab":
+            assert (chroma_weight(stats) > 0) == grey
     ref = frame.copy()
     transfer_blend(ref, warped, mask, stats if space != "none" else None, (40, 33), space, 0.8)
     out = cp.asarray(frame)
@@ -81,3 +89,15 @@ def test_transfer_blend_matches_reference(cp: ModuleType, space: str) -> None:
     untouched = np.ones(frame.shape[:2], bool)
     untouched[33:103, 40:130] = mask == 0
     assert np.array_equal(got[untouched], frame[untouched])
+
+
+def test_smooth_stats_on_the_gpu_matches_numpy(cp: ModuleType) -> None:
+    rng = np.random.default_rng()
+    frames = [np.concatenate([[rng.integers(0, 3) * 500.0], rng.uniform(1, 9e4, 12)]) for _ in range(6)]
+    ref = np.zeros(STATS_LEN)
+    out = cp.full(STATS_LEN, 0.0)
+    for f in frames:
+        smooth_stats(f, ref, 0.25)
+        smooth_stats(cp.asarray(f), out, 0.25)
+        # The same double-precision element-wise operations: equal to rounding.
+        np.testing.assert_allclose(out.get(), ref, rtol=1e-14, atol=0)

@@ -1,0 +1,71 @@
+"""Contact sheets of the mesh swapper's quality test set: one PNG per case, source | target | result.
+
+    python tools/quality_sheet.py [--out docs/quality] [--height 200]
+
+The cases are the tests' own (tests/stream/quality_cases.py: sources cut at the forehead, chin and
+cheek, a greyscale source, targets turned by +-30 degrees of yaw), made from the shipped public-domain
+portraits. Each tile is the face's neighbourhood scaled to --height pixels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.stream.quality_cases import cases, first_face  # noqa: E402
+
+from swapstream.config import MeshConfig, load_config  # noqa: E402
+from swapstream.demo import astronaut, grace_hopper  # noqa: E402
+from swapstream.face.analyser import FaceAnalyser  # noqa: E402
+from swapstream.swap.mesh import MeshSwapper  # noqa: E402
+
+
+def tile(img: np.ndarray, box: tuple[int, int, int, int], height: int, label: str) -> np.ndarray:
+    x0, y0, x1, y1 = box
+    crop = img[max(y0, 0):min(y1, img.shape[0]), max(x0, 0):min(x1, img.shape[1])]
+    w = int(round(crop.shape[1] * height / crop.shape[0]))
+    t = cv2.resize(crop, (w, height), interpolation=cv2.INTER_AREA)
+    cv2.putText(t, label, (6, 18), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (255, 255, 255), 1, cv2.LINE_AA)
+    return t
+
+
+def around(img: np.ndarray, analyser: FaceAnalyser, pad: float = 0.25) -> tuple[int, int, int, int]:
+    lm = first_face(analyser, img).landmarks
+    lo, hi = lm[:, :2].min(axis=0), lm[:, :2].max(axis=0)
+    m = pad * (hi - lo)
+    return int(lo[0] - m[0]), int(lo[1] - m[1]), int(hi[0] + m[0]), int(hi[1] + m[1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("docs/quality"))
+    ap.add_argument("--height", type=int, default=200)
+    args = ap.parse_args()
+    analyser = FaceAnalyser(load_config())
+    args.out.mkdir(parents=True, exist_ok=True)
+    for case in cases({"astronaut": astronaut(), "grace_hopper": grace_hopper()}, analyser):
+        sw = MeshSwapper(MeshConfig())
+        sw.set_source(case.source, first_face(analyser, case.source))
+        out = case.target.copy()
+        sw.swap(out, [first_face(analyser, case.target)])
+        # The source is shown whole (its cut is the point); target and result around the face.
+        src_box = (0, 0, case.source.shape[1], case.source.shape[0])
+        box = around(case.target, analyser)
+        row = np.hstack([tile(case.source, src_box, args.height, "source"),
+                         tile(case.target, box, args.height, "target"),
+                         tile(out, box, args.height, "result")])
+        name = case.name.lower().replace("+", "plus ").replace("-", "minus ")
+        path = args.out / (re.sub(r"[^a-z0-9]+", "_", name).strip("_") + ".png")
+        cv2.imwrite(str(path), cv2.cvtColor(row, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_PNG_COMPRESSION, 9])
+        print(f"{path} ({path.stat().st_size // 1024} KB)")
+    analyser.close()
+
+
+if __name__ == "__main__":
+    main()
