@@ -589,7 +589,7 @@ class LiveReader:
                 self._close_container(self._container)
             except (av.error.FFmpegError, OSError):
                 pass
-            delay = min(delay * 2, 2.0)  # back off, but retry at least every 2 s
+            delay = min(delay * 2, 1.0)  # back off, but retry at least every second: a try costs nothing
         if not self._stopped:  # stopped (Ctrl+C, DELETE): not an outage to report
             log.warning("live input '%s' did not come back within %.0f s: ending", self.url,
                         self.reconnect_seconds)
@@ -693,10 +693,16 @@ class LiveWriter:
         self._c: Any = None
         self._v: Any = None
         self._a: Any = None
-        self._open()
+        self._deferred = kind != "hls"
+        """An RTMP push connects only once its held frames are ready: a publisher that connects
+        and then sends nothing for a GOP leaves a viewer who joins in that second with no video
+        (nginx-rtmp passes it no codec headers; seen with PyAV and ffmpeg viewers)."""
+        if not self._deferred:
+            self._open()
 
     def _open(self) -> None:
-        """Open the container (an unusable output fails here, at once); its streams are added once
+        """Open the container (an unusable output fails here: HLS at once, RTMP when its first
+        frames are ready); its streams are added once
         the rate to declare is known (`_add_streams`)."""
         try:
             if self.kind == "hls":
@@ -738,7 +744,7 @@ class LiveWriter:
 
     def write(self, frame: Frame) -> None:
         """Encode and send an RGB frame."""
-        if self._c is None and not self._retry():
+        if self._c is None and not self._deferred and not self._retry():
             self.dropped += 1
             return
         img = frame.data[: self.height, : self.width]
@@ -749,7 +755,7 @@ class LiveWriter:
         """Encode and send a frame given as NV12 (a (height * 3/2, width) uint8 array: the luma rows,
         then the interleaved chroma rows), as the GPU path downloads it: x264 then only
         de-interleaves the chroma instead of converting from RGB."""
-        if self._c is None and not self._retry():
+        if self._c is None and not self._deferred and not self._retry():
             self.dropped += 1
             return
         vf = av.VideoFrame.from_ndarray(nv12, format="nv12")
@@ -786,6 +792,9 @@ class LiveWriter:
     def _start(self) -> None:
         """Declare the rate of the held frames, then send them and the audio held with them."""
         held, self._held = self._held, []
+        if self._deferred:
+            self._deferred = False
+            self._open()  # an unusable output fails here, one GOP in
         self._add_streams(delivered_rate([t for _, t in held]) or Fraction(self.fps).limit_denominator(1001))
         for vf, t in held:
             if self._c is None:
@@ -819,7 +828,7 @@ class LiveWriter:
             self._down_since = None
 
     def write_audio(self, packet: AudioPacket) -> None:
-        if self._c is None:
+        if self._c is None and not self._deferred:
             return
         if self._v is None:
             if self.audio_from is not None:
@@ -853,7 +862,7 @@ class LiveWriter:
 
     def _backoff(self, now: float) -> None:
         self._next_try = now + self._delay
-        self._delay = min(self._delay * 2, 2.0)  # back off, but retry at least every 2 s
+        self._delay = min(self._delay * 2, 1.0)  # back off, but retry at least every second
 
     def _retry(self) -> bool:
         now = time.monotonic()
@@ -872,8 +881,13 @@ class LiveWriter:
         return True
 
     def close(self) -> None:
-        if self._c is not None and self._v is None and self._held:
-            self._start()  # an output shorter than one GOP: declare what its frames show
+        if (self._c is not None or self._deferred) and self._v is None and self._held:
+            held = len(self._held)
+            try:
+                self._start()  # an output shorter than one GOP: declare what its frames show
+            except OutputError as e:
+                log.warning("%s", e)
+                self.dropped += held
         if self._c is None:
             return
         try:

@@ -174,8 +174,11 @@ class Receiver:
             with self.lock:
                 self.sessions.append(session)
             try:
-                streams = [s for s in (c.streams.video[:1] + c.streams.audio[:1])]
-                for packet in c.demux(streams):
+                # Every stream, including one that appears after the probe (FLV adds streams as
+                # their first packets come: a probe that saw only video would lose the audio).
+                for packet in c.demux():
+                    if packet.stream.type not in ("video", "audio"):
+                        continue
                     if self._stop.is_set():
                         break
                     for fr in packet.decode():
