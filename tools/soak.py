@@ -286,7 +286,14 @@ def main(argv: list[str] | None = None) -> int:
                     "(default: the fault interval)")
     ap.add_argument("--out", type=Path, required=True, help="the JSON record (a .md table beside it)")
     ap.add_argument("--work", type=Path, default=None, help="working folder (default: a temporary one)")
+    ap.add_argument("--replot", action="store_true", help="only write the .md and .png of an existing --out")
     args = ap.parse_args(argv)
+    if args.replot:
+        record = json.loads(args.out.read_text())
+        record["plot"] = args.out.with_suffix(".png").name
+        args.out.with_suffix(".md").write_text(markdown(record))
+        plot(record, args.out.with_suffix(".png"))
+        return 0
     import tempfile
 
     import cv2
@@ -398,8 +405,10 @@ def main(argv: list[str] | None = None) -> int:
         "samples": samples,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    record["plot"] = args.out.with_suffix(".png").name
     args.out.write_text(json.dumps(record, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(markdown(record))
+    plot(record, args.out.with_suffix(".png"))
     print(json.dumps({k: record[k] for k in ("worst_recovery_s", "worst_skew_ms", "checks", "pass")}), flush=True)
     return 0 if record["pass"] else 1
 
@@ -421,8 +430,39 @@ def markdown(r: dict[str, Any]) -> str:
         if "rss_mb_from" in v:
             lines.append(f"| {name} | {v['rss_mb_from']} → {v['rss_mb_end']} | {v['rss_growth_pct']} % | "
                          f"{v['fds_from']} → {v['fds_end']} | {v['threads_from']} → {v['threads_end']} |")
-    lines += ["", f"Latency p50 over all outputs: {r['latency_ms_p50_all']} ms.", ""]
+    lines += ["", f"Latency p50 over all outputs: {r['latency_ms_p50_all']} ms.", "",
+              f"![RSS over the run and recovery per fault]({r['plot']})", ""]
     return "\n".join(lines)
+
+
+def plot(r: dict[str, Any], path: Path) -> None:
+    """Resources over the run with each fault marked, and each fault's recovery per output."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6.5), constrained_layout=True)
+    for name, colour in (("live", "tab:blue"), ("serve", "tab:orange")):
+        pts = [(s["t_s"] / 60, s[name]["rss_mb"]) for s in r["samples"] if s.get(name)]
+        if pts:
+            top.plot(*zip(*pts), color=colour, label=f"{name} RSS (MB)")
+    for f in r["faults"]:
+        top.axvline(f["started_s"] / 60, color="grey", lw=0.6, ls=":")
+    top.set_xlabel("minutes")
+    top.set_ylabel("RSS (MB)")
+    top.set_title(f"Soak, {r['minutes']:g} min: RSS with each fault marked (dotted)")
+    top.legend(loc="lower right")
+    xs = np.arange(len(r["faults"]))
+    for k, name in enumerate(OUTPUTS):
+        ys = [f["recovery_s"][name] if f["recovery_s"][name] is not None else np.nan for f in r["faults"]]
+        bottom.bar(xs + (k - 1) * 0.27, ys, width=0.27, label=name)
+    bottom.axhline(RECOVERY_S, color="red", lw=0.8, label="5 s bar")
+    bottom.set_xticks(xs, [f["kind"].replace("_", " ") for f in r["faults"]], rotation=60, fontsize=7)
+    bottom.set_ylabel("recovery (s)")
+    bottom.legend(fontsize=8, ncol=4)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
 
 
 def _git_sha() -> str:

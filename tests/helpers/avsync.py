@@ -40,6 +40,8 @@ SAMPLES = 1024
 """Samples per AAC frame."""
 LEVEL = 0.3
 CELL = 16
+NO_VIDEO_S = 4.0
+"""A receiver's play that brings no video for this long is started again."""
 
 
 def tone_hz(k: int) -> float:
@@ -145,6 +147,8 @@ class Receiver:
         self.keep_seconds = keep_seconds
         """Keep only what arrived in this many last seconds (a long soak would fill the memory)."""
         self.sessions: list[Session] = []
+        self.reopens = 0
+        """Plays given up for bringing no video within `NO_VIDEO_S`."""
         self.errors: list[str] = []
         """What ended each session: a timeout when the output paused, a reset when it dropped."""
         self._stop = threading.Event()
@@ -166,17 +170,23 @@ class Receiver:
                 # longer than the outages measured, as a player rides them out.
                 c = av.open(self.url, options={"rtmp_live": "live", "fflags": "nobuffer",
                                                "analyzeduration": "500000", "probesize": "200000"},
-                            timeout=(5.0, 30.0))
+                            timeout=(5.0, 10.0))
             except (av.error.FFmpegError, OSError):
                 self._stop.wait(0.3)
                 continue
             session = Session()
+            opened = time.time()
             with self.lock:
                 self.sessions.append(session)
             try:
                 # Every stream, including one that appears after the probe (FLV adds streams as
                 # their first packets come: a probe that saw only video would lose the audio).
                 for packet in c.demux():
+                    if not session.video and time.time() - opened > NO_VIDEO_S:
+                        # A viewer that joined a running nginx-rtmp stream sometimes gets no video
+                        # at all from that play (seen with ffprobe too); a new play does.
+                        self.reopens += 1
+                        break
                     if packet.stream.type not in ("video", "audio"):
                         continue
                     if self._stop.is_set():
