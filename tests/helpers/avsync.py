@@ -277,13 +277,14 @@ def skews(session: Session, fps: int, t0: float) -> list[tuple[float, float, flo
         near = np.flatnonzero(np.abs(vt - at) <= 1.0)
         if near.size < 3:
             continue
-        # Source time of each nearby frame (unwrapped by its arrival, which is close to its due time).
-        offs = []
-        for i in near:
-            n16, t, arrived = session.video[i]
-            n = unwrap16(n16, (arrived - t0) * fps)
-            offs.append(t - n / fps)
-        video_offset = float(np.median(offs))
+        # The frame on screen when the onset plays: the last one at or before it (else the first
+        # after). Not a median over both sides: across a reconnect's seam the frames before and
+        # after it have source times an outage apart.
+        before = near[vt[near] <= at]
+        i = int(before[-1]) if before.size else int(near[0])
+        n16, t, arrived = session.video[i]
+        n = unwrap16(n16, (arrived - t0) * fps)
+        video_offset = t - n / fps
         source = at - video_offset  # the onset's source time, if A and V were in step
         k = round(source / 2)
         k += ((code - k) % 16 + 8) % 16 - 8  # the nearest k with the onset's code
