@@ -15,6 +15,7 @@ from typing import Any, Literal
 import numpy as np
 
 from .runner import FeedError, Runner, RunnerError, TensorSpec, array_module_name
+from .face_models import build_bisenet, build_gfpgan, build_xseg, is_bisenet, is_gfpgan, is_xseg
 from .torch_models import build_inswapper, is_inswapper, onnx_initializers
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,18 @@ class TorchRunner(Runner):
         if is_inswapper(inits):
             module = build_inswapper(inits)
             self.architecture = "inswapper"
+        elif is_xseg(inits):
+            module = build_xseg(inits)
+            self.architecture = "xseg"
+        elif is_gfpgan(inits):
+            module = build_gfpgan(inits)
+            self.architecture = "gfpgan"
+        elif is_bisenet(inits):
+            # Only the first head is read (FaceFusion's `[0]`); the two auxiliary heads are training
+            # aids, and one tensor out keeps the CUDA-graph and fp32-rerun paths single-output.
+            module = build_bisenet(inits)
+            module.first_only = True
+            self.architecture = "bisenet"
         else:
             module = self._fallback(model)
             self.architecture = "onnx2torch"
@@ -129,6 +142,8 @@ class TorchRunner(Runner):
         self.outputs = [TensorSpec(o.name, tuple(d.dim_param or (d.dim_value or None)
                                                  for d in o.type.tensor_type.shape.dim),
                                    np.dtype(np.float32)) for o in model.graph.output]
+        if self.architecture == "bisenet":
+            self.outputs = self.outputs[:1]
         log.info("torch runner: %s on %s in %s, CUDA graphs %s", self.architecture, dev,
                  self.precision, "on" if self.cuda_graphs and dev != "cpu" else "off")
 

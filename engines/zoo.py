@@ -29,7 +29,8 @@ from .errors import EngineUserError
 ASSETS_BASE_URL = "https://github.com/facefusion/facefusion-assets/releases/download"
 """Where FaceFusion publishes its models: `{ASSETS_BASE_URL}/{release}/{file}`."""
 
-Kind = Literal["swapper", "detector", "embedder", "landmarker", "converter"]
+Kind = Literal["swapper", "detector", "embedder", "landmarker", "converter", "occluder", "parser",
+               "enhancer"]
 SourceInput = Literal["embedding", "image", "none"]
 Embedding = Literal["emap", "normalized", "converter:crossface_simswap",
                     "converter:crossface_hififace", "converter:crossface_ghost", "none"]
@@ -37,6 +38,7 @@ OutputRange = Literal["0_1_clip", "std_mean", "raw"]
 DType = Literal["float32", "float16"]
 DetectorFamily = Literal["scrfd", "retinaface", "yoloface", "yunet"]
 Channels = Literal["RGB", "BGR"]
+Layout = Literal["NCHW", "NHWC"]
 
 _HASH_RE = re.compile(r"[0-9a-f]{8}")
 
@@ -89,6 +91,9 @@ class ModelSpec:
     """Precision of the weights in the file (its inputs and outputs are float32 either way)."""
     detector_family: DetectorFamily | None = None
     """Which decoder a detector's outputs need (docs/neural.md, "Detectors")."""
+    layout: Layout = "NCHW"
+    """Layout of the image input (and of an occluder's mask output): the XSeg occluders, trained in
+    TensorFlow, take NHWC."""
 
     def url_for(self, base_url: str = ASSETS_BASE_URL) -> str:
         """The file's URL under another base (a mirror, or a test server)."""
@@ -148,6 +153,8 @@ _IMAGENET_STD = (0.229, 0.224, 0.225)
 _DETECT_STD = (128 / 255,) * 3
 # Raw 0-255 pixels written as (x / 255 - 0) / (1 / 255).
 _RAW_STD = (1 / 255,) * 3
+# x / 255 written as (x / 255 - 0) / 1.
+_RAW_01 = (1.0, 1.0, 1.0)
 _SWAP_IO = ("target", "source")
 
 _NONCOMMERCIAL_INSIGHTFACE = "non-commercial (InsightFace)"
@@ -176,6 +183,26 @@ def _detector(name: str, release: str, licence: str, family: DetectorFamily,
     # 640 is the largest size FaceFusion offers for each of them; scrfd and retinaface take 160-640.
     return ModelSpec(name=name, kind="detector", release=release, file=f"{name}.onnx", licence=licence,
                      size=640, mean=mean, std=std, channels="BGR", detector_family=family)
+
+
+def _occluder(name: str, release: str) -> ModelSpec:
+    # DeepFaceLab's XSeg: 256, NHWC, BGR / 255 in; (N, 256, 256, 1) face probability out.
+    return ModelSpec(name=name, kind="occluder", release=release, file=f"{name}.onnx",
+                     licence="GPL-3.0 (XSeg, DeepFaceLab)", size=256, std=_RAW_01, channels="BGR",
+                     layout="NHWC")
+
+
+def _parser(name: str, release: str) -> ModelSpec:
+    # yakhyo/face-parsing's BiSeNet: 512, RGB, ImageNet-normalised in; 19-class logits out (first output).
+    return ModelSpec(name=name, kind="parser", release=release, file=f"{name}.onnx",
+                     licence="MIT (face-parsing, yakhyo)", size=512, mean=_IMAGENET_MEAN, std=_IMAGENET_STD)
+
+
+def _enhancer(name: str, licence: str, template: str = "ffhq_512", size: int = 512) -> ModelSpec:
+    # FaceFusion's face_enhancer: RGB, (x/255 - .5)/.5 in; RGB in [-1, 1] out (clip, then x*.5+.5).
+    return ModelSpec(name=name, kind="enhancer", release="models-3.0.0", file=f"{name}.onnx",
+                     licence=licence, template=template, size=size, mean=_HALF, std=_HALF,
+                     output_range="std_mean")
 
 
 _SPECS: tuple[ModelSpec, ...] = (
@@ -222,6 +249,17 @@ _SPECS: tuple[ModelSpec, ...] = (
     ModelSpec(name="arcface_w600k_r50", kind="embedder", release="models-3.0.0",
               file="arcface_w600k_r50.onnx", licence=_NONCOMMERCIAL_INSIGHTFACE, template="arcface_112_v2",
               size=112, mean=_HALF, std=_HALF),
+    # Occluders, parsers and enhancers (docs/neural.md, "Occluders and parsers", "Enhancers"), as
+    # FaceFusion's face_masker.py and face_enhancer/core.py list them, releases included.
+    _occluder("xseg_1", "models-3.1.0"),
+    _occluder("xseg_2", "models-3.1.0"),
+    _occluder("xseg_3", "models-3.2.0"),
+    _parser("bisenet_resnet_18", "models-3.1.0"),
+    _parser("bisenet_resnet_34", "models-3.0.0"),
+    _enhancer("gfpgan_1.4", "Apache-2.0 (GFPGAN, TencentARC)"),
+    _enhancer("codeformer", "S-Lab-1.0 (CodeFormer, sczhou; non-commercial)"),
+    _enhancer("gpen_bfr_512", "non-commercial (GPEN, yangxy)"),
+    _enhancer("restoreformer_plus_plus", "Apache-2.0 (RestoreFormer++, wzhouxiff)"),
 )
 
 MODELS: Mapping[str, ModelSpec] = MappingProxyType({s.name: s for s in _SPECS})

@@ -44,6 +44,10 @@ app.add_typer(models_app, name="models")
 from .engines_cli import app as engines_app  # noqa: E402
 
 app.add_typer(engines_app, name="engines")
+# `swapstream keys init` (C2PA test pair: keys.py, provenance.py).
+from .keys_cli import app as keys_app  # noqa: E402
+
+app.add_typer(keys_app, name="keys")
 
 
 def _version(value: bool) -> None:
@@ -136,6 +140,7 @@ def _log_disclosure(job: "object") -> None:
     """The run's log: which consent record allows the source face, what the mark says, the label."""
     rows = [("consent", job.consent.summary() if job.consent else "none")]  # type: ignore[attr-defined]
     rows += job.disclosure.describe()  # type: ignore[attr-defined]
+    rows += job.provenance.describe(job.live)  # type: ignore[attr-defined]
     for name, value in rows:
         err.print(Text(f"{name}: {value}"), soft_wrap=True)
 
@@ -396,6 +401,21 @@ def serve(
         "--mps/--no-mps",
         help="Run each GPU's workers as clients of an NVIDIA MPS daemon that serve starts and stops, so "
              "their kernels share the GPU at once (default: on with 2 or more workers on a GPU).")] = None,
+    ray: Annotated[Optional[str], typer.Option(
+        "--ray", metavar="ADDRESS",
+        help="Run the API's streams on a Ray cluster (HOST:PORT of its head, or auto on one of its "
+             "nodes): --workers N worker actors spread over its nodes, placed and failed over by this "
+             "server, restarted by Ray (docs/scale.md). Needs swapstream[cluster].")] = None,
+    ray_gpus: Annotated[float, typer.Option(
+        "--ray-gpus", min=0.0, max=1.0,
+        help="With --ray: the share of a GPU each worker actor asks for (0.25: four workers per GPU, "
+             "which share it under the node's MPS daemon).")] = 0.25,
+    ray_resource: Annotated[Optional[str], typer.Option(
+        "--ray-resource", metavar="NAME=AMOUNT",
+        help="With --ray: ask for this custom Ray resource per worker instead of a GPU share (GPU slots "
+             "on CPU-only nodes, e.g. nodes started with --resources '{\"swapstream_slot\": 2}').")] = None,
+    ray_cpus: Annotated[float, typer.Option(
+        "--ray-cpus", min=0.0, help="With --ray: the CPUs each worker actor asks for (decoding, encoding).")] = 1.0,
 ) -> None:
     """Serve WebRTC: a WHIP endpoint (OBS 30+, browsers) whose publisher gets the swapped video back;
     and the multi-stream runtime: control API (/api/streams), /metrics, /dashboard (docs/runtime.md)."""
@@ -405,6 +425,7 @@ def serve(
 
     api_token = _token(api_token, api_token_file, "--api-token", "SWAPSTREAM_API_TOKEN")
     _check_serve_folders(hls_root, media_root)  # before the models load: bad paths fail at once
+    cluster = _ray_options(ray, workers, mps, ray_gpus, ray_resource, ray_cpus)  # and the cluster answers
     if source is not None:
         _check_input_file("source image", source, "a PNG or JPEG file")
     cfg = _config(config, set_, None)
@@ -414,7 +435,7 @@ def serve(
     if no_webrtc:
         app_ = web.Application()
         _mount_runtime(app_, cfg, api_token, hls_root, media_root, f"http://{host}:{port}",
-                       workers=workers, mps=mps, source=source)
+                       workers=workers, mps=mps, source=source, cluster=cluster)
         _run_app(app_, host, port)
         return
     if source is None:
@@ -446,7 +467,7 @@ def serve(
                  f"view for an OBS Browser Source: {base}/view?bg=transparent  (or ?bg=chroma&color=00ff00)"):
         err.print(Text(line), soft_wrap=True)  # URLs unbroken, to copy into OBS
     _mount_runtime(server.app, cfg, api_token, hls_root, media_root, f"http://{host}:{port}",
-                   workers=workers, mps=mps, source=source)
+                   workers=workers, mps=mps, source=source, cluster=cluster)
     try:
         _run_app(server.app, host, port)
     finally:
@@ -551,9 +572,46 @@ def _check_serve_folders(hls_root: Optional[Path], media_root: Optional[Path]) -
                           f"you can write.") from None
 
 
+def _ray_options(address: Optional[str], workers: int, mps: Optional[bool], gpus: float,
+                 resource: Optional[str], cpus: float) -> Optional[dict[str, object]]:
+    """serve --ray: the options checked and the cluster joined (one line and exit 2 when it does not
+    answer), or None without --ray."""
+    from .errors import ConfigError
+
+    if address is None:
+        if resource is not None:
+            raise ConfigError("--ray-resource is for --ray: give the cluster's address with --ray HOST:PORT")
+        return None
+    if workers < 1:
+        raise ConfigError("--ray runs the streams on worker actors: give how many with --workers N (e.g. 4 "
+                          "per GPU of the cluster)")
+    if mps:
+        raise ConfigError("--mps starts a daemon on this machine only: under --ray each GPU node runs its "
+                          "own MPS daemon (deploy/kuberay does); leave --mps out")
+    asked: tuple[str, float] | None = None
+    if resource is not None:
+        name, sep, amount = resource.partition("=")
+        try:
+            value = float(amount) if sep else 1.0
+        except ValueError:
+            value = -1.0
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}", name) or not value > 0:
+            raise ConfigError(f"--ray-resource {resource!r}: give NAME=AMOUNT with a resource name of "
+                              f"letters, digits and _ and an amount above 0, e.g. swapstream_slot=1")
+        asked = (name, value)
+    elif gpus <= 0:
+        raise ConfigError("--ray-gpus 0 asks for no GPU: give a share such as 0.25, or --ray-resource "
+                          "NAME=AMOUNT for CPU-only nodes")
+    from .runtime.cluster import connect_ray
+
+    connect_ray(address)
+    return {"address": address, "gpus": gpus, "resource": asked, "cpus": cpus}
+
+
 def _mount_runtime(app_: object, cfg: Config, token: Optional[str], hls_root: Optional[Path],
                    media_root: Optional[Path], base: str, *, workers: int = 0,
-                   mps: Optional[bool] = None, source: Optional[Path] = None) -> None:
+                   mps: Optional[bool] = None, source: Optional[Path] = None,
+                   cluster: Optional[dict[str, object]] = None) -> None:
     """The multi-stream runtime and its control API on the serve app (swapstream.runtime): in this
     process, or with `workers` worker processes per device behind it (runtime.workers). The folders
     were checked by `_check_serve_folders`. `source` (serve -s): the face API streams start with."""
@@ -562,7 +620,20 @@ def _mount_runtime(app_: object, cfg: Config, token: Optional[str], hls_root: Op
     from .runtime.metrics import GpuMonitor
 
     chosen = token or new_token()
-    if workers:
+    if cluster is not None:
+        from .runtime.cluster import RayWorkerPool
+        from .runtime.pool_api import mount_pool
+
+        ApiSettings(chosen, default_source=source)  # the token's and image's checks, as in one process
+        resource = cluster["resource"]
+        mount_pool(app_, RayWorkerPool(cfg, workers=workers, gpus=float(cluster["gpus"]),  # type: ignore[arg-type]
+                                       resource=resource, cpus=float(cluster["cpus"]),  # type: ignore[arg-type]
+                                       hls_root=hls_root, media_root=media_root, default_source=source),
+                   chosen, cfg.runtime.upload_max_bytes)
+        asks = f"{resource[1]:g} {resource[0]}" if resource else f"{cluster['gpus']:g} GPU"  # type: ignore[index]
+        err.print(Text(f"{workers} worker actor(s) on the Ray cluster at {cluster['address']}, each asking "
+                       f"for {asks}"))
+    elif workers:
         from .runtime.pool_api import mount_pool
         from .runtime.workers import WorkerPool
 

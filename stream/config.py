@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import ConfigError
 from .netpolicy import DEFAULT_ALLOWED_HOSTS, HostPattern
@@ -88,6 +88,23 @@ class MaskConfig(_Section):
     """Colour distance from the learned skin, in standard deviations, at which a pixel starts to count as an occluder (lower keeps more of the target)."""
     occlusion_smoothing: float = Field(0.5, gt=0.0, le=1.0)
     """Weight of the newest frame in each face's moving average of the mask: lower is steadier on a still head and slower to follow a hand (1: no smoothing)."""
+    types: list[Literal["box", "occlusion", "region", "area"]] = ["box"]
+    """Zoo swappers: FaceFusion's face_mask_types, e.g. `box,occlusion,region`: `box` the blurred box (neural.blur), `occlusion` the occluder model, `region` the parser model limited to mask.regions."""
+    regions: list[Literal["skin", "left-eyebrow", "right-eyebrow", "left-eye", "right-eye", "glasses",
+                          "nose", "mouth", "upper-lip", "lower-lip", "eyebrows", "eyes", "lips"]] = [
+        "skin", "left-eyebrow", "right-eyebrow", "left-eye", "right-eye", "glasses", "nose", "mouth",
+        "upper-lip", "lower-lip"]
+    """With `region` in mask.types: the face parts the swap may paint (FaceFusion's face_mask_regions; `eyes`, `eyebrows`, `lips` name both sides)."""
+    occluder: str = "xseg_1"
+    """Zoo occluder for `occlusion` in mask.types: xseg_1, xseg_2 or xseg_3."""
+    parser: str = "bisenet_resnet_18"
+    """Zoo face parser for `region` in mask.types: bisenet_resnet_18 or bisenet_resnet_34."""
+
+    @field_validator("types", "regions", mode="before")
+    @classmethod
+    def _comma_list(cls, v: Any) -> Any:
+        # `--set mask.types=occlusion,region` arrives as one string; YAML presets give a list.
+        return [p.strip() for p in v.split(",") if p.strip()] if isinstance(v, str) else v
 
 
 class EncodeConfig(_Section):
@@ -194,6 +211,10 @@ class RuntimeConfig(_Section):
 
 
 class WatermarkConfig(_Section):
+    # v1 stays the default until v2 meets its targets on every benchmark clip
+    # (docs/responsible_use.md, "Watermark v2").
+    scheme: Literal["v1", "v2"] = "v1"
+    """Mark layout: `v1` block-DCT (survives re-encoding and rescaling); `v2` tiled and texture-masked (also survives crops, letterboxing, flips and small rotations; found over windows of frames; experimental)."""
     enabled: bool = True
     """Embed the invisible mark (SwapStream's product id and this run's stream id) in every frame SwapStream changes; off logs a warning."""
     strength: float = Field(1.0, ge=0.5, le=2.0)
@@ -215,6 +236,22 @@ class DisclosureConfig(_Section):
     """Text height as a fraction of the frame height (at least 8 pixels)."""
     opacity: float = Field(0.6, ge=0.0, le=1.0)
     """Opacity of the black box behind the white text."""
+
+
+class ProvenanceConfig(_Section):
+    # "auto" so that a machine without a signing key still runs (the mark and the container tags
+    # still disclose); true makes a missing or unusable key an error before any frame is processed.
+    # Booleans rather than on/off strings: YAML reads on/off/yes/no as booleans anyway.
+    c2pa: Literal["auto"] | bool = "auto"
+    """C2PA Content Credentials on `run`'s MP4/MOV outputs: `auto` signs when a key and certificate are found, true requires them (an error otherwise), false never signs."""
+    key: Path | None = None
+    """Private key (PEM: EC P-256/P-384/P-521, RSA or Ed25519) that signs the manifest; unset: signer.key in the user data folder's swapstream/c2pa (`swapstream keys init`)."""
+    cert: Path | None = None
+    """Certificate chain (PEM) of that key: the signing certificate first, then its issuers, without the root; unset: chain.pem beside the default key."""
+    # A timestamp keeps a manifest valid after the certificate expires; asking for one needs the
+    # network at signing time, so it is opt-in.
+    timestamp_url: str | None = Field(None, pattern=r"^https?://[^\s]+$", max_length=2000)
+    """RFC 3161 timestamp authority (http[s]://...) asked to countersign each manifest; unset: no timestamp, no network."""
 
 
 class ConsentConfig(_Section):
@@ -259,6 +296,10 @@ class Config(_Section):
     """Temporal landmark smoothing."""
     mesh: MeshConfig = MeshConfig()
     """The built-in mesh swapper."""
+    enhancer: str = "none"
+    """Zoo swappers: a face enhancer run on the swapped face before its one paste-back (`none`, gfpgan_1.4, codeformer, gpen_bfr_512, restoreformer_plus_plus)."""
+    enhancer_blend: float = Field(0.8, ge=0.0, le=1.0)
+    """Share of the enhanced face in the result (FaceFusion's face_enhancer_blend / 100; it defaults to 80)."""
     mask: MaskConfig = MaskConfig()
     """What the swap may paint over: the occlusion mask."""
     neural: NeuralConfig = NeuralConfig()
@@ -271,6 +312,8 @@ class Config(_Section):
     """The invisible mark in every frame SwapStream changes (`swapstream verify` finds it)."""
     disclosure: DisclosureConfig = DisclosureConfig()
     """The visible label."""
+    provenance: ProvenanceConfig = ProvenanceConfig()
+    """C2PA Content Credentials: the signed manifest on file outputs (`swapstream keys init`, `swapstream verify`)."""
     consent: ConsentConfig = ConsentConfig()
     """Where consent records for source faces are kept (`swapstream consent`)."""
     webrtc: WebRtcConfig = WebRtcConfig()
@@ -284,9 +327,15 @@ def _check_names(cfg: "Config", source: str) -> None:
     swappers = ["mesh"] + [n for n, m in MODELS.items() if m.kind == "swapper"]
     detectors = ["builtin"] + [n for n, m in MODELS.items() if m.kind == "detector"]
     embedders = [n for n, m in MODELS.items() if m.kind == "embedder"]
+    occluders = [n for n, m in MODELS.items() if m.kind == "occluder"]
+    parsers = [n for n, m in MODELS.items() if m.kind == "parser"]
+    enhancers = ["none"] + [n for n, m in MODELS.items() if m.kind == "enhancer"]
     for key, value, known in (("swapper", cfg.swapper, swappers),
                               ("neural.detector", cfg.neural.detector, detectors),
-                              ("neural.embedder", cfg.neural.embedder, embedders)):
+                              ("neural.embedder", cfg.neural.embedder, embedders),
+                              ("mask.occluder", cfg.mask.occluder, occluders),
+                              ("mask.parser", cfg.mask.parser, parsers),
+                              ("enhancer", cfg.enhancer, enhancers)):
         if value not in known:
             raise ConfigError(f"invalid value {value!r} for config key '{key}' in {source}: "
                               f"choose one of {', '.join(known)}")

@@ -22,6 +22,7 @@ import numpy as np
 from .config import Config, DisclosureConfig
 from .kernels.label import blend_patch
 from .watermark import PRODUCT_SWAPSTREAM, Payload, Watermarker
+from .watermark_v2 import WatermarkerV2
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,10 @@ class Disclosure:
         self.label_on = dc.label_live if live else dc.label_files
         self.payload = Payload(PRODUCT_SWAPSTREAM, wm.stream_id) if wm.stream_id is not None \
             else Payload.new_stream()
-        self.watermarker: Watermarker | None = Watermarker(self.payload, wm.strength) if wm.enabled else None
+        self.watermarker: Watermarker | WatermarkerV2 | None = None
+        if wm.enabled:
+            self.watermarker = (WatermarkerV2 if wm.scheme == "v2" else Watermarker)(self.payload, wm.strength)
+        self.scheme = wm.scheme
         self.frames_marked = 0
         self.frames_labelled = 0
         self._patches: dict[tuple[int, int, int], LabelPatch | None] = {}
@@ -187,5 +191,6 @@ class Disclosure:
         where = "live" if self.live else "file"
         label = (f"on ('{self.label_cfg.text}', {self.label_cfg.position})" if self.label_on
                  else f"off for {where} outputs")
-        mark = f"{self.payload} (swapstream verify)" if self.watermarker is not None else "OFF"
+        scheme = ", scheme v2" if self.scheme == "v2" else ""
+        mark = f"{self.payload}{scheme} (swapstream verify)" if self.watermarker is not None else "OFF"
         return [("watermark", mark), ("label", label)]

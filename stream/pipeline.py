@@ -18,13 +18,19 @@ from .consent import ConsentRecord, ConsentStore
 from .disclosure import SYNTHETIC_TAGS, Disclosure  # SYNTHETIC_TAGS: imported from here too
 from .errors import InputError, InputNotFoundError, OutputError
 from .face.analyser import FaceAnalyser
+from .io.background import BackgroundCalls
 from .io.video import AudioPacket, VideoInfo, VideoReader, VideoWriter, probe
+from .provenance import Provenance
 from .swap.mesh import MeshSwapper, source_face
 from .swap.occlusion import occlusion_masker
 from .types import Frame
 
 log = logging.getLogger(__name__)
 
+
+ENCODE_QUEUE = 4
+"""Frames (and audio packets) that may wait for the file job's encoder thread: enough to ride out
+x264's uneven per-frame times, few enough that memory stays small (four 720p RGB frames: 11 MB)."""
 
 ProgressFn = Callable[[int, int], None]
 """Called with (frames done, expected total or 0 when unknown)."""
@@ -92,6 +98,8 @@ class FileJob:
                  download_progress: DownloadProgressFn | None = None, live: bool | None = None) -> None:
         self.config = config
         self.live = type(self).LIVE if live is None else live
+        # First: a wrong signing key is one error line before any model loads (provenance.py).
+        self.provenance = Provenance(config.provenance)
         # Responsible use: every output frame goes through `disclosure` (label, mark); the source
         # face needs a consent record from `consents`, kept in `consent` for the run's log.
         self.disclosure = Disclosure(config, live=self.live)
@@ -144,10 +152,12 @@ class FileJob:
         stats = JobStats(input_info=info)
         total = expected_frames(info)
         enc = self.config.encode
+        sign = self.provenance.plan(out)
         with VideoReader(inp) as reader, VideoWriter(
                 out, width=info.width, height=info.height, time_base=info.time_base,
                 rate=info.avg_rate, crf=enc.crf, preset=enc.preset, codec=enc.codec,
-                audio_from=reader.audio_stream, metadata=self.disclosure.tags, threads=enc.threads) as writer:
+                audio_from=reader.audio_stream, metadata=self.disclosure.tags, threads=enc.threads) as writer, \
+                BackgroundCalls(depth=ENCODE_QUEUE, name="file-encoder") as encoder:
             t0 = time.perf_counter()
             # Frames wait here until their faces are swapped: a neural swapper batches the faces of
             # several frames into one model call. Audio goes straight through; frames keep their order.
@@ -156,7 +166,9 @@ class FileJob:
             def flush() -> None:
                 self._swap(pending, stats)
                 for frame, _ in pending:
-                    writer.write(frame)
+                    # x264 encodes on the encoder thread while the loop goes on to the next frame;
+                    # the frame's array is not touched again here.
+                    encoder.submit(writer.write, frame)
                     stats.frames += 1
                     if progress is not None:
                         progress(stats.frames, total)
@@ -164,7 +176,7 @@ class FileJob:
 
             for item in reader:
                 if isinstance(item, AudioPacket):
-                    writer.write_audio(item)
+                    encoder.submit(writer.write_audio, item)  # after the frames before it: same order
                     stats.audio_packets += 1
                     continue
                 faces = self.analyser.track(item)
@@ -174,12 +186,25 @@ class FileJob:
                         or len(pending) >= self.swapper.max_batch:
                     flush()
             flush()
+            encoder.close()  # every frame encoded (and its error raised) before the time is taken
             stats.seconds = time.perf_counter() - t0
             if stats.frames == 0:
                 # Raised inside the writer's block, so that it removes the empty output file.
                 raise InputError(f"input '{inp}' has no decodable video frames. Check that it is "
                                  f"a complete video file.")
+        if sign:
+            self.sign_output(out)
         return stats
+
+    def sign_output(self, out: Path) -> None:
+        """Sign the finished output with C2PA (after the writer closed it: the manifest's hash
+        covers the complete media), declaring the mark's payload when the frames carry it."""
+        from .watermark import SCHEME as V1
+        from .watermark_v2 import SCHEME as V2
+
+        marked = self.disclosure.watermarker is not None
+        self.provenance.sign(out, self.disclosure.payload if marked else None,
+                             V2 if self.disclosure.scheme == "v2" else V1)
 
     def _swap(self, pending: list[tuple[Frame, list[Any]]], stats: JobStats) -> None:
         if self.neural is not None:

@@ -1,8 +1,15 @@
-"""Check a video file or stream for SwapStream's watermark, frame by frame (`swapstream verify`).
+"""Check a video file or stream for SwapStream's watermark, frame by frame (`swapstream verify`),
+and validate its C2PA manifest beside it.
 
 Decodes with PyAV (any container and codec FFmpeg reads, local files or URLs), looks for the mark in
 each frame's luma plane (`watermark.detect`, no original needed) and also decodes the sum of all
 frames' soft values, which finds a mark that is too weak in any single frame but present throughout.
+A local file's C2PA manifest is validated with c2pa-python (`provenance.read_manifest`): absent,
+invalid (changed after signing), valid, or trusted (chains to a CA given with --trust).
+
+The v2 mark (`watermark_v2`, which survives crops, letterboxing, flips and small rotations) is looked
+for in windows of `V2_WINDOW_S` seconds of frames, each decided on its own, and in all frames
+together: its evidence is made to add up over frames.
 """
 
 from __future__ import annotations
@@ -17,7 +24,9 @@ from typing import Any
 import numpy as np
 
 from .errors import InputError, InputNotFoundError
+from .provenance import ManifestCheck, read_manifest
 from .watermark import CODED_BITS, Detection, Payload, decode_soft, detect
+from .watermark_v2 import WindowDetector
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +43,25 @@ class FrameResult:
     """Decode order, from 0."""
     time: float | None
     """Presentation time in seconds, when the stream has timestamps."""
+    found: bool
+    payload: Payload | None
+    score: float
+    reason: str
+
+
+V2_WINDOW_S = 2.0
+"""Seconds of frames per v2 window (60 frames where a stream has no timestamps)."""
+V2_WINDOW_FRAMES = 60
+
+
+@dataclass(frozen=True)
+class WindowResult:
+    """One v2 window's verdict."""
+
+    index: int
+    start: float | None
+    """Presentation time of its first frame, in seconds, when known."""
+    frames: int
     found: bool
     payload: Payload | None
     score: float
@@ -72,6 +100,25 @@ class VerifyReport:
     stream's), "program N" (an MPEG-TS service: HLS segments keep the note only there)."""
     stopped_early: str = ""
     """Why decoding stopped before the end (a decode error), if it did."""
+    c2pa: ManifestCheck | None = None
+    """The C2PA manifest's validation (None: not checked)."""
+    v2_windows: list[WindowResult] = field(default_factory=list)
+    """Each v2 window's result (the first `keep_frames` of them)."""
+    v2_window_count: int = 0
+    v2_marked: int = 0
+    """Windows in which a v2 mark was found."""
+    v2_payloads: Counter[Payload] = field(default_factory=Counter)
+    v2_combined: Detection | None = None
+    """All frames of the first size taken as one v2 window (None: v2 not checked)."""
+
+    def add_window(self, w: WindowResult) -> None:
+        self.v2_window_count += 1
+        if w.found:
+            self.v2_marked += 1
+            if w.payload is not None:
+                self.v2_payloads[w.payload] += 1
+        if self.keep_frames is None or len(self.v2_windows) < self.keep_frames:
+            self.v2_windows.append(w)
 
     def add(self, r: FrameResult) -> None:
         """Count one frame's result, and keep it while there is room."""
@@ -84,9 +131,24 @@ class VerifyReport:
             self.frames.append(r)
 
     @property
-    def found(self) -> bool:
-        """A mark was found in some frame, or in all frames taken together."""
+    def found_v1(self) -> bool:
+        """A v1 mark was found in some frame, or in all frames taken together."""
         return self.marked > 0 or (self.combined is not None and self.combined.found)
+
+    @property
+    def found_v2(self) -> bool:
+        """A v2 mark was found in some window, or in all frames taken together."""
+        return self.v2_marked > 0 or (self.v2_combined is not None and self.v2_combined.found)
+
+    @property
+    def found(self) -> bool:
+        """A mark of either layout was found."""
+        return self.found_v1 or self.found_v2
+
+    @property
+    def declared(self) -> bool:
+        """A C2PA manifest made by SwapStream validates."""
+        return self.c2pa is not None and self.c2pa.by_swapstream
 
     def to_dict(self) -> dict[str, Any]:
         def pay(p: Payload | None) -> dict[str, int] | None:
@@ -98,6 +160,10 @@ class VerifyReport:
                         "score": round(f.score, 4), **({"reason": f.reason} if f.reason else {})}
                        for f in self.frames],
             "frames_omitted": self.frame_count - len(self.frames),
+            # Kept like the frames: the first `keep_frames` windows (the summary counts them all).
+            "v2_windows": [{"index": w.index, "start": w.start, "frames": w.frames, "marked": w.found,
+                            "payload": pay(w.payload), "score": round(w.score, 4),
+                            **({"reason": w.reason} if w.reason else {})} for w in self.v2_windows],
             "summary": {
                 "frames": self.frame_count, "marked_frames": self.marked,
                 "payloads": [{**(pay(p) or {}), "frames": n} for p, n in self.payloads.most_common()],
@@ -107,6 +173,13 @@ class VerifyReport:
                 "mark_found": self.found,
                 "metadata": self.metadata,
                 "tags": self.tags,
+                "c2pa": None if self.c2pa is None else self.c2pa.to_dict(),
+                "v2": None if self.v2_combined is None else {
+                    "window_seconds": V2_WINDOW_S, "windows": self.v2_window_count,
+                    "marked_windows": self.v2_marked,
+                    "payloads": [{**(pay(p) or {}), "windows": n} for p, n in self.v2_payloads.most_common()],
+                    "combined": {"marked": self.v2_combined.found, "payload": pay(self.v2_combined.payload),
+                                 "score": round(self.v2_combined.score, 4)}},
                 **({"stopped_early": self.stopped_early} if self.stopped_early else {}),
             },
         }
@@ -273,13 +346,20 @@ def read_tags(source: str, container: Any) -> dict[str, dict[str, str]]:
 
 def verify(source: str, *, max_frames: int | None = None,
            on_frame: Callable[[FrameResult], None] | None = None,
-           keep_frames: int | None = KEEP_FRAMES) -> VerifyReport:
-    """Check every frame of `source` (a path or URL), up to `max_frames`. The report keeps the first
-    `keep_frames` per-frame results (None: all); `on_frame` sees every one as it comes."""
+           keep_frames: int | None = KEEP_FRAMES, c2pa: bool = True,
+           trust_pem: bytes | None = None, v2: bool = True,
+           on_window: Callable[[WindowResult], None] | None = None) -> VerifyReport:
+    """Check every frame of `source` (a path or URL), up to `max_frames`, and (`c2pa`) its C2PA
+    manifest, trusting the CA certificates in `trust_pem`, and (`v2`) the v2 mark in windows of
+    `V2_WINDOW_S` seconds. The report keeps the first `keep_frames` per-frame (and per-window)
+    results (None: all); `on_frame` and `on_window` see every one as it comes."""
     import av
 
     report = VerifyReport(source, keep_frames=keep_frames)
     container = _open(source)
+    if c2pa:
+        # After _open: a missing or unreadable input is its error, not the manifest's.
+        report.c2pa = read_manifest(source, trust_pem)
     with container:
         report.metadata = {k: str(v) for k, v in container.metadata.items()}
         report.tags = read_tags(source, container)
@@ -289,6 +369,21 @@ def verify(source: str, *, max_frames: int | None = None,
         tb = stream.time_base
         total = np.zeros(CODED_BITS)
         n = 0
+        whole = WindowDetector()        # every frame of the first size
+        window = WindowDetector()       # the current v2 window
+        w_start: float | None = None
+
+        def close_window() -> None:
+            nonlocal window
+            if len(window):
+                d2 = window.decode().detection
+                wr = WindowResult(report.v2_window_count, w_start, len(window), d2.found, d2.payload,
+                                  d2.score, d2.reason)
+                report.add_window(wr)
+                if on_window is not None:
+                    on_window(wr)
+            window = WindowDetector()
+
         try:
             for frame in container.decode(stream):
                 luma = luma_plane(frame)
@@ -301,6 +396,18 @@ def verify(source: str, *, max_frames: int | None = None,
                 n += 1
                 if on_frame is not None:
                     on_frame(r)
+                if v2:
+                    # A window ends after V2_WINDOW_S of timeline (60 frames without timestamps), or
+                    # where the frame size changes (a window's frames must share their geometry).
+                    full = (t - w_start >= V2_WINDOW_S) if (t is not None and w_start is not None) \
+                        else len(window) >= V2_WINDOW_FRAMES
+                    if len(window) and (full or window.shape != luma.shape):
+                        close_window()
+                    if not len(window):
+                        w_start = t
+                    window.add(luma)
+                    if whole.shape is None or whole.shape == luma.shape:
+                        whole.add(luma)
                 if max_frames is not None and n >= max_frames:
                     break
         except av.error.FFmpegError as e:
@@ -309,6 +416,9 @@ def verify(source: str, *, max_frames: int | None = None,
                                  f"a complete video.") from None
             report.stopped_early = f"decode error after {n} frames: {str(e).splitlines()[0]}"
             log.warning("%s: %s", source, report.stopped_early)
+        if v2:
+            close_window()
+            report.v2_combined = whole.decode().detection
     if n == 0:
         raise InputError(f"input '{source}' has no decodable video frames. Check that it is a complete "
                          f"video file.")

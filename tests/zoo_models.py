@@ -11,6 +11,7 @@ from swapstream.engines.zoo import crc32_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import make_test_models  # noqa: E402,F401  (the one import of tools/make_test_models.py for all tests)
+import make_face_models  # noqa: E402,F401  (likewise for tools/make_face_models.py; needs torch)
 
 
 def place(models: Path, name: str, model: object) -> None:

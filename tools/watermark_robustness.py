@@ -1,6 +1,7 @@
 """Watermark robustness on the CPU: mark clips, encode them with real x264, decode, look for the mark.
 
     python tools/watermark_robustness.py [--frames 90] [--out docs/benchmarks]
+    python tools/watermark_robustness.py --v2 [--frames 180] [--fp-frames 10000] [--out docs/benchmarks]
 
 For each clip (the demo's animated portrait, a fast pan over a detailed photo, and a slow zoom over a
 photo with camera-like noise, all 1280x720 at 30 fps): the PSNR of marked against unmarked frames,
@@ -12,6 +13,15 @@ and the false detections on the same clips unmarked, through the same encodes, a
 suite's small numbered clips. Writes watermark_robustness.json (records as docs/performance.md,
 "Benchmark records", describes) and watermark_robustness.md into --out.
 tests/stream/test_watermark_robustness.py uses the helpers here on shorter clips.
+
+--v2 compares the v2 mark (stream/watermark_v2.py) with v1 under the attacks of a re-upload: each clip
+is marked, uploaded (x264 CRF 23 capped at 2 Mbit/s, 720p), then cropped, rescaled, letterboxed,
+flipped, rotated, screen-captured or re-encoded at 480p and 1 Mbit/s, and encoded again (`ATTACKS`).
+It records, per clip and attack, the share of 2 s windows whose payload is decoded (v2 windows; v1's
+frames' soft values summed over the window), the per-frame rates of both, the cost of each mark at
+equal CRF (bitrate and PSNR), and v2's false detections on `--fp-frames` varied unmarked frames
+(single-frame windows) plus the unmarked clips' windows. Its records replace the earlier v2 records
+in watermark_robustness.json (v1's stay) and it writes watermark_robustness_v2.md.
 """
 
 from __future__ import annotations
@@ -90,6 +100,9 @@ def x264_options(mode: str, kbps: int, preset: str) -> dict[str, str]:
     if mode == "cbr":
         return {"preset": preset, "b": rate, "minrate": rate, "maxrate": rate, "bufsize": rate,
                 "x264-params": "nal-hrd=cbr"}
+    if mode == "platform":
+        # What a video platform's re-encode looks like: quality-targeted, no cap.
+        return {"preset": preset, "crf": "23"}
     if mode == "live":
         return {"preset": "ultrafast", "tune": "zerolatency", "b": rate, "minrate": rate,
                 "maxrate": rate, "bufsize": rate, "x264-params": "nal-hrd=cbr"}
@@ -104,7 +117,7 @@ def encode(frames: list[np.ndarray], path: Path, mode: str, *, kbps: int = 2000,
         s = c.add_stream("libx264", rate=FPS)
         s.width, s.height, s.pix_fmt = w, h, "yuv420p"
         s.options = x264_options(mode, kbps, preset)
-        if mode != "crf":
+        if mode not in ("crf", "platform"):
             s.bit_rate = kbps * 1000
         for i, f in enumerate(frames):
             vf = av.VideoFrame.from_ndarray(f, format="rgb24")
@@ -255,5 +268,244 @@ def main() -> None:
     print("\n".join(lines))
 
 
+# -- v2: the attacks of a re-upload -----------------------------------------------------------------
+
+
+def _crop(f: np.ndarray, frac: float) -> np.ndarray:
+    h, w = f.shape[:2]
+    dy, dx = round(h * frac), round(w * frac)
+    return np.ascontiguousarray(f[dy:h - dy, dx:w - dx])
+
+
+def _rotate(f: np.ndarray, deg: float) -> np.ndarray:
+    h, w = f.shape[:2]
+    m = cv2.getRotationMatrix2D((w / 2, h / 2), deg, 1.0)
+    return cv2.warpAffine(f, m, (w, h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT)
+
+
+def _letterbox(f: np.ndarray) -> np.ndarray:
+    h, w = f.shape[:2]
+    out = np.zeros((w * 3 // 4, w, 3), np.uint8)  # 16:9 inside a 4:3 frame, bars above and below
+    y0 = (out.shape[0] - h) // 2
+    out[y0:y0 + h] = f
+    return out
+
+
+def _screen(f: np.ndarray) -> np.ndarray:
+    # A screen capture of a player: the picture at 90% size, and another display's colours (gain,
+    # offset and gamma per channel).
+    h, w = f.shape[:2]
+    g = cv2.resize(f, (round(w * 0.9) // 2 * 2, round(h * 0.9) // 2 * 2), interpolation=cv2.INTER_AREA)
+    x = g.astype(np.float32) / 255.0
+    x = np.clip(x * np.array([0.95, 1.02, 0.9], np.float32) + np.array([0.02, -0.015, 0.04], np.float32), 0, 1)
+    return np.clip(np.power(x, 0.9) * 255.0 + 0.5, 0, 255).astype(np.uint8)
+
+
+def _even(f: np.ndarray) -> np.ndarray:
+    h, w = f.shape[:2]
+    return np.ascontiguousarray(f[:h - h % 2, :w - w % 2])
+
+
+ATTACKS: dict[str, tuple[Any, str, int]] = {
+    # name: (what is done to each uploaded frame, x264 mode of the re-encode, kbps for cbr)
+    "upload_720p_2M": (lambda f: f, "none", 0),
+    "reencode_480p_1M": (lambda f: cv2.resize(f, (854, 480), interpolation=cv2.INTER_AREA), "cbr", 1000),
+    "crop_10pct_each_side": (lambda f: _crop(f, 0.10), "platform", 0),
+    "scale_0.5x": (lambda f: cv2.resize(f, (640, 360), interpolation=cv2.INTER_AREA), "platform", 0),
+    "scale_2x": (lambda f: cv2.resize(f, (2560, 1440), interpolation=cv2.INTER_CUBIC), "platform", 0),
+    "letterbox_4x3": (_letterbox, "platform", 0),
+    "flip_horizontal": (lambda f: np.ascontiguousarray(f[:, ::-1]), "platform", 0),
+    "rotate_+5deg": (lambda f: _rotate(f, 5.0), "platform", 0),
+    "rotate_-5deg": (lambda f: _rotate(f, -5.0), "platform", 0),
+    "screen_capture": (_screen, "platform", 0),
+}
+WINDOW = 2 * FPS
+"""Frames per 2 s window."""
+PER_FRAME_V2 = 30
+"""Frames per chain decoded one at a time by v2 (each is a full lattice search: ~0.1 s)."""
+
+
+def varied_unmarked(n: int, seed: int = 11) -> Any:
+    """`n` unmarked RGB frames of varied content, sizes and quality: every picture scikit-image
+    ships (photos, textures, text, a checkerboard, microscopy), each frame a random zoom, turn,
+    shift, flip, exposure and noise of one, at one of several sizes, half of them through JPEG at a
+    random quality (block artefacts), and every 50th a plain or gradient frame."""
+    from skimage import data
+
+    rng = np.random.default_rng(seed)
+    pics = []
+    for name in ("astronaut", "brick", "camera", "cat", "chelsea", "checkerboard", "clock", "coffee",
+                 "coins", "colorwheel", "grass", "gravel", "hubble_deep_field", "immunohistochemistry",
+                 "moon", "page", "retina", "rocket", "text"):
+        a = np.asarray(getattr(data, name)())
+        if a.ndim == 2:
+            a = np.repeat(a[..., None], 3, axis=2)
+        pics.append(np.ascontiguousarray(a[..., :3].astype(np.uint8)))
+    sizes = [(1280, 720), (854, 480), (640, 360), (1920, 1080), (720, 1280), (960, 720), (1024, 576)]
+    for i in range(n):
+        w, h = sizes[int(rng.integers(len(sizes)))]
+        if i % 50 == 49:
+            ramp = np.linspace(rng.uniform(0, 255), rng.uniform(0, 255), w, dtype=np.float32)
+            f = np.repeat(np.repeat(ramp[None, :, None], h, axis=0), 3, axis=2).astype(np.uint8)
+            yield f
+            continue
+        src = pics[int(rng.integers(len(pics)))]
+        zoom = rng.uniform(1.0, 4.0) * max(w / src.shape[1], h / src.shape[0])
+        m = cv2.getRotationMatrix2D((src.shape[1] / 2, src.shape[0] / 2), rng.uniform(-30, 30), zoom)
+        m[0, 2] += w / 2 - src.shape[1] / 2 + rng.uniform(-0.3, 0.3) * w
+        m[1, 2] += h / 2 - src.shape[0] / 2 + rng.uniform(-0.3, 0.3) * h
+        f = cv2.warpAffine(src, m, (w, h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT)
+        if rng.random() < 0.5:
+            f = f[:, ::-1]
+        x = f.astype(np.float32) * rng.uniform(0.6, 1.3) + rng.uniform(-30, 30)
+        x += rng.normal(0, rng.uniform(0, 6), x.shape[:2])[..., None]
+        f = np.clip(x, 0, 255).astype(np.uint8)
+        if rng.random() < 0.5:
+            ok, jpg = cv2.imencode(".jpg", f, [cv2.IMWRITE_JPEG_QUALITY, int(rng.integers(20, 90))])
+            f = cv2.imdecode(jpg, cv2.IMREAD_UNCHANGED)
+        yield np.ascontiguousarray(f)
+
+
+def main_v2(args: argparse.Namespace) -> None:
+    from swapstream.watermark import PRODUCT_SWAPSTREAM, Payload, Watermarker, decode_soft, detect, luma_of
+    from swapstream.watermark_v2 import WatermarkerV2, WindowDetector, detect_v2
+
+    payload = Payload(PRODUCT_SWAPSTREAM, 0x5EC0A11D)
+    common = run_fields(cpu_name(), f"python tools/watermark_robustness.py --v2 --frames {args.frames} "
+                                    f"--fp-frames {args.fp_frames} --clips {' '.join(args.clips)}")
+    records: list[dict[str, Any]] = []
+
+    def record(metric: str, value: float, unit: str, stat: str, config: dict[str, Any]) -> None:
+        records.append({"metric": metric, "value": value, "unit": unit, "stat": stat, "config": config, **common})
+
+    def v1_windows(lumas: list[np.ndarray]) -> tuple[int, int, int, float]:
+        """(windows, payload decoded, wrong payloads, frames recovered) for v1."""
+        ds = [detect(y.astype(np.float32)) for y in lumas]
+        good = wrong = 0
+        n = 0
+        for i in range(0, len(ds) - WINDOW + 1, WINDOW):
+            soft = np.sum([d.soft for d in ds[i:i + WINDOW]], axis=0) / np.sqrt(WINDOW)
+            c = decode_soft(soft)
+            n += 1
+            good += int(c.found and c.payload == payload)
+            wrong += int(c.found and c.payload != payload)
+        frames = sum(1 for d in ds if d.found and d.payload == payload) / len(ds)
+        return n, good, wrong, frames
+
+    def v2_windows(lumas: list[np.ndarray]) -> tuple[int, int, int, float]:
+        good = wrong = 0
+        n = 0
+        for i in range(0, len(lumas) - WINDOW + 1, WINDOW):
+            d = detect_v2([y.astype(np.float32) for y in lumas[i:i + WINDOW]]).detection
+            n += 1
+            good += int(d.found and d.payload == payload)
+            wrong += int(d.found and d.payload != payload)
+        single = [detect_v2(y.astype(np.float32)).detection for y in lumas[:PER_FRAME_V2]]
+        frames = sum(1 for d in single if d.found and d.payload == payload) / len(single)
+        return n, good, wrong, frames
+
+    table: list[tuple[str, str, str, int, int, int, float]] = []
+    cost_rows: list[tuple[str, str, float, float, float]] = []
+    fp_windows = fp_window_hits = 0
+    with tempfile.TemporaryDirectory() as tmp_s:
+        tmp = Path(tmp_s)
+        for clip in args.clips:
+            t0 = time.perf_counter()
+            plain = render_clip(clip, args.frames)
+            versions = {"unmarked": plain}
+            for scheme, marker in (("v1", Watermarker(payload)), ("v2", WatermarkerV2(payload))):
+                marked = [f.copy() for f in plain]
+                for f in marked:
+                    marker.embed(f)
+                versions[scheme] = marked
+            # Cost at equal CRF (23, veryfast, no cap) at 720p: bitrate and decoded PSNR vs the source.
+            for scheme, frames in versions.items():
+                path = tmp / f"{clip}_{scheme}_cost.mp4"
+                rate = encode(frames, path, "platform")
+                q = float(np.mean([psnr(a, b) for a, b in zip(plain, decode(path, "rgb24"))]))
+                mark_db = float(np.mean([psnr(a, b) for a, b in zip(plain, frames)])) if scheme != "unmarked" else float("inf")
+                cost_rows.append((clip, scheme, rate, q, mark_db))
+                record(f"watermark_cost_{scheme}_{clip}_crf23_720p", round(rate, 3), "Mbit/s", "mean",
+                       {"clip": clip, "scheme": scheme, "decoded_psnr_db": round(q, 2),
+                        "mark_psnr_db": None if scheme == "unmarked" else round(mark_db, 2),
+                        "frames": len(frames)})
+            for scheme, frames in versions.items():
+                up = tmp / f"{clip}_{scheme}_up.mp4"
+                encode(frames, up, "crf")                    # the upload: CRF 23 capped at 2 Mbit/s
+                uploaded = decode(up, "rgb24")
+                for attack, (fn, mode, kbps) in ATTACKS.items():
+                    if mode == "none":
+                        lumas = decode(up)
+                    else:
+                        out = tmp / f"{clip}_{scheme}_{attack}.mp4"
+                        encode([_even(fn(f)) for f in uploaded], out, mode, kbps=kbps or 2000)
+                        lumas = decode(out)
+                    if scheme == "unmarked":
+                        for i in range(0, len(lumas) - WINDOW + 1, WINDOW):
+                            d = detect_v2([y.astype(np.float32) for y in lumas[i:i + WINDOW]]).detection
+                            fp_windows += 1
+                            fp_window_hits += int(d.found)
+                        continue
+                    n, good, wrong, frames_rate = (v2_windows if scheme == "v2" else v1_windows)(lumas)
+                    table.append((clip, attack, scheme, n, good, wrong, frames_rate))
+                    record(f"watermark_{scheme}_windows_{clip}_{attack}", round(good / n, 4), "fraction", "mean",
+                           {"clip": clip, "attack": attack, "scheme": scheme, "windows": n, "detected": good,
+                            "wrong_payloads": wrong, "window_s": WINDOW / FPS,
+                            "per_frame_recovered": round(frames_rate, 4),
+                            "per_frame_sample": PER_FRAME_V2 if scheme == "v2" else len(lumas)})
+            print(f"{clip}: {time.perf_counter() - t0:.0f} s", flush=True)
+    t0 = time.perf_counter()
+    hits = 0
+    for f in varied_unmarked(args.fp_frames):
+        hits += int(detect_v2(luma_of(f)).found)
+    print(f"false positives: {time.perf_counter() - t0:.0f} s", flush=True)
+    if args.fp_frames:
+        record("watermark_v2_false_marks_varied_frames", hits, "frames", "max",
+               {"frames": args.fp_frames, "what": "single-frame windows of varied unmarked frames "
+                "(tools/watermark_robustness.py varied_unmarked: scikit-image pictures zoomed, turned, "
+                "shifted, flipped, exposed, noised, half through JPEG, 7 sizes; every 50th a gradient)"})
+    if fp_windows:
+        record("watermark_v2_false_marks_unmarked_clip_windows", fp_window_hits, "windows", "max",
+               {"windows": fp_windows, "what": "2 s windows of the unmarked clips through every attack"})
+    path = args.out / "watermark_robustness.json"
+    old = json.loads(path.read_text()) if path.exists() else []
+    keep = [r for r in old if not (r["metric"].startswith("watermark_v1_windows_")
+                                   or r["metric"].startswith("watermark_v2_")
+                                   or r["metric"].startswith("watermark_cost_"))]
+    args.out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(keep + records, indent=2) + "\n")
+    lines = ["# Watermark v2 against v1: the attacks of a re-upload (CPU, reference implementation)", "",
+             f"`{common['command']}`, commit {common['commit']}, {common['date']}. Clips of {args.frames} "
+             f"frames at 1280x720, 30 fps, payload {payload}; each marked clip is uploaded (x264 CRF 23 "
+             f"capped at 2 Mbit/s), then attacked and encoded again (x264 veryfast CRF 23, or CBR 1 Mbit/s "
+             f"for the 480p re-encode). A window is {WINDOW / FPS:g} s ({WINDOW} frames); detected: its "
+             f"payload decoded exactly. v1 windows sum v1's per-frame soft values (as `verify` does for a "
+             f"whole file); v2 per-frame rates are over the first {PER_FRAME_V2} frames of each chain.", "",
+             "| clip | attack | scheme | windows detected | wrong payloads | per-frame recovered |",
+             "|---|---|---|---|---|---|"]
+    for clip, attack, scheme, n, good, wrong, fr in table:
+        lines.append(f"| {clip} | {attack} | {scheme} | {good} of {n} | {wrong} | {100 * fr:.0f}% |")
+    lines += ["", f"False v2 detections: {hits} of {args.fp_frames} varied unmarked frames (each its own "
+              f"window), {fp_window_hits} of {fp_windows} 2 s windows of the unmarked clips through every "
+              f"attack.", "", "Cost at equal CRF (x264 veryfast CRF 23, no cap, 720p):", "",
+              "| clip | scheme | Mbit/s | decoded PSNR vs source | mark PSNR |", "|---|---|---|---|---|"]
+    for clip, scheme, rate, q, mdb in cost_rows:
+        lines.append(f"| {clip} | {scheme} | {rate:.2f} | {q:.2f} dB | "
+                     f"{'-' if scheme == 'unmarked' else f'{mdb:.1f} dB'} |")
+    lines.append("")
+    (args.out / "watermark_robustness_v2.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
 if __name__ == "__main__":
-    main()
+    if "--v2" in sys.argv:
+        ap = argparse.ArgumentParser(description="Watermark v2 against v1 under re-upload attacks")
+        ap.add_argument("--v2", action="store_true")
+        ap.add_argument("--frames", type=int, default=180)
+        ap.add_argument("--fp-frames", type=int, default=10_000)
+        ap.add_argument("--clips", nargs="*", default=list(CLIPS), choices=CLIPS,
+                        help="clips to attack (none: the false-positive count alone)")
+        ap.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
+        main_v2(ap.parse_args())
+    else:
+        main()

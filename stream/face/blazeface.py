@@ -12,6 +12,7 @@ import numpy as np
 from ..engines.litert import LiteRTRunner
 from ..kernels._xp import get_xp
 from ..kernels.warp import box_downsample, warp_affine
+from ..kernels.warp_cpu import box_downsample_fast, warp_affine_fast
 
 
 class ModelRunner(Protocol):
@@ -111,9 +112,11 @@ class BlazeFaceDetector:
     """Finds faces in an RGB uint8 frame."""
 
     def __init__(self, model: Path | ModelRunner, spec: AnchorSpec, *, min_score: float = 0.5,
-                 nms_iou: float = 0.3, threads: int = 1) -> None:
+                 nms_iou: float = 0.3, threads: int = 1, reference: bool = False) -> None:
         # A path runs the model with LiteRT on the CPU; the GPU analyser passes a runner of its own
         # (engines.tflite_torch) with the same interface, and CuPy frames.
+        self.reference = reference
+        """NumPy frames are letterboxed with the NumPy reference warps instead of OpenCV (tests)."""
         self.runner: ModelRunner = LiteRTRunner(model, num_threads=threads) \
             if isinstance(model, Path) else model
         self.spec = spec
@@ -185,7 +188,9 @@ class BlazeFaceDetector:
         factor = max(1, int(1.0 / scale))
         src = rgb
         if factor > 1:
-            src = box_downsample(rgb, factor, self._buffer(xp, (h // factor, w // factor, rgb.shape[2])))
+            # NumPy frames: OpenCV (kernels.warp_cpu), about 25 ms faster at 720p than the reference.
+            down = box_downsample_fast if xp is np and not self.reference else box_downsample
+            src = down(rgb, factor, self._buffer(xp, (h // factor, w // factor, rgb.shape[2])))
         pad_x = (s - w * scale) / 2.0
         pad_y = (s - h * scale) / 2.0
         # Canvas pixel centre u sits at frame position (u + 0.5 - pad) / scale - 0.5; in the reduced
@@ -204,7 +209,8 @@ class BlazeFaceDetector:
         s = self.size
         src, scale, pad_x, pad_y, m = self._reduce(rgb, xp)
         canvas = self._buffer(xp, (s, s, 3))
-        warp_affine(src, m, canvas, border="constant", fill=0.0)
+        warp = warp_affine_fast if xp is np and not self.reference else warp_affine
+        warp(src, m, canvas, border="constant", fill=0.0)
         return canvas, scale, pad_x, pad_y
 
     def __call__(self, rgb: Any, max_faces: int = 64) -> list[Detection]:

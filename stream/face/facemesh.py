@@ -13,6 +13,7 @@ import numpy as np
 from ..engines.litert import LiteRTRunner
 from ..engines.tflite_torch import PendingOutputs, TfliteTorchRunner
 from ..kernels.warp import warp_affine
+from ..kernels.warp_cpu import warp_affine_fast
 from .blazeface import Detection, ModelRunner
 from .topology import IMAGE_LEFT_EYE_OUTER, IMAGE_RIGHT_EYE_OUTER
 
@@ -89,7 +90,7 @@ def _split(flat: list[Any], idx: list[list[Any]]) -> list[list[Any]]:
 class FaceMesh:
     """Runs the landmark model on square ROIs of an RGB uint8 frame."""
 
-    def __init__(self, model: Path | ModelRunner, *, threads: int = 1) -> None:
+    def __init__(self, model: Path | ModelRunner, *, threads: int = 1, reference: bool = False) -> None:
         # A path runs LiteRT on the CPU, one face per call; the GPU analyser passes a batched runner
         # (engines.tflite_torch) and gives CuPy frames.
         self.runner: ModelRunner = LiteRTRunner(model, num_threads=threads) \
@@ -97,6 +98,8 @@ class FaceMesh:
         if tuple(self.runner.input_shape[1:]) != (INPUT_SIZE, INPUT_SIZE, 3):
             raise ValueError(f"{self.runner.path.name}: unexpected input shape {self.runner.input_shape}")
         self.max_batch = int(getattr(self.runner, "max_batch", 1))
+        # The CPU crop: OpenCV (kernels.warp_cpu), or the NumPy reference it is tested against.
+        self._warp = warp_affine if reference else warp_affine_fast
         self._crop = np.empty((INPUT_SIZE, INPUT_SIZE, 3), dtype=np.uint8)
         self._input = np.empty((1, INPUT_SIZE, INPUT_SIZE, 3), dtype=np.float32)
         self._gpu_input: Any = None
@@ -129,7 +132,7 @@ class FaceMesh:
         for (rgb, _r), ii in zip(items, idx):
             raw = []
             for m_idx in ii:
-                warp_affine(rgb, m_idx, self._crop, border="replicate")
+                self._warp(rgb, m_idx, self._crop, border="replicate")
                 np.multiply(self._crop, np.float32(1.0 / 255.0), out=self._input[0], casting="unsafe")
                 coords, flag = self.runner.run(self._input)
                 raw.append((coords.reshape(-1), float(flag.reshape(-1)[0])))

@@ -74,6 +74,7 @@ class GpuFileJob(FileJob):
         stats = JobStats(input_info=info)
         total = expected_frames(info)
         enc = self.config.encode
+        sign = self.provenance.plan(out)  # before the first frame, as FileJob.run
         shape = (info.height, info.width, 3)
         upload = cupy.cuda.Stream(non_blocking=True)
         compute = cupy.cuda.Stream(non_blocking=True)
@@ -155,4 +156,6 @@ class GpuFileJob(FileJob):
                 raise InputError(f"input '{inp}' has no decodable video frames. Check that it is "
                                  f"a complete video file.")
         self.ring_stalls = {"pinned_in": pin_in.stalls, "device": dev.stalls, "pinned_out": pin_out.stalls}
+        if sign:
+            self.sign_output(out)
         return stats

@@ -41,6 +41,7 @@ writers copy each into their encoder before the next call."""
 class GpuLiveJob(LiveJob, GpuFileJob):
     """`LiveJob` with NVDEC decoding and the swap on the GPU (module doc). Construct like `FileJob`."""
 
+    ENCODER_THREAD = False  # its frames are slots of a ring of pinned buffers, reused after a few frames
     nvdec_frames = 0
     """Frames the last run decoded on NVDEC (0 when it decoded on the CPU)."""
     warm_up_ms = 0.0

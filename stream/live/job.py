@@ -20,6 +20,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from ..errors import InputError
+from ..io.background import BackgroundCalls
 from ..io.video import AudioPacket
 from ..netpolicy import Outbound
 from ..pipeline import FileJob
@@ -32,6 +33,11 @@ log = logging.getLogger(__name__)
 
 STATS_WINDOW = 9000
 """Per-frame figures kept by a live run: the newest 9,000 (five minutes at 30 fps)."""
+
+LIVE_ENCODE_QUEUE = 1
+"""Swapped frames that may wait for the live encoder thread besides the one it encodes: one, so that
+x264 overlaps the next frame's swap without adding more than a frame of latency. When the encoder
+is slower, the loop waits on it and the input pump drops the oldest frames, as without the thread."""
 
 
 @dataclass
@@ -73,6 +79,11 @@ class LiveJob(FileJob):
     """Swaps faces in a live input and writes live outputs. Construct like `FileJob`."""
 
     LIVE = True  # live outputs carry the visible label by default (disclosure.label_live)
+    ENCODER_THREAD = True
+    """Write to the outputs on a thread of their own (`io.background`): x264 then encodes frame N
+    while frame N+1 is analysed and swapped. Needs frames whose arrays nobody reuses after the
+    hand-over, as the CPU path's are (each decoded frame is a fresh array); the GPU job, whose
+    frames are slots of a ring of pinned buffers, writes in the loop (False)."""
 
     def run_live(self, url: str, *, rtmp_out: str | None = None, hls_dir: Path | None = None,
                  max_frames: int | None = None, buffer_frames: int = 2,
@@ -110,6 +121,30 @@ class LiveJob(FileJob):
         # the swap of a decoded frame instead when too many are waiting behind it.
         pump = _Pump(reader, stop, stats, keep=None if reader.packets else buffer_frames)
         writers: list[LiveOutput] = []
+        encoder = BackgroundCalls(depth=LIVE_ENCODE_QUEUE, name="live-encoder") \
+            if type(self).ENCODER_THREAD else None
+
+        def send(fn: Callable[..., None], *args: Any) -> None:
+            """Run an output call on the encoder thread (in order), or here without one."""
+            if encoder is None:
+                fn(*args)
+            else:
+                encoder.submit(fn, *args)
+
+        def write_frame(out: LiveFrame, writers: list[LiveOutput]) -> None:
+            t = time.perf_counter()
+            for w in writers:
+                if out.nv12:
+                    w.write_nv12(out.data, out.pts, out.time_base)
+                else:
+                    w.write(Frame(out.data, out.pts, out.time_base, 0))
+            if len(stats.first_write_ms) < 8:
+                stats.first_write_ms.append(round((time.perf_counter() - t) * 1e3, 2))
+
+        def write_audio(packets: list[AudioPacket], writers: list[LiveOutput]) -> None:
+            for p in packets:
+                for w in writers:
+                    w.write_audio(p)
 
         def emit(out: LiveFrame, arrived: float, writers: list[LiveOutput]) -> list[LiveOutput]:
             """Send one swapped frame to the outputs (opened at the first, which gives the size)."""
@@ -118,14 +153,7 @@ class LiveJob(FileJob):
                                              hls_dir, vcam_device if vcam else None, vcam,
                                              reconnect_seconds=reconnect_seconds)
             stats.faces_swapped += out.faces
-            t = time.perf_counter()
-            for w in writers:
-                if out.nv12:
-                    w.write_nv12(out.data, out.pts, out.time_base)
-                else:
-                    w.write(Frame(out.data, out.pts, out.time_base, 0))
-            if stats.frames_out < 8:
-                stats.first_write_ms.append(round((time.perf_counter() - t) * 1e3, 2))
+            send(write_frame, out, list(writers))
             stats.frames_out += 1
             now = time.monotonic()
             stats.latency_ms.append((now - arrived) * 1e3)
@@ -133,6 +161,7 @@ class LiveJob(FileJob):
             return writers
 
         pump.start()
+        ended = False
         try:
             while not stop.is_set():
                 item, pending_audio, finished = pump.take()
@@ -149,11 +178,21 @@ class LiveJob(FileJob):
                         writers = emit(out, arrived, writers)
                     if max_frames is not None and stats.frames_out >= max_frames:
                         break
-                for p in pending_audio:
-                    stats.audio_packets += 1
-                    for w in writers:
-                        w.write_audio(p)
+                stats.audio_packets += len(pending_audio)
+                if pending_audio and writers:
+                    send(write_audio, pending_audio, list(writers))
+            ended = True
         finally:
+            failed: BaseException | None = None
+            if encoder is not None:
+                # The frames handed over go out before the outputs close; after an error, not.
+                try:
+                    if ended:
+                        encoder.close()
+                    else:
+                        encoder.abandon()
+                except BaseException as e:  # an output's error: raised once the rest is closed
+                    failed = e
             reader.stop()
             stop.set()
             pump.join(timeout=10)
@@ -163,6 +202,8 @@ class LiveJob(FileJob):
                 reader.close()  # the writers' audio template; a reader still stuck keeps it
             stats.reconnects = reader.reconnects
             self._close_live()
+            if failed is not None:
+                raise failed
         return stats
 
     @staticmethod

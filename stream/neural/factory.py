@@ -13,6 +13,7 @@ from ..engines.runner import Runner
 from ..engines.select import make_runner
 from ..engines.zoo import TEMPLATES, ModelSpec, get_spec
 from .analyser import DetectorAnalyser
+from .face_stack import FaceEnhancer, FaceMasker, region_classes
 from .swapper import Embedder, NeuralSwapper, SwapContract
 
 log = logging.getLogger(__name__)
@@ -70,8 +71,18 @@ class NeuralStages:
         converter = None
         if spec.converter:
             converter = self._runner(self._model(spec.converter))
+        self.masker = self._masker()
+        # Without `box` in mask.types FaceFusion pastes with the model masks alone: blur 0 leaves
+        # the paste-back's box a hard one-pixel frame, the nearest our single paste kernel comes.
+        blur = nc.blur if "box" in cfg.mask.types else 0.0
+        self.enhancer: FaceEnhancer | None = None
+        if cfg.enhancer != "none":
+            enh = get_spec(cfg.enhancer)
+            self.enhancer = FaceEnhancer(self._runner(self._model(enh.name)), enh,
+                                         TEMPLATES[enh.template or "ffhq_512"], blend=cfg.enhancer_blend)
         self.swapper = NeuralSwapper(contract, runner, embedder, emap=emap, converter=converter,
-                                     max_batch=nc.max_batch, blur=nc.blur)
+                                     max_batch=nc.max_batch, blur=blur, masker=self.masker,
+                                     enhancer=self.enhancer)
         self.analyser: DetectorAnalyser | None = None
         if nc.detector != "builtin":
             det = get_spec(nc.detector)
@@ -79,6 +90,26 @@ class NeuralStages:
                 self._runner(self._model(det.name)), det.detector_family or "scrfd", det.size or 640,
                 min_score=nc.min_score, detect_every=nc.detect_every,
                 max_faces=cfg.detector.max_faces)
+
+    def _masker(self) -> FaceMasker | None:
+        """The occlusion and region models that `mask.types` asks for, or None for `box` alone."""
+        mc = self.cfg.mask
+        if "area" in mc.types:
+            raise EngineUserError("mask.types 'area' needs 68-point landmarks (FaceFusion's 2dfan4), "
+                                  "which the neural path does not compute yet: use box, occlusion "
+                                  "and region")
+        kw: dict[str, object] = {}
+        if "occlusion" in mc.types:
+            kw["occluder_spec"] = get_spec(mc.occluder)
+            kw["occluder"] = self._runner(self._model(mc.occluder))
+        if "region" in mc.types:
+            if not mc.regions:
+                raise EngineUserError("mask.types has 'region' but mask.regions is empty: name the "
+                                      "parts the swap may paint, e.g. --set mask.regions=skin,nose,mouth")
+            kw["parser_spec"] = get_spec(mc.parser)
+            kw["parser"] = self._runner(self._model(mc.parser))
+            kw["regions"] = region_classes(mc.regions)
+        return FaceMasker(**kw) if kw else None  # type: ignore[arg-type]
 
     def _model(self, name: str) -> Path:
         try:

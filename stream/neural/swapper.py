@@ -22,6 +22,8 @@ from ..kernels.crop import crop_batch
 from ..kernels.paste import paste_back
 from ..kernels.warp import invert_affine
 from ..types import Face
+from ..kernels.paste import box_mask
+from .face_stack import FaceEnhancer, FaceMasker, compose
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +105,8 @@ class NeuralSwapper:
     def __init__(self, contract: SwapContract, runner: Runner, embedder: Embedder, *,
                  emap: np.ndarray | None = None, converter: Runner | None = None,
                  max_batch: int = 4, blur: float = 0.3,
-                 padding: tuple[float, float, float, float] = (0, 0, 0, 0)) -> None:
+                 padding: tuple[float, float, float, float] = (0, 0, 0, 0),
+                 masker: FaceMasker | None = None, enhancer: FaceEnhancer | None = None) -> None:
         self.contract = contract
         self.runner = runner
         self.embedder = embedder
@@ -113,6 +116,10 @@ class NeuralSwapper:
         self.max_batch = max_batch
         self.blur = blur
         self.padding = padding
+        self.masker = masker
+        """Occlusion and region masks on the aligned target crop (`mask.types`); None: box only."""
+        self.enhancer = enhancer
+        """Face enhancer after the swap, sharing its paste-back (`enhancer`); None: no enhancer."""
         self._source: np.ndarray | None = None
         self.batches_run = 0
         """Model calls made, for statistics."""
@@ -170,6 +177,13 @@ class NeuralSwapper:
             mats = xp.asarray(np.stack(to_frame[start:end]).astype(np.float32))
             crop_batch(items[start][0], mats, batch[start:end], mean=c.mean, std=c.std)
             start = end
+        keep = None
+        if self.masker is not None and self.masker.active:
+            # The masks read the target crop just made (FaceFusion masks the target, before the
+            # swap): undo the normalisation rather than crop the frame a second time.
+            target = (batch.transpose(0, 2, 3, 1) * xp.asarray(c.std, dtype=xp.float32) +
+                      xp.asarray(c.mean, dtype=xp.float32)) * 255.0
+            keep = 1.0 - self.masker.mask(target)
         source = xp.asarray(np.concatenate(sources, axis=0) if sources is not None
                             else np.repeat(self._source, n, axis=0))
         if self.runner.wants_device_arrays and xp is np:
@@ -189,6 +203,31 @@ class NeuralSwapper:
             y = y * xp.asarray(c.std, dtype=xp.float32)[None, :, None, None] + \
                 xp.asarray(c.mean, dtype=xp.float32)[None, :, None, None]
         crops = xp.ascontiguousarray(xp.clip(y, 0.0, 1.0).transpose(0, 2, 3, 1) * 255.0)
+        if self.enhancer is not None and self.enhancer.enabled:
+            self._enhance_and_paste(items, crops, keep, to_frame)
+            return n
         for i, (frame, _face) in enumerate(items):
-            paste_back(frame, crops[i], to_frame[i], blur=self.blur, padding=self.padding)
+            paste_back(frame, crops[i], to_frame[i], blur=self.blur, padding=self.padding,
+                       keep_out=None if keep is None else xp.ascontiguousarray(keep[i]))
         return n
+
+    def _enhance_and_paste(self, items: list[tuple[Any, Face]], crops: Any, keep: Any,
+                           to_frame: list[np.ndarray]) -> None:
+        """Enhance the swapped crops and paste each face once, through the swap's mask."""
+        enh = self.enhancer
+        assert enh is not None
+        xp = get_xp(crops)
+        s = self.contract.size
+        # The swap's own paste mask, in its crop: the box (blur, padding) times the model masks.
+        box = box_mask(xp.empty((s, s), xp.float32), blur=self.blur, padding=self.padding)
+        masks = box[None] if keep is None else box[None] * (1.0 - keep)
+        masks = xp.broadcast_to(masks, (len(items), s, s))
+        e = int(enh.spec.size)  # type: ignore[arg-type]
+        enh_to_frame = [invert_affine(align_matrix(face.kps, enh.template, e)) for _, face in items]
+        # Enhancer crop pixel -> frame pixel -> swap crop pixel.
+        enh_to_swap = [compose(invert_affine(to_frame[i]), enh_to_frame[i]) for i in range(len(items))]
+        out, pmask = enh.enhance(crops, masks, enh_to_swap)
+        for i, (frame, _face) in enumerate(items):
+            # blur 0: the paste's own box is then a one-pixel frame; the swap's box is in `pmask`.
+            paste_back(frame, out[i], enh_to_frame[i], blur=0.0,
+                       keep_out=xp.ascontiguousarray(1.0 - pmask[i]))

@@ -21,9 +21,10 @@ through the outbound policy (`swapstream.netpolicy`: runtime.allowed_hosts / all
 with one 403 whatever the cause, and rtmps:// certificates are verified; HLS goes into
 `--hls-root/<stream id>/`, with ids that match `[a-z0-9][a-z0-9_-]*`; HLS files are served only
 under names the writer uses; presets are names from configs/, never paths; config overrides cannot
-touch the server's settings (`models_dir`, `runtime`, `consent`, `disclosure`, `watermark`: every
-stream has the server's). Uploaded images are checked for size, declared type and magic bytes, and
-their dimensions are read from the header before OpenCV decodes them from memory.
+touch the server's settings (`models_dir`, `runtime`, `consent`, `disclosure`, `watermark`,
+`webrtc`, `provenance`: every stream has the server's). Uploaded images are checked for size,
+declared type and magic bytes, and their dimensions are read from the header before OpenCV decodes
+them from memory.
 
 Answers never show a stream key or token (`swapstream.redact`), and neither does the access log of
 `RedactingAccessLogger`. A bearer header that is not UTF-8 is a 401. DELETE answers within

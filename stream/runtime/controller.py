@@ -2,8 +2,12 @@
 saturated, and back up when load falls, with hysteresis. Pure logic: it sees observations and a clock
 and returns decisions; the runtime applies them, logs them and exports them as metrics.
 
-The ladder, cheapest loss of quality first:
+The ladder, cheapest loss of quality first. The neural face stack's extra networks go before anything
+that touches the swap itself or its cadence, because they are where a zoo stream's frame budget goes
+and the swap without them is still the swap:
 
+0a. `enhancer_off`: stop running the face enhancer (only on the ladder of a stream that has one);
+0b. `region_off`: stop running the region parser (only where `region` is in mask.types);
 1. `detect_less`: run the face detector less often (landmarks keep tracking in between);
 2. `mesh`: move the stream from its neural swapper to the built-in `mesh` swapper (skipped when the
    stream already uses `mesh`);
@@ -21,15 +25,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+ENHANCER_OFF = "enhancer_off"
+REGION_OFF = "region_off"
 DETECT_LESS = "detect_less"
 MESH = "mesh"
 LOW_RES = "low_res"
 
 
-def ladder(swapper: str, low_res: bool = True) -> tuple[str, ...]:
+def ladder(swapper: str, low_res: bool = True, *, enhancer: bool = False,
+           region: bool = False) -> tuple[str, ...]:
     """The steps available to a stream whose configured swapper is `swapper`, in order. `low_res`
-    False leaves that step out (a GPU device, where it would change nothing)."""
-    return (DETECT_LESS,) + (() if swapper == "mesh" else (MESH,)) + ((LOW_RES,) if low_res else ())
+    False leaves that step out (a GPU device, where it would change nothing); `enhancer` and
+    `region` say whether the stream runs a face enhancer and a region parser (zoo swappers only:
+    the mesh swapper runs neither), whose steps then come first."""
+    neural = swapper != "mesh"
+    stack = (((ENHANCER_OFF,) if enhancer and neural else ()) +
+             ((REGION_OFF,) if region and neural else ()))
+    return stack + (DETECT_LESS,) + ((MESH,) if neural else ()) + ((LOW_RES,) if low_res else ())
 
 
 @dataclass(frozen=True)

@@ -54,10 +54,11 @@ count against `runtime.max_streams` until it has."""
 
 STREAM_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
-SERVER_SETTINGS = ("models_dir", "runtime", "consent", "disclosure", "watermark", "webrtc")
+SERVER_SETTINGS = ("models_dir", "runtime", "consent", "disclosure", "watermark", "webrtc", "provenance")
 """Config keys that are the server's, never a stream's: where files are read (models, consent
-records), the runtime itself, and what every output must carry (label, watermark). Every stream
-gets the server's values, whatever its preset says; the API refuses overrides of them."""
+records, the C2PA signing key), the runtime itself, and what every output must carry (label,
+watermark). Every stream gets the server's values, whatever its preset says; the API refuses
+overrides of them."""
 
 
 class StreamRequestError(SwapStreamError, ValueError):

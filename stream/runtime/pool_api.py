@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from .api import HLS_FILE, STATIC, _read_if_file, add_api_routes, authorize
-from .workers import Placed, PoolError, WorkerPool, merge_metrics
+from .workers import Placed, PoolError, Worker, WorkerPool, label_text, merge_metrics
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,12 @@ class PoolApi:
             return web.json_response({"error": str(e)}, status=e.status)
 
     def _view(self, info: dict[str, Any], worker: str) -> dict[str, Any]:
-        """A worker's stream info as the parent shows it: its worker, and the parent's HLS URL."""
+        """A worker's stream info as the parent shows it: its worker (and node, in a cluster), and the
+        parent's HLS URL."""
         info["worker"] = worker
+        w = next((x for x in self.pool.workers if x.name == worker), None)
+        if w is not None and w.node is not None:
+            info["node"] = w.node
         p = self.pool.placed.get(info.get("id", ""))
         if "hls" in info and p is not None:
             info["hls"] = f"/hls/{p.id}/{p.view_key}/index.m3u8"
@@ -94,8 +98,8 @@ class PoolApi:
         ok = bool(ready) and not self.pool.closing
         why = "ok" if ok else ("shutting down" if self.pool.closing else "no worker is ready")
         return web.json_response({"ready": ok, "reason": why, "streams": len(self.pool.placed),
-                                  "workers": [{"name": w.name, "state": w.state, "device": w.device}
-                                              for w in self.pool.workers]},
+                                  "workers": [{"name": w.name, "state": w.state, "device": w.device,
+                                               "node": w.node} for w in self.pool.workers]},
                                  status=200 if ok else 503)
 
     async def dashboard(self, request: web.Request) -> web.Response:
@@ -104,7 +108,8 @@ class PoolApi:
     async def workers(self, request: web.Request) -> web.StreamResponse:
         async def h() -> web.Response:
             return web.json_response({"workers": [
-                {"name": w.name, "device": w.device, "state": w.state, "pid": w.pid,
+                {"name": w.name, "device": w.device, "node": w.node, "node_ip": w.node_ip,
+                 "state": w.state, "pid": w.pid,
                  "streams": sorted(p.id for p in self.pool.placed.values() if p.worker is w),
                  "crashes": w.crashes, "last_exit": w.last_exit, "load": w.load,
                  "refusal": self.pool.refusal(w)} for w in self.pool.workers]})
@@ -112,19 +117,23 @@ class PoolApi:
         return await self._guard(request, h)
 
     async def metrics(self, request: web.Request) -> web.StreamResponse:
+        def who(w: Worker) -> dict[str, str]:
+            # A cluster's samples say which machine too: one federated /metrics for Prometheus.
+            return {"node": w.node, "worker": w.name} if w.node is not None else {"worker": w.name}
+
         async def h() -> web.Response:
             ready = [w for w in self.pool.workers if w.state == "ready"]
             answers = await asyncio.gather(*(self.pool.forward(w, "GET", "/metrics", timeout=5.0) for w in ready),
                                            return_exceptions=True)
-            texts = [(w.name, a[2].decode()) for w, a in zip(ready, answers)
+            texts = [(who(w), a[2].decode()) for w, a in zip(ready, answers)
                      if not isinstance(a, BaseException) and a[0] == 200]
             own = ["# HELP swapstream_worker_up 1 when the worker process is ready, 0 otherwise.",
                    "# TYPE swapstream_worker_up gauge"]
-            own += [f'swapstream_worker_up{{worker="{w.name}",device="{w.device}"}} {int(w.state == "ready")}'
+            own += [f'swapstream_worker_up{{{label_text(who(w) | {"device": w.device})}}} {int(w.state == "ready")}'
                     for w in self.pool.workers]
             own += ["# HELP swapstream_worker_crashes_total Times the worker process died.",
                     "# TYPE swapstream_worker_crashes_total counter"]
-            own += [f'swapstream_worker_crashes_total{{worker="{w.name}"}} {w.crashes}' for w in self.pool.workers]
+            own += [f'swapstream_worker_crashes_total{{{label_text(who(w))}}} {w.crashes}' for w in self.pool.workers]
             own += ["# HELP swapstream_streams_lost Streams whose worker died and that no worker could take.",
                     "# TYPE swapstream_streams_lost gauge",
                     f"swapstream_streams_lost {sum(1 for p in self.pool.placed.values() if p.lost)}"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 import threading
 import time
@@ -36,7 +37,8 @@ from ..netpolicy import Outbound
 from ..queues import DropOldestQueue, QueueClosed
 from ..redact import RedactingFilter, redact_text, redact_url  # noqa: F401 - redact_url: its old home
 from ..types import Face, Frame
-from .controller import DETECT_LESS, LOW_RES, MESH, StreamObservation, ladder
+from .controller import (DETECT_LESS, ENHANCER_OFF, LOW_RES, MESH, REGION_OFF, StreamObservation,
+                         ladder)
 from .metrics import StreamSnapshot
 from .priority import media_thread
 from .swappers import SwapFailed, SwapItem
@@ -140,7 +142,12 @@ class StreamPipeline:
         rc = cfg.runtime
         # `low_res` rescales host frames around the swap; on a GPU the frames are swapped on the
         # device at full size, so the step would change nothing there and is left out.
-        self.steps = ladder(spec.swapper, low_res=slot.gpu_index is None)
+        self.steps = ladder(spec.swapper, low_res=slot.gpu_index is None,
+                            enhancer=cfg.enhancer != "none", region="region" in cfg.mask.types)
+        self.region = True
+        """False once the controller's `region_off` step applies: this stream's faces skip the parser."""
+        self.enhance = True
+        """False once the controller's `enhancer_off` step applies: this stream's faces skip the enhancer."""
         self.level = 0
         self.backend_name = spec.swapper
         self.scale = 1.0
@@ -156,6 +163,8 @@ class StreamPipeline:
         self.enc_q: DropOldestQueue[_Work] = DropOldestQueue(rc.queue_frames, name="encode")
         self.audio: deque[AudioPacket] = deque(maxlen=2000)
         self.frames_in = 0
+        self.arrivals: deque[float] = deque(maxlen=32)
+        """The last frames' arrival times (monotonic): where in a frame period they arrive, for placement."""
         self.frames_out = 0
         self.faces_swapped = 0
         self.frames_swapped = 0
@@ -403,6 +412,8 @@ class StreamPipeline:
                                           if DETECT_LESS in applied else self._base_detect_every)
         self.backend_name = "mesh" if MESH in applied else self.spec.swapper
         self.scale = rc.low_res_scale if LOW_RES in applied else 1.0
+        self.region = REGION_OFF not in applied
+        self.enhance = ENHANCER_OFF not in applied
         self.level = level
         # The p99 that decides the next step must be measured at this level only. Frames that arrive
         # shortly after the change still wait behind work of the old level (a slow batch in flight
@@ -472,6 +483,7 @@ class StreamPipeline:
 
     def _arrive(self, w: _Work) -> None:
         self.frames_in += 1
+        self.arrivals.append(w.arrived)
         self.in_q.put(w)
 
     async def _analyse(self) -> None:
@@ -521,7 +533,8 @@ class StreamPipeline:
         identity = await self._identity(backend)
         if identity is None:
             return
-        item = SwapItem(w.frame.data, w.faces, identity, self.scale)
+        item = SwapItem(w.frame.data, w.faces, identity, self.scale, region=self.region,
+                        enhance=self.enhance)
         submitted = time.monotonic()
         try:
             w.swapped = await self.slot.batcher.submit(self.id, backend, len(w.faces),
@@ -634,6 +647,23 @@ class StreamPipeline:
         # call, under the GIL, where iterating the deque could meet an append.
         n = sum(1 for t in list(self.out_times) if now - t <= window)
         return n / window
+
+    def arrival_phase(self) -> float | None:
+        """Where in its frame period this stream's frames arrive, as a fraction (0..1) of the period
+        measured over its last frames; None before it has a few. Streams of one worker whose phases
+        are close send their frames to the device together (runtime.placement)."""
+        t = list(self.arrivals)
+        if len(t) < 8 or t[-1] <= t[0]:
+            return None
+        period = (t[-1] - t[0]) / (len(t) - 1)
+        # Measured from the last whole second of the clock, which every stream of the worker shares:
+        # phases of streams at one frame rate compare (a period divides a second at 10, 25, 30 fps),
+        # and an estimated period's small error adds up over one second, not over the clock's age.
+        origin = math.floor(t[-1]) - 1.0
+        # The circular mean: phases near 0 and near 1 are close, an arithmetic mean would say 0.5.
+        angles = [2 * math.pi * (((x - origin) % period) / period) for x in t]
+        a = math.atan2(sum(map(math.sin, angles)), sum(map(math.cos, angles)))
+        return round((a / (2 * math.pi)) % 1.0, 3)
 
     def drops(self) -> dict[str, int]:
         return {"input": self.in_q.dropped, "swap": self.swap_q.dropped,

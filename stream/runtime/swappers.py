@@ -40,6 +40,10 @@ class SwapItem:
     scale: float = 1.0
     """Below 1: swap at this fraction of the resolution (the controller's `low_res` step, host
     frames only: streams on a GPU do not have that step)."""
+    region: bool = True
+    """False: skip the region parser for these faces (the controller's `region_off` step)."""
+    enhance: bool = True
+    """False: skip the face enhancer for these faces (the controller's `enhancer_off` step)."""
     started: float = 0.0
     """time.monotonic() when its batch started (set by the device thread)."""
     ended: float = 0.0
@@ -209,19 +213,39 @@ class NeuralBackend:
 
     def swap(self, items: list[SwapItem]) -> list[int]:
         full = [it for it in items if it.scale >= 1.0 or not isinstance(it.frame, np.ndarray)]
-        pairs = [(it.frame, f) for it in full for f in it.faces]
-        sources = [it.identity for it in full for _ in it.faces]
-        if pairs:
-            self.swapper.swap_many(pairs, sources)
+        # Streams stepped down to `region_off` or `enhancer_off` batch apart from the others: the
+        # parser and the enhancer run (or not) per model call.
+        groups: dict[tuple[bool, bool], list[SwapItem]] = {}
+        for it in full:
+            groups.setdefault(self._stack_key(it), []).append(it)
+        for key, group in groups.items():
+            pairs = [(it.frame, f) for it in group for f in it.faces]
+            sources = [it.identity for it in group for _ in it.faces]
+            if pairs:
+                self._set_stack(key)
+                self.swapper.swap_many(pairs, sources)
         at_full = {id(it) for it in full}
         out = []
         for it in items:
             if id(it) in at_full:
                 out.append(len(it.faces))
             else:
+                self._set_stack(self._stack_key(it))
                 out.append(swap_scaled(it.frame, it.faces, it.scale, lambda fr, fc, s=it.identity:
                                        self.swapper.swap_many([(fr, f) for f in fc], [s] * len(fc))))
+        self._set_stack((True, True))
         return out
+
+    def _stack_key(self, it: SwapItem) -> tuple[bool, bool]:
+        # Only flags that change something split a batch.
+        return (it.region or self.swapper.masker is None, it.enhance or self.swapper.enhancer is None)
+
+    def _set_stack(self, key: tuple[bool, bool]) -> None:
+        region, enhance = key
+        if self.swapper.masker is not None:
+            self.swapper.masker.use_region = region
+        if self.swapper.enhancer is not None:
+            self.swapper.enhancer.enabled = enhance
 
     def close(self) -> None:
         self._analyser.close()

@@ -8,8 +8,10 @@ JSON line `{"ready": PID}` on standard output. It stops on SIGTERM or SIGINT, an
 input closes: a parent that died must not leave workers holding a GPU.
 
 Besides the control API of `runtime.api` (which the parent forwards requests to), the worker answers
-`GET /worker/load` with what placement needs: its streams, its device thread's busy share and how far
-its streams are from their latency budgets.
+`GET /worker/load` with what placement needs (runtime.placement): its streams, its device thread's
+busy share, how far its streams are from their latency budgets, their arrival phases and whether its
+models verify. `build_app` is shared with the Ray actor of `serve --ray` (runtime.cluster), which
+serves the same app over TCP on its node.
 """
 
 from __future__ import annotations
@@ -33,13 +35,57 @@ LOAD_GRACE_S = 5.0
 """A stream's first seconds, which its worker's load report leaves out."""
 
 
-def load_report(runtime: Any) -> dict[str, Any]:
+class ModelCheck:
+    """Whether this worker's built-in face models are in place and pass their SHA-256 check, re-read
+    only when a file changes (size or time): it runs with every load report, and a node that joined
+    without its models must be seen the moment they are installed."""
+
+    def __init__(self, models_dir: Path | None) -> None:
+        self.models_dir = models_dir
+        self._seen: tuple[Any, ...] | None = None
+        self._answer: str | None = None
+
+    def _stamp(self) -> tuple[Any, ...]:
+        from ..engines.builtin import BUILTIN_MODELS, default_models_dir
+
+        folder = self.models_dir or default_models_dir()
+        out: list[Any] = [str(folder)]
+        for name in BUILTIN_MODELS:
+            try:
+                st = (folder / name).stat()
+                out.append((name, st.st_size, st.st_mtime_ns))
+            except OSError:
+                out.append((name, None))
+        return tuple(out)
+
+    def __call__(self) -> str | None:
+        """None when every built-in model verifies, else why not (with the fix)."""
+        from ..engines.builtin import BUILTIN_MODELS, builtin_model_path
+        from ..errors import ModelMissingError
+
+        stamp = self._stamp()
+        if stamp != self._seen:
+            self._seen, self._answer = stamp, None
+            for name in BUILTIN_MODELS:
+                try:
+                    builtin_model_path(name, self.models_dir)
+                except ModelMissingError as e:
+                    self._answer = str(e)
+                    break
+        return self._answer
+
+
+def load_report(runtime: Any, models: str | None = None) -> dict[str, Any]:
     """What the parent places streams by: running streams, the busiest device thread's share of the
-    last seconds, and each stream's p99 over its last frames against its budget (once it has enough
-    frames to judge)."""
+    last seconds, each stream's p99 over its last frames against its budget (once it has enough
+    frames to judge), each stream's arrival phase, and `models`: why its models do not verify
+    (None: they do, `ModelCheck`)."""
     ratios: dict[str, float] = {}
+    phases: dict[str, float] = {}
     now = time.time()
     for p in list(runtime.streams.values()):
+        if p.state == "running" and (phase := p.arrival_phase()) is not None:
+            phases[p.id] = phase
         # The frames of the last seconds, whatever the controller did meanwhile (its own window
         # restarts at each step, and a stream it keeps stepping down is exactly one whose worker is
         # full); a stream's first seconds are left out: its decoder and first frames say nothing
@@ -52,16 +98,18 @@ def load_report(runtime: Any) -> dict[str, Any]:
         ratios[p.id] = round(w["p99"] / p.budget_ms, 3)
     return {"streams": runtime.active(), "max_streams": runtime.config.runtime.max_streams,
             "busy": round(max((s.busy() for s in runtime.slots), default=0.0), 3),
-            "p99_over_budget": ratios, "devices": [s.name for s in runtime.slots]}
+            "p99_over_budget": ratios, "phases": phases, "devices": [s.name for s in runtime.slots],
+            "models": models}
 
 
-async def serve(settings: dict[str, Any]) -> None:
+def build_app(settings: dict[str, Any]) -> tuple[Any, Any]:
+    """The worker's aiohttp app (the control API of `runtime.api` and `/worker/load`) and its runtime,
+    from the settings the parent gave; the caller serves it (a Unix socket here, TCP in a Ray actor)."""
     from aiohttp import web
 
     from ..config import Config
     from .api import ApiSettings, authorize, mount_runtime
     from .manager import StreamRuntime
-
     from .metrics import GpuMonitor
 
     cfg = Config.model_validate(settings["config"])
@@ -76,14 +124,25 @@ async def serve(settings: dict[str, Any]) -> None:
                       default_source=Path(settings["default_source"]) if settings.get("default_source") else None)
     app = web.Application(client_max_size=settings.get("client_max_size", 16 * 1024 * 1024))
     mount_runtime(app, runtime, api)
+    models = ModelCheck(cfg.models_dir)
 
     async def load(request: web.Request) -> web.Response:
         refused = authorize(request, token)
         if refused is not None:
             return refused
-        return web.json_response(load_report(runtime))
+        # Off the loop: a changed model file is hashed (megabytes) while streams run. The streams
+        # are read on the loop, which is the only writer of their state.
+        problem = await asyncio.get_running_loop().run_in_executor(None, models)
+        return web.json_response(load_report(runtime, problem))
 
     app.router.add_get("/worker/load", load)
+    return app, runtime
+
+
+async def serve(settings: dict[str, Any]) -> None:
+    from aiohttp import web
+
+    app, _runtime = build_app(settings)
     runner = web.AppRunner(app, access_log=None)  # the parent logs what clients asked
     await runner.setup()
     site = web.UnixSite(runner, settings["socket"])

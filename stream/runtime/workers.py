@@ -20,6 +20,10 @@ source face uploaded for it. When a worker dies, its streams are created again o
 the crash is logged with the stream ids and counted in /metrics, and a new worker is started in its
 place. HLS is served by the parent from the shared `--hls-root` with view keys of its own, so a
 player's URL survives a move.
+
+The launcher is the part that starts, watches and stops workers (`_prepare`, `_launch`, `_exited`,
+`_stop`, `_restart_delay`): local processes here, Ray actors across machines in `runtime.cluster`
+(`serve --ray`). Placement (`runtime.placement`), forwarding and failover are the same for both.
 """
 
 from __future__ import annotations
@@ -34,13 +38,14 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from ..config import Config
+from .placement import Headroom, NoRoom, choose, headroom, refusal
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +67,6 @@ WATCH_INTERVAL_S = 0.2
 """How often the parent looks for dead workers: a move within 5 s needs the death seen at once."""
 LOAD_INTERVAL_S = 1.0
 """How often each worker's load report is refreshed."""
-OVER_BUDGET = 1.0
-"""A worker one of whose streams has its p99 above this fraction of its budget takes no new stream."""
-BUSY_MAX = 0.95
-"""A worker whose device thread was busy this share of the last seconds takes no new stream."""
 
 
 @dataclass
@@ -81,16 +82,29 @@ class Worker:
     state: WorkerState = "starting"
     proc: asyncio.subprocess.Process | None = None
     session: Any = None
-    """aiohttp ClientSession over the worker's Unix socket."""
+    """aiohttp ClientSession over the worker's Unix socket (or, in a cluster, TCP to `base`)."""
+    base: str = "http://worker"
+    """Where its API is: any host over a Unix socket; a cluster worker's node address and port."""
+    proc_pid: int | None = None
+    """Its process id where it is not our child (a Ray actor's, on its node)."""
     load: dict[str, Any] = field(default_factory=dict)
     load_at: float = 0.0
+    headroom: Headroom = field(default_factory=Headroom)
+    """`load` summed up for placement (runtime.placement), at each report."""
     crashes: int = 0
     last_exit: int | None = None
     started: float = 0.0
+    node: str | None = None
+    """The machine it runs on, for a cluster (runtime.cluster: the Ray node's id); None: this one."""
+    node_ip: str | None = None
+    handle: Any = None
+    """The launcher's own handle of it (runtime.cluster: the Ray actor)."""
+    death: Any = None
+    """The launcher's sign of its death (runtime.cluster: a future that completes when the actor dies)."""
 
     @property
     def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
+        return self.proc.pid if self.proc is not None else self.proc_pid
 
 
 @dataclass
@@ -183,8 +197,7 @@ class WorkerPool:
 
         loop = asyncio.get_running_loop()
         try:
-            for w in self.workers:
-                w.env = await loop.run_in_executor(None, self._env_for, w.device)
+            await self._prepare()
             await asyncio.gather(*(self._spawn(w) for w in self.workers))
         except BaseException as e:
             await self.close()
@@ -197,10 +210,35 @@ class WorkerPool:
         self._tasks = [loop.create_task(self._watch(), name="workers-watch"),
                        loop.create_task(self._refresh_loads(), name="workers-load")]
 
+    # -- the launcher: local worker processes (runtime.cluster overrides these for Ray actors) ----
+
+    async def _prepare(self) -> None:
+        """Before the first worker starts: each device's environment (and its MPS daemon)."""
+        loop = asyncio.get_running_loop()
+        for w in self.workers:
+            w.env = await loop.run_in_executor(None, self._env_for, w.device)
+
+    def _exited(self, w: Worker) -> bool:
+        """Whether a ready worker has died."""
+        return w.proc is not None and w.proc.returncode is not None
+
+    def _restart_delay(self, w: Worker) -> float:
+        # 0.5, 1, 2, 4... s, at most 30: a worker that keeps dying does not spin the machine.
+        return min(30.0, 0.25 * 2.0 ** min(w.crashes, 8))
+
     async def _spawn(self, w: Worker) -> None:
+        """Start `w` (again) and connect to it; ready when this returns."""
+        w.state = "starting"
+        await self._launch(w)
+        w.state = "ready"
+        w.load, w.headroom = {}, Headroom()
+        log.info("worker %s (pid %s) ready on %s%s", w.name, w.pid, w.device,
+                 f" on node {w.node}" if w.node else "")
+
+    async def _launch(self, w: Worker) -> None:
+        """Start `w`'s process and open its session (its API over a Unix socket)."""
         import aiohttp
 
-        w.state = "starting"
         w.token = secrets.token_urlsafe(24)
         w.socket = str(self._dir / f"{w.name}-{secrets.token_hex(4)}.sock")
         # A GPU worker sees its one GPU as cuda:0 (CUDA_VISIBLE_DEVICES); "cpu:N" names a simulated
@@ -243,9 +281,6 @@ class WorkerPool:
             await w.session.close()
         w.session = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=w.socket),
                                           headers={"Authorization": f"Bearer {w.token}"})
-        w.state = "ready"
-        w.load = {}
-        log.info("worker %s (pid %s) ready on %s", w.name, w.pid, w.device)
 
     @staticmethod
     async def _relay_output(proc: asyncio.subprocess.Process) -> None:
@@ -260,15 +295,7 @@ class WorkerPool:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
         async def stop(w: Worker) -> None:
-            if w.proc is not None and w.proc.returncode is None:
-                assert w.proc.stdin is not None
-                w.proc.stdin.close()  # the worker stops its streams and exits
-                try:
-                    await asyncio.wait_for(w.proc.wait(), 20.0)
-                except asyncio.TimeoutError:
-                    log.warning("worker %s (pid %s) did not stop in 20 s: killed", w.name, w.pid)
-                    w.proc.kill()
-                    await w.proc.wait()
+            await self._stop(w)
             if w.session is not None:
                 await w.session.close()
             w.state = "stopped"
@@ -276,6 +303,17 @@ class WorkerPool:
         await asyncio.gather(*(stop(w) for w in self.workers), return_exceptions=True)
         await asyncio.get_running_loop().run_in_executor(None, self._exit.close)  # MPS daemons
         shutil.rmtree(self._dir, ignore_errors=True)
+
+    async def _stop(self, w: Worker) -> None:
+        if w.proc is not None and w.proc.returncode is None:
+            assert w.proc.stdin is not None
+            w.proc.stdin.close()  # the worker stops its streams and exits
+            try:
+                await asyncio.wait_for(w.proc.wait(), 20.0)
+            except asyncio.TimeoutError:
+                log.warning("worker %s (pid %s) did not stop in 20 s: killed", w.name, w.pid)
+                w.proc.kill()
+                await w.proc.wait()
 
     # -- watching ---------------------------------------------------------------------------------
 
@@ -285,7 +323,7 @@ class WorkerPool:
             for w in self.workers:
                 if self.closing:
                     return
-                if w.state == "ready" and w.proc is not None and w.proc.returncode is not None:
+                if w.state == "ready" and self._exited(w):
                     try:
                         await self._crashed(w)
                     except Exception:  # the watch must outlive the handling of any one exit
@@ -297,16 +335,18 @@ class WorkerPool:
         w.last_exit = w.proc.returncode if w.proc is not None else None
         self.crashes_total += 1
         held = sorted((p for p in self.placed.values() if p.worker is w and p.lost is None), key=lambda p: p.id)
+        where = w.device + (f" on node {w.node}" if w.node else "")
         log.error("worker %s (pid %s, %s) exited with code %s; streams it held: %s", w.name, w.pid,
-                  w.device, w.last_exit, ", ".join(p.id for p in held) or "none")
+                  where, w.last_exit, ", ".join(p.id for p in held) or "none")
         # Its replacement starts at once, beside the moves; the moves run together, so a worker
         # that held many streams does not make the last of them wait for all the others.
         self._tasks.append(asyncio.get_running_loop().create_task(self._restart(w), name=f"restart-{w.name}"))
-        await asyncio.gather(*(self._move(p, exclude=w) for p in held))
+        # Each stream's arrival phase as its worker last saw it: placed where it collides least.
+        phases = w.load.get("phases") or {}
+        await asyncio.gather(*(self._move(p, exclude=w, phase=phases.get(p.id)) for p in held))
 
     async def _restart(self, w: Worker) -> None:
-        # 0.5, 1, 2, 4... s, at most 30: a worker that keeps dying does not spin the machine.
-        await asyncio.sleep(min(30.0, 0.25 * 2.0 ** min(w.crashes, 8)))
+        await asyncio.sleep(self._restart_delay(w))
         if self.closing:
             return
         try:
@@ -319,7 +359,7 @@ class WorkerPool:
         lost = [p for p in self.placed.values() if p.lost is not None and not p.gave_up]
         await asyncio.gather(*(self._move(p, exclude=None) for p in lost))
 
-    async def _move(self, p: Placed, exclude: Worker | None) -> None:
+    async def _move(self, p: Placed, exclude: Worker | None, phase: float | None = None) -> None:
         """Create a dead worker's stream again on another worker, with its source face."""
         dead = p.worker.name
         if p.moves >= MAX_MOVES:
@@ -329,7 +369,7 @@ class WorkerPool:
             log.error("stream %s: %s", p.id, p.lost)
             return
         try:
-            target = self.choose(exclude=exclude)
+            target = self.choose(exclude=exclude, phase=phase)
             self._pending[p.id] = target  # counted there while it is being created
             try:
                 status, _, payload = await self.forward(target, "POST", "/api/streams", json.dumps(p.body).encode(),
@@ -365,6 +405,7 @@ class WorkerPool:
         status, _, payload = await self.forward(w, "GET", "/worker/load", timeout=5.0)
         if status == 200:
             w.load, w.load_at = json.loads(payload), time.monotonic()
+            w.headroom = headroom(w.load)
 
     # -- placement ------------------------------------------------------------------------------
 
@@ -375,48 +416,19 @@ class WorkerPool:
                 + sum(1 for x in self._pending.values() if x is w))
 
     def refusal(self, w: Worker) -> str | None:
-        """Why `w` takes no new stream now, or None."""
-        if w.state != "ready":
-            return f"{w.name}: {w.state}"
-        n = self.streams_on(w)
-        cap = int(w.load.get("max_streams", self.config.runtime.max_streams))
-        if n >= cap:
-            return f"{w.name}: {n} streams, its most (runtime.max_streams {cap})"
-        busy = float(w.load.get("busy", 0.0))
-        if busy > BUSY_MAX:
-            return f"{w.name}: device thread busy {busy:.0%} of the time"
-        over = {k: v for k, v in w.load.get("p99_over_budget", {}).items() if v > OVER_BUDGET}
-        if over:
-            worst = max(over, key=over.__getitem__)
-            return (f"{w.name}: stream {worst} is over its latency budget (p99 at "
-                    f"{over[worst]:.0%} of it)")
-        return None
+        """Why `w` takes no new stream now, or None (runtime.placement.refusal)."""
+        return refusal(w, self.streams_on(w), self.config.runtime.max_streams)
 
-    def choose(self, exclude: Worker | None = None) -> Worker:
-        """The worker a new stream goes to: among those that take one, the least busy (the higher of
-        its device thread's busy share and its worst stream's p99 over budget), then the fewest
-        streams, then the first. PoolError 503 with every worker's reason when none takes it."""
-        reasons = []
-        fit = []
-        for w in self.workers:
-            if w is exclude:
-                continue
-            why = self.refusal(w)
-            if why is None:
-                fit.append(w)
-            else:
-                reasons.append(why)
-        if not fit:
+    def choose(self, exclude: Worker | None = None, phase: float | None = None) -> Worker:
+        """The worker a new stream goes to (runtime.placement.choose): PoolError 503 with every
+        worker's reason when none takes it."""
+        try:
+            return choose(self.workers, self.streams_on, self.config.runtime.max_streams,
+                          phase=phase, exclude=exclude)
+        except NoRoom as e:
             raise PoolError(503, "no worker can take another stream within its latency budget ("
-                                 + "; ".join(reasons or ["no workers"]) + "): stop a stream, or start "
-                                 "swapstream serve with more --workers or GPUs")
-
-        def score(w: Worker) -> tuple[float, int, int]:
-            ratios = w.load.get("p99_over_budget", {}).values()
-            load = max([float(w.load.get("busy", 0.0)), *map(float, ratios)])
-            return (round(load, 1), self.streams_on(w), self.workers.index(w))
-
-        return min(fit, key=score)
+                                 + str(e) + "): stop a stream, or start swapstream serve with more "
+                                 "--workers or GPUs") from None
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -429,7 +441,7 @@ class WorkerPool:
             raise PoolError(503, f"worker {w.name} is {w.state}; try again in a few seconds")
         headers = {"Content-Type": ctype} if ctype else {}
         try:
-            async with w.session.request(method, f"http://worker{path}", data=body, headers=headers,
+            async with w.session.request(method, f"{w.base}{path}", data=body, headers=headers,
                                          timeout=aiohttp.ClientTimeout(total=timeout)) as r:
                 return r.status, dict(r.headers), await r.read()
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
@@ -506,12 +518,22 @@ def _error_text(payload: bytes) -> str:
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(\s+\S+)?$")
 
 
-def merge_metrics(texts: Sequence[tuple[str, str]]) -> str:
+def label_text(labels: Mapping[str, str]) -> str:
+    """`k="v",...` in Prometheus' text format, the values escaped as it requires."""
+    def esc(v: str) -> str:
+        return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+    return ",".join(f'{k}="{esc(str(v))}"' for k, v in labels.items())
+
+
+def merge_metrics(texts: Sequence[tuple[str | Mapping[str, str], str]]) -> str:
     """One Prometheus text exposition from several workers' (name, text): every sample gets a
-    `worker` label, and each metric family is written once with every worker's samples, as the
-    format requires (a family's samples together, after its one HELP and TYPE)."""
+    `worker` label (or, for a name given as labels, those: a cluster's `node` and `worker`), and each
+    metric family is written once with every worker's samples, as the format requires (a family's
+    samples together, after its one HELP and TYPE)."""
     families: dict[str, dict[str, Any]] = {}
-    for worker, text in texts:
+    for who, text in texts:
+        prefix = label_text({"worker": who} if isinstance(who, str) else who)
         current: dict[str, Any] | None = None
         for line in text.splitlines():
             if line.startswith("# HELP ") or line.startswith("# TYPE "):
@@ -524,7 +546,7 @@ def merge_metrics(texts: Sequence[tuple[str, str]]) -> str:
             if m is None or current is None:
                 continue
             name, labels, value, ts = m.groups()
-            label = f'worker="{worker}"' + (f",{labels}" if labels else "")
+            label = prefix + (f",{labels}" if labels else "")
             current["samples"].append(f"{name}{{{label}}} {value}{ts or ''}")
     out = []
     for fam in families.values():

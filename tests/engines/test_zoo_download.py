@@ -160,6 +160,7 @@ def make_store(tmp_path: Path, server: AssetServer) -> Callable[..., ModelStore]
 
 
 INSWAPPER = get_spec("inswapper_128")
+NEURAL_MD = (Path(__file__).resolve().parents[2] / "docs" / "neural.md").read_text()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -169,8 +170,10 @@ INSWAPPER = get_spec("inswapper_128")
 RELEASES = {
     "models-3.0.0": "inswapper_128 inswapper_128_fp16 blendswap_256 simswap_256 simswap_unofficial_512 "
                     "ghost_1_256 ghost_2_256 ghost_3_256 uniface_256 scrfd_2.5g retinaface_10g "
-                    "yoloface_8n 2dfan4 arcface_w600k_r50",
-    "models-3.1.0": "hififace_unofficial_256",
+                    "yoloface_8n 2dfan4 arcface_w600k_r50 bisenet_resnet_34 gfpgan_1.4 codeformer "
+                    "gpen_bfr_512 restoreformer_plus_plus",
+    "models-3.1.0": "hififace_unofficial_256 xseg_1 xseg_2 bisenet_resnet_18",
+    "models-3.2.0": "xseg_3",
     "models-3.3.0": "hyperswap_1a_256 hyperswap_1b_256 hyperswap_1c_256",
     "models-3.4.0": "crossface_ghost crossface_hififace crossface_simswap yunet_2023_mar",
 }
@@ -255,6 +258,32 @@ def test_non_swapper_contracts() -> None:
                                                 "yunet_2023_mar")} == {"scrfd", "retinaface", "yoloface",
                                                                        "yunet"}
     assert (MODELS["arcface_w600k_r50"].template, MODELS["arcface_w600k_r50"].size) == ("arcface_112_v2", 112)
+
+
+# docs/neural.md, "Occluders and parsers" and "Enhancers": size, layout, channels, and what x = 0, 127.5,
+# 255 become after the normalisation.
+FACE_STACK = {
+    "xseg_1": (256, "NHWC", "BGR", "x / 255"), "xseg_2": (256, "NHWC", "BGR", "x / 255"),
+    "xseg_3": (256, "NHWC", "BGR", "x / 255"),
+    "bisenet_resnet_18": (512, "NCHW", "RGB", "imagenet"), "bisenet_resnet_34": (512, "NCHW", "RGB", "imagenet"),
+    **{n: (512, "NCHW", "RGB", "x / 127.5 - 1") for n in ("gfpgan_1.4", "codeformer", "gpen_bfr_512",
+                                                          "restoreformer_plus_plus")},
+}
+
+
+@pytest.mark.parametrize("name", list(FACE_STACK))
+def test_face_stack_contracts_equal_models_md(name: str) -> None:
+    s = MODELS[name]
+    size, layout, channels, norm = FACE_STACK[name]
+    assert (s.size, s.layout, s.channels) == (size, layout, channels)
+    x = np.array([0.0, 127.5, 255.0])
+    got = np.stack([(x / 255 - s.mean[c]) / s.std[c] for c in range(3)])
+    want = {"x / 255": np.stack([x / 255] * 3), "x / 127.5 - 1": np.stack([x / 127.5 - 1] * 3),
+            "imagenet": np.stack([(x / 255 - m) / d for m, d in zip(*IMAGENET)])}[norm]
+    np.testing.assert_allclose(got, want, atol=1e-9)
+    if s.kind == "enhancer":
+        assert (s.template, s.output_range) == ("ffhq_512", "std_mean")
+    assert name in NEURAL_MD
 
 
 def test_unknown_model_lists_the_known_names() -> None:

@@ -99,3 +99,23 @@ def test_ladder_without_low_res() -> None:
     # Streams on a GPU: frames are swapped on the device at full size, so low_res is not offered.
     assert ladder("inswapper_128", low_res=False) == ("detect_less", "mesh")
     assert ladder("mesh", low_res=False) == ("detect_less",)
+
+
+def test_face_stack_steps_come_first_enhancer_then_region() -> None:
+    assert ladder("inswapper_128", enhancer=True, region=True) == (
+        "enhancer_off", "region_off", "detect_less", "mesh", "low_res")
+    assert ladder("inswapper_128", low_res=False, region=True) == ("region_off", "detect_less", "mesh")
+    # The mesh swapper runs neither network, so it has neither step.
+    assert ladder("mesh", enhancer=True, region=True) == ("detect_less", "low_res")
+
+
+def test_an_over_budget_stream_drops_the_enhancer_then_the_parser_before_the_detector_cadence() -> None:
+    c = DegradationController(S)
+    steps = ladder("inswapper_128", enhancer=True, region=True)
+    level, t, applied = 0, 0.0, []
+    while len(applied) < 3 and t < 20:
+        t += 0.25
+        for d in c.decide(t, [StreamObservation("a", 250.0, 30, 100.0, level, steps)], None):
+            applied.append(d.step)
+            level = d.new_level
+    assert applied == ["enhancer_off", "region_off", "detect_less"]

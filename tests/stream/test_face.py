@@ -162,3 +162,34 @@ def test_smoothing_reduces_jitter_on_a_static_clip(portraits: dict[str, np.ndarr
     smooth = _jitter(["smoothing.enabled=true"], frames)
     assert raw > 0.05  # the noise really makes the raw mesh jitter
     assert smooth < 0.5 * raw
+
+
+def test_opencv_inputs_match_the_numpy_reference(portraits: dict[str, np.ndarray]) -> None:
+    """The CPU product path letterboxes the detector's input and crops the landmark model's with
+    OpenCV (kernels/warp_cpu.py); the NumPy references they replace must give the same faces. The
+    model inputs differ by at most a level of rounding at a few pixels: on 720p frames of both
+    portraits the detections came out equal and the landmarks within 0.003 px, so the bounds here
+    (0.05 px, 0.02 px) leave room for other CPUs' arithmetic, not for a different crop."""
+    from swapstream.engines.builtin import builtin_model_path
+    from swapstream.face.blazeface import BlazeFaceDetector
+    from swapstream.face.facemesh import FaceMesh, roi_from_detection
+
+    cfg = load_config()
+    folder = cfg.models_dir
+    frame = render_target_frame(portraits["grace_hopper"], 0.4, (1280, 720))
+    model = builtin_model_path("face_detection_short_range.tflite", folder)
+    fast, ref = BlazeFaceDetector(model, SHORT_RANGE), BlazeFaceDetector(model, SHORT_RANGE, reference=True)
+    mesh_model = builtin_model_path("face_landmark.tflite", folder)
+    mesh_fast, mesh_ref = FaceMesh(mesh_model), FaceMesh(mesh_model, reference=True)
+    try:
+        d_fast, d_ref = fast(frame), ref(frame)
+        assert len(d_fast) == len(d_ref) == 1
+        np.testing.assert_allclose(d_fast[0].box, d_ref[0].box, atol=0.05)
+        np.testing.assert_allclose(d_fast[0].keypoints, d_ref[0].keypoints, atol=0.05)
+        roi = roi_from_detection(d_ref[0], cfg.landmarks.roi_scale)
+        (lm_fast, p_fast), (lm_ref, p_ref) = mesh_fast(frame, roi), mesh_ref(frame, roi)
+        assert p_fast > 0.9 and p_ref > 0.9
+        np.testing.assert_allclose(lm_fast[:, :2], lm_ref[:, :2], atol=0.02)
+    finally:
+        for r in (fast, ref, mesh_fast, mesh_ref):
+            r.close()

@@ -1,0 +1,136 @@
+"""Watermark v2 embedding: a given luma pattern, scaled per 8x8 block by the block's own texture.
+
+The pattern (what the mark says, how it tiles the frame: `swapstream.watermark_v2`) is one float32
+value per pixel. This module only puts it into frames, perceptually shaped: a block that is flat gets
+a fraction of it, a textured block more, because texture hides (masks) a small change that a flat
+area shows, and an encoder spends few bits on the small change either way in a flat area.
+
+Integer luma and texture, exact in both implementations:
+
+    Y(y, x)   = (77 R + 150 G + 29 B + 128) >> 8                            BT.601 weights, /256
+    act(b)    = sum over the pixel pairs of block b (8x8, cut at the frame's edge) that are
+                horizontal or vertical neighbours inside b, of |Y(p) - Y(q)|
+    n(b)      = the number of pixels of b inside the frame
+    m(b)      = min(max((float32(act(b)) / float32(n(b))) * inv_act, m_lo), m_hi)      float32
+    out(y,x,c) = clip(frame(y,x,c) + rint(m(b(y,x)) * pattern(y,x)), 0, 255)          c = R, G, B
+
+Only pairs inside a block count, so a block's mask depends on its own pixels alone: the CUDA kernel
+(one thread block per 8x8 block) then reads no pixel that another thread block may already have
+changed, and marks in place without a copy. Adding the same integer to R, G and B moves luma by it
+and leaves Y'CbCr chroma as it was.
+
+`embed_masked_ref` is the NumPy (or any `xp`) reference. `cuda/watermark_v2.cu` computes the same
+integers, then the float32 division, product and rounding with `__fdiv_rn`, `__fmul_rn` and `rintf`
+(half to even, as np.rint), never contracted into an FMA: kernel and reference agree bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._xp import check_array, get_xp, on_gpu
+
+MASK_BLOCK = 8
+"""Pixels per side of a texture-mask block."""
+
+
+@dataclass(frozen=True)
+class MaskParams:
+    """How texture turns into the pattern's scale (see the module doc)."""
+
+    inv_act: float
+    """1 / the mean |luma difference| per pixel at which a block gets the pattern at scale 1."""
+    m_lo: float
+    """Scale of a flat block."""
+    m_hi: float
+    """Largest scale, for the busiest blocks."""
+
+    def __post_init__(self) -> None:
+        for name in ("inv_act", "m_lo", "m_hi"):
+            v = getattr(self, name)
+            if not (np.isfinite(v) and v >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+        if self.m_lo > self.m_hi:
+            raise ValueError(f"m_lo ({self.m_lo}) must not exceed m_hi ({self.m_hi})")
+
+
+def _check(frame: Any, pattern: Any) -> None:
+    check_array("frame", frame, ndim=3, dtype=np.uint8)
+    if frame.shape[2] != 3:
+        raise ValueError(f"frame must have shape HxWx3 (RGB), got {tuple(frame.shape)}")
+    check_array("pattern", pattern, ndim=2, dtype=np.float32, shape=tuple(frame.shape[:2]))
+
+
+def integer_luma(frame: Any) -> Any:
+    """(H, W) int32 luma of an RGB uint8 frame: (77 R + 150 G + 29 B + 128) >> 8."""
+    xp = get_xp(frame)
+    f = frame.astype(xp.int32)
+    return (77 * f[..., 0] + 150 * f[..., 1] + 29 * f[..., 2] + 128) >> 8
+
+
+def block_scale_ref(frame: Any, params: MaskParams) -> Any:
+    """m(b) of every 8x8 block, (ceil(H/8), ceil(W/8)) float32 (see the module doc)."""
+    xp = get_xp(frame)
+    h, w = frame.shape[:2]
+    y = integer_luma(frame)
+    bh, bw = -(-h // MASK_BLOCK), -(-w // MASK_BLOCK)
+    act = xp.zeros((bh * MASK_BLOCK, bw * MASK_BLOCK), xp.int32)
+    # A pair (x, x+1) is inside one block when x+1 is not a block's first column.
+    dx = xp.abs(y[:, 1:] - y[:, :-1])
+    dx[:, (xp.arange(1, w) % MASK_BLOCK) == 0] = 0
+    dy = xp.abs(y[1:, :] - y[:-1, :])
+    dy[(xp.arange(1, h) % MASK_BLOCK) == 0, :] = 0
+    act[:h, :w - 1] += dx
+    act[:h - 1, :w] += dy
+    sums = act.reshape(bh, MASK_BLOCK, bw, MASK_BLOCK).sum(axis=(1, 3))
+    rows = xp.minimum(MASK_BLOCK, h - MASK_BLOCK * xp.arange(bh))
+    cols = xp.minimum(MASK_BLOCK, w - MASK_BLOCK * xp.arange(bw))
+    n = (rows[:, None] * cols[None, :]).astype(xp.float32)
+    mean = sums.astype(xp.float32) / n                                   # float32 / float32
+    m = mean * xp.float32(params.inv_act)
+    return xp.minimum(xp.maximum(m, xp.float32(params.m_lo)), xp.float32(params.m_hi)).astype(xp.float32)
+
+
+def masked_delta_ref(frame: Any, pattern: Any, params: MaskParams) -> Any:
+    """rint(m(b(y, x)) * pattern(y, x)) of every pixel, (H, W) int16."""
+    xp = get_xp(frame, pattern)
+    h, w = frame.shape[:2]
+    m = block_scale_ref(frame, params)
+    mp = xp.repeat(xp.repeat(m, MASK_BLOCK, axis=0), MASK_BLOCK, axis=1)[:h, :w]
+    return xp.rint(mp * pattern).astype(xp.int16)
+
+
+def embed_masked_ref(frame: Any, pattern: Any, params: MaskParams) -> None:
+    """Reference of `embed_masked`; same arguments and effect."""
+    _check(frame, pattern)
+    xp = get_xp(frame, pattern)
+    d = masked_delta_ref(frame, pattern, params)
+    frame[...] = xp.clip(frame.astype(xp.int16) + d[..., None], 0, 255).astype(xp.uint8)
+
+
+def embed_masked(frame: Any, pattern: Any, params: MaskParams) -> None:
+    """Add `pattern`, scaled per 8x8 block by the block's texture, to the luma of `frame` in place.
+
+    frame:   (H, W, 3) uint8 RGB, modified in place.
+    pattern: (H, W) float32, the mark at scale 1, as an array of the frame's kind.
+
+    A CuPy `frame` (C-contiguous, current device) runs `cuda/watermark_v2.cu` on the current stream;
+    a NumPy `frame` runs `embed_masked_ref`. The two agree bit for bit.
+    """
+    _check(frame, pattern)
+    if not on_gpu(frame=frame, pattern=pattern):
+        embed_masked_ref(frame, pattern, params)
+        return
+    from .cuda_loader import kernel, require_cupy
+
+    require_cupy("frame", frame)
+    require_cupy("pattern", pattern)
+    h, w = frame.shape[:2]
+    blocks = (-(-w // MASK_BLOCK), -(-h // MASK_BLOCK))
+    kernel("watermark_v2.cu", "watermark_v2_embed")(
+        blocks, (MASK_BLOCK, MASK_BLOCK),
+        (frame, np.int32(h), np.int32(w), pattern, np.float32(params.inv_act),
+         np.float32(params.m_lo), np.float32(params.m_hi)))

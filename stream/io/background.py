@@ -1,0 +1,86 @@
+"""Encoder calls on a thread of their own, so that x264 runs while the next frame is analysed.
+
+On a CPU-only machine the file and live loops spend about as long in x264 (and its RGB -> YUV
+conversion) as in face analysis plus the swap. PyAV releases the GIL while FFmpeg converts and
+encodes, so handing the writes to one background thread lets the two overlap on two cores: the loop
+analyses and swaps frame N+1 while frame N is encoded.
+
+The calls run one at a time, in the order they were submitted (audio stays interleaved with video as
+the loop wrote it). At most `depth` calls wait: a loop faster than its encoder blocks rather than
+queue frames without bound (a live loop's input pump then drops frames, as it would without the
+thread). A call that raises stops the thread; the error is raised again in the submitting thread at
+its next `submit` or at `close`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+_STOP = object()
+
+
+class BackgroundCalls:
+    """Runs submitted calls in order on one daemon thread. Use as a context manager, or call
+    `close` (drain and join) or `abandon` (drop what waits and join)."""
+
+    def __init__(self, *, depth: int = 2, name: str = "encoder") -> None:
+        if depth < 1:
+            raise ValueError(f"depth must be at least 1, got {depth}")
+        self._q: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._abandoned = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is _STOP:
+                return
+            if self._error is not None or self._abandoned.is_set():
+                continue  # after a failure or an abandon: drain without running, so submit never blocks
+            fn, args = item
+            try:
+                fn(*args)
+            except BaseException as e:  # raised again in the submitting thread
+                self._error = e
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            e, self._error = self._error, None
+            raise e
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Queue `fn(*args)`; blocks while `depth` calls wait. Raises the error of an earlier call."""
+        self._raise()
+        if not self._thread.is_alive():
+            raise RuntimeError("BackgroundCalls.submit after close")
+        self._q.put((fn, args))
+
+    def close(self) -> None:
+        """Run every queued call, stop the thread, and raise the first error a call raised."""
+        if self._thread.is_alive():
+            self._q.put(_STOP)
+            self._thread.join()
+        self._raise()
+
+    def abandon(self) -> None:
+        """Stop after the call now running (if any); queued calls are dropped, errors forgotten.
+        For a loop that is failing anyway: its own error is the one to report."""
+        self._abandoned.set()
+        if self._thread.is_alive():
+            self._q.put(_STOP)
+            self._thread.join()
+        self._error = None
+
+    def __enter__(self) -> BackgroundCalls:
+        return self
+
+    def __exit__(self, exc_type: Any, *_exc: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abandon()

@@ -1,0 +1,220 @@
+"""The neural face stack's masks: occlusion (XSeg) and region (BiSeNet) on the swapper's aligned crop.
+
+FaceFusion's `face_mask_types` (docs/neural.md, "Masks and paste-back"): `box` is the paste-back's own
+blurred box mask; `occlusion` and `region` come from zoo models run on the crop the swapper already
+made (the target, before the swap), resized to each model's size as FaceFusion does, so no second crop
+of the frame is taken. Their masks are resized back to the crop, softened (blur sigma 5, then
+[0.5, 1] -> [0, 1], FaceFusion's post-processing) and combined with an element-wise minimum; the
+paste-back then multiplies its box mask by that (its `keep_out` is one minus it).
+
+Array code is written against `xp` (NumPy or CuPy), so on a GPU the crops and masks stay on the device;
+the models run through the same `Runner`s as the swapper.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..engines.runner import Runner
+from ..engines.zoo import ModelSpec
+from ..kernels._xp import get_xp
+from ..kernels.mask import feather
+
+MASK_SIGMA = 5.0
+"""FaceFusion blurs the occlusion, region and area masks with sigma 5 (crop pixels) before the clip."""
+
+REGION_CLASSES: dict[str, tuple[int, ...]] = {
+    # FaceFusion's face_mask_region_set (BiSeNet's CelebAMask-HQ classes).
+    "skin": (1,), "left-eyebrow": (2,), "right-eyebrow": (3,), "left-eye": (4,), "right-eye": (5,),
+    "glasses": (6,), "nose": (10,), "mouth": (11,), "upper-lip": (12,), "lower-lip": (13,),
+    # Shorthands for both sides.
+    "eyebrows": (2, 3), "eyes": (4, 5), "lips": (12, 13),
+}
+"""Names `mask.regions` accepts, and the parser classes each one selects."""
+
+
+def region_classes(names: list[str] | tuple[str, ...]) -> tuple[int, ...]:
+    """The sorted parser classes of the region names (validated by the config)."""
+    return tuple(sorted({c for n in names for c in REGION_CLASSES[n]}))
+
+
+def resize_bilinear(x: Any, size: int) -> Any:
+    """(N, H, W, C) float32 -> (N, size, size, C), bilinear with half-pixel centres and clamped edges,
+    as cv2.resize's INTER_LINEAR (which FaceFusion uses for these masks) samples."""
+    xp = get_xp(x)
+    n, h, w, c = x.shape
+    if (h, w) == (size, size):
+        return x
+
+    def axis(src: int) -> tuple[Any, Any, Any]:
+        pos = (xp.arange(size, dtype=xp.float32) + 0.5) * (src / size) - 0.5
+        pos = xp.clip(pos, 0, src - 1)
+        lo = xp.floor(pos).astype(xp.int64)
+        hi = xp.minimum(lo + 1, src - 1)
+        return lo, hi, (pos - lo).astype(xp.float32)
+
+    y0, y1, fy = axis(h)
+    x0, x1, fx = axis(w)
+    top = x[:, y0] * (1 - fy)[None, :, None, None] + x[:, y1] * fy[None, :, None, None]
+    return top[:, :, x0] * (1 - fx)[None, None, :, None] + top[:, :, x1] * fx[None, None, :, None]
+
+
+def prepare(crops: Any, spec: ModelSpec) -> Any:
+    """A model's input from (N, S, S, 3) RGB crops in [0, 255]: resized to its size, in its channel
+    order, normalised as (x/255 - mean)/std, in its layout."""
+    xp = get_xp(crops)
+    size = spec.size or crops.shape[1]
+    x = resize_bilinear(crops, size)
+    mean = xp.asarray(spec.mean, dtype=xp.float32)
+    std = xp.asarray(spec.std, dtype=xp.float32)
+    x = (x / 255.0 - mean) / std  # mean/std are in the model's channel order (all ours are symmetric)
+    if spec.channels == "BGR":
+        x = x[..., ::-1]
+    if spec.layout == "NCHW":
+        x = x.transpose(0, 3, 1, 2)
+    return xp.ascontiguousarray(x, dtype=xp.float32)
+
+
+def _to_runner(runner: Runner, a: Any) -> Any:
+    """`a` where `runner` can read it: TensorRT wants device arrays; ONNX Runtime on the CPU host
+    ones (the torch runner takes either)."""
+    on_gpu = type(a).__module__.startswith("cupy")
+    if runner.wants_device_arrays and not on_gpu:
+        import cupy
+
+        return cupy.asarray(a)
+    if on_gpu and runner.name == "onnxruntime":
+        return a.get()
+    return a
+
+
+def _first_output(runner: Runner, feed: dict[str, Any], xp: Any) -> Any:
+    out = runner.infer({k: _to_runner(runner, v) for k, v in feed.items()})
+    y = out[runner.outputs[0].name] if runner.outputs and runner.outputs[0].name in out \
+        else next(iter(out.values()))
+    return xp.asarray(y.get() if xp is np and hasattr(y, "get") else y, dtype=xp.float32)
+
+
+@dataclass
+class FaceMasker:
+    """Computes the occlusion and region masks of a batch of aligned target crops."""
+
+    occluder: Runner | None = None
+    occluder_spec: ModelSpec | None = None
+    parser: Runner | None = None
+    parser_spec: ModelSpec | None = None
+    regions: tuple[int, ...] = ()
+    """Parser classes that the swap may paint (`region_classes`)."""
+    use_region: bool = True
+    """Whether the region mask is computed; the degradation ladder turns it off first among masks."""
+    calls: int = 0
+    """Model calls made, for statistics."""
+
+    def __post_init__(self) -> None:
+        if (self.occluder is None) != (self.occluder_spec is None) or \
+                (self.parser is None) != (self.parser_spec is None):
+            raise ValueError("FaceMasker: each model needs both its runner and its zoo entry")
+        if self.parser is not None and not self.regions:
+            raise ValueError("FaceMasker: a region mask needs at least one region (mask.regions)")
+
+    @property
+    def active(self) -> bool:
+        return self.occluder is not None or (self.parser is not None and self.use_region)
+
+    def mask(self, crops: Any) -> Any:
+        """(N, S, S) float32 in [0, 1], 1 where the swap may paint, for (N, S, S, 3) RGB target crops
+        in [0, 255]; None when no mask model is active."""
+        if not self.active:
+            return None
+        xp = get_xp(crops)
+        s = crops.shape[1]
+        masks = []
+        if self.occluder is not None and self.occluder_spec is not None:
+            y = _first_output(self.occluder, {self.occluder.inputs[0].name: prepare(crops, self.occluder_spec)}, xp)
+            # NHWC (N, size, size, 1) face probability (NCHW (N, 1, size, size) for an NCHW model).
+            y = y if self.occluder_spec.layout == "NHWC" else y.transpose(0, 2, 3, 1)
+            masks.append(xp.clip(y[..., :1], 0.0, 1.0))
+            self.calls += 1
+        if self.parser is not None and self.parser_spec is not None and self.use_region:
+            logits = _first_output(self.parser, {self.parser.inputs[0].name: prepare(crops, self.parser_spec)}, xp)
+            labels = logits.argmax(axis=1)                                   # (N, size, size)
+            keep = xp.isin(labels, xp.asarray(self.regions)).astype(xp.float32)
+            masks.append(keep[..., None])
+            self.calls += 1
+        out = None
+        for m in masks:
+            m = xp.ascontiguousarray(resize_bilinear(m, s)[..., 0].transpose(1, 2, 0))  # (S, S, N)
+            soft = feather(xp.clip(m, 0.0, 1.0), MASK_SIGMA, xp.empty_like(m))
+            out = soft if out is None else xp.minimum(out, soft)
+        assert out is not None
+        return xp.ascontiguousarray(out.transpose(2, 0, 1))
+
+
+def compose(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The 2x3 affine map `a` after `b` (x -> a(b(x)))."""
+    return np.hstack([a[:, :2] @ b[:, :2], (a[:, :2] @ b[:, 2] + a[:, 2])[:, None]])
+
+
+@dataclass
+class FaceEnhancer:
+    """A zoo face enhancer (GFPGAN, CodeFormer, GPEN, RestoreFormer++) run on the swapped crop.
+
+    The swap's output, already in the swapper's crop, is resampled into the enhancer's template and
+    size (ffhq_512 at 512 for GFPGAN 1.4): a crop-to-crop warp, no second crop of the frame. The
+    enhanced face is blended with the unenhanced one by `blend` (FaceFusion's face_enhancer_blend / 100)
+    and pasted once, through the swap's own mask (box and model masks) carried into the enhancer's
+    crop; the swap and the enhancement share that one paste-back."""
+
+    runner: Runner
+    spec: ModelSpec
+    template: np.ndarray
+    """(5, 2) warp template of `spec.template`, normalised to the crop size."""
+    blend: float = 0.8
+    weight: float = 0.5
+    """Fed to an enhancer with a `weight` input (CodeFormer's fidelity), FaceFusion's default."""
+    enabled: bool = True
+    """Whether it runs; the degradation ladder's first step turns it off."""
+    calls: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.blend <= 1.0:
+            raise ValueError(f"enhancer blend must be in [0, 1], got {self.blend}")
+        if self.spec.size is None:
+            raise ValueError(f"zoo entry '{self.spec.name}' has no size")
+
+    def enhance(self, crops: Any, swap_masks: Any, enh_to_swap: list[np.ndarray]) -> tuple[Any, Any]:
+        """Enhanced crops (N, E, E, 3) float32 in [0, 255] and their paste masks (N, E, E), from the
+        swapped crops (N, S, S, 3) and their masks (N, S, S), with `enh_to_swap[i]` mapping enhancer
+        crop pixels to swap crop pixels."""
+        from ..kernels.warp import warp_affine
+
+        xp = get_xp(crops)
+        n = crops.shape[0]
+        e = int(self.spec.size)  # type: ignore[arg-type]
+        up = xp.empty((n, e, e, 3), xp.float32)
+        masks = xp.empty((n, e, e, 1), xp.float32)
+        for i in range(n):
+            # The swap crop's edge is replicated beyond it; the mask (0 outside) keeps that unpasted.
+            warp_affine(crops[i], enh_to_swap[i], up[i], border="replicate")
+            warp_affine(xp.ascontiguousarray(swap_masks[i][..., None]), enh_to_swap[i], masks[i],
+                        border="constant", fill=0.0)
+        mean = xp.asarray(self.spec.mean, dtype=xp.float32)
+        std = xp.asarray(self.spec.std, dtype=xp.float32)
+        x = xp.ascontiguousarray(((up / 255.0 - mean) / std).transpose(0, 3, 1, 2))
+        feed: dict[str, Any] = {}
+        for spec_in in self.runner.inputs:
+            if spec_in.name == "weight":
+                feed["weight"] = np.full((1,), self.weight, dtype=spec_in.dtype)
+            else:
+                feed[spec_in.name] = x
+        y = _first_output(self.runner, feed, xp)                            # (N, 3, E, E)
+        self.calls += 1
+        if self.spec.output_range == "std_mean":
+            # FaceFusion clips to [-1, 1] before de-normalising (normalize_crop_frame).
+            y = xp.clip(y, -1.0, 1.0) * std[None, :, None, None] + mean[None, :, None, None]
+        enhanced = xp.clip(y, 0.0, 1.0).transpose(0, 2, 3, 1) * 255.0
+        out = self.blend * enhanced + (1.0 - self.blend) * up
+        return xp.ascontiguousarray(out, dtype=xp.float32), xp.ascontiguousarray(masks[..., 0])

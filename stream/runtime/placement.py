@@ -1,0 +1,175 @@
+"""The placement policy of `serve --workers N` and `serve --ray`: which worker a new stream goes to.
+
+One pure policy for every launcher (local worker processes, Ray actors) and for the placement
+simulator (tools/placement_sim.py), so that what the simulator reports is what the server does.
+
+A worker is judged by what it last reported (`/worker/load`, runtime.worker.load_report), summed up
+once per report in a `Headroom`:
+- its device thread's busy share over the last seconds (the device time its streams take: GPU ms per
+  frame times their frame rates, over wall time) and, from it, what one more stream would add;
+- each running stream's p99 against its latency budget;
+- the arrival phases of its streams (where in a frame period each stream's frames arrive);
+- whether its models verified.
+
+A worker takes no new stream when it is not ready, its models did not verify, it holds its most
+streams, its busy share with one more stream would pass BUSY_MAX, or one of its streams is over its
+budget. Among the others the stream goes to the lowest load (the higher of the busy share and the
+worst p99/budget, in steps of 0.1), then the fewest streams whose frames arrive near the new
+stream's phase (when that phase is known: a stream moved after its worker died), then the fewest
+streams, then the first worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+OVER_BUDGET = 1.0
+"""A worker one of whose streams has its p99 above this fraction of its budget takes no new stream."""
+BUSY_MAX = 0.95
+"""A worker whose device thread would be busy more than this share of the time with one more stream
+takes none: the rest is the slack that absorbs bursts (keyframes, many faces at once)."""
+PHASE_WINDOW = 0.125
+"""Two streams whose frames arrive within this fraction of a frame period of each other collide:
+their frames wait for the device together."""
+
+
+@dataclass(frozen=True, slots=True)
+class Headroom:
+    """One worker's last load report as placement reads it (computed once per report)."""
+
+    busy: float = 0.0
+    """The device thread's busy share over the last seconds (0..1)."""
+    reported_streams: int = 0
+    """Streams the report counted (those the parent placed since are not in `busy` yet)."""
+    max_streams: int = 0
+    """The worker's `runtime.max_streams` (0: the parent's default)."""
+    worst: tuple[str, float] | None = None
+    """The stream with the highest p99/budget, and that ratio."""
+    phases: tuple[float, ...] = ()
+    """The arrival phase of each of its streams, as a fraction of a frame period (0..1)."""
+    models: str | None = None
+    """Why its models did not verify (None: they did, or the report does not say)."""
+    load: float = field(init=False)
+    """The higher of `busy` and the worst p99/budget, in steps of 0.1 (what placement ranks by)."""
+    per_stream: float = field(init=False)
+    """What one more stream adds to `busy`, judged by the streams it holds: their mean share."""
+    over: bool = field(init=False)
+    """One of its streams is over its budget."""
+
+    def __post_init__(self) -> None:
+        # Computed once per report: `choose` reads them for every worker on every placement.
+        object.__setattr__(self, "load", round(max(self.busy, self.worst[1] if self.worst else 0.0), 1))
+        object.__setattr__(self, "per_stream", self.busy / self.reported_streams if self.reported_streams else 0.0)
+        object.__setattr__(self, "over", self.worst is not None and self.worst[1] > OVER_BUDGET)
+
+
+def headroom(report: Mapping[str, Any]) -> Headroom:
+    """Sum up a `/worker/load` report (an empty one, before the first report: an idle worker)."""
+    ratios = report.get("p99_over_budget") or {}
+    worst = max(ratios.items(), key=lambda kv: kv[1]) if ratios else None
+    phases = report.get("phases") or {}
+    return Headroom(busy=float(report.get("busy", 0.0)), reported_streams=int(report.get("streams", 0)),
+                    max_streams=int(report.get("max_streams", 0)),
+                    worst=(str(worst[0]), float(worst[1])) if worst else None,
+                    phases=tuple(float(v) for v in phases.values()), models=report.get("models"))
+
+
+class Placeable(Protocol):
+    """What placement needs of a worker: its name, its state and its last report's summary."""
+
+    name: str
+    state: str
+    headroom: Headroom
+
+
+W = TypeVar("W", bound=Placeable)
+
+
+class NoRoom(Exception):
+    """No worker takes the stream: `reasons` holds each worker's."""
+
+    def __init__(self, reasons: list[str]) -> None:
+        super().__init__("; ".join(reasons) or "no workers")
+        self.reasons = reasons
+
+
+def crowding(phases: Sequence[float], phase: float) -> int:
+    """How many of `phases` lie within PHASE_WINDOW of `phase` on the circle of one frame period."""
+    n = 0
+    for p in phases:
+        d = abs(p - phase) % 1.0
+        if min(d, 1.0 - d) < PHASE_WINDOW:
+            n += 1
+    return n
+
+
+def refusal(w: Placeable, held: int, default_max: int, cost: float | None = None) -> str | None:
+    """Why `w` takes no new stream now (None: it takes one). `held`: the streams the parent placed on
+    it, those being created included (a burst of creates must spread before the next reports show
+    them); `cost`: the new stream's busy share where known, else the mean of the worker's own."""
+    if w.state != "ready":
+        return f"{w.name}: {w.state}"
+    h = w.headroom
+    if h.models is not None:
+        return f"{w.name}: its models did not verify ({h.models})"
+    cap = h.max_streams or default_max
+    if held >= cap:
+        return f"{w.name}: {held} streams, its most (runtime.max_streams {cap})"
+    one = h.per_stream if cost is None else cost
+    # Streams placed since the report add what the report's own streams cost, each.
+    projected = h.busy + one * (max(0, held - h.reported_streams) + 1)
+    if projected > BUSY_MAX:
+        return (f"{w.name}: device thread busy {h.busy:.0%} of the time, {projected:.0%} with one more "
+                f"stream")
+    if h.over:
+        assert h.worst is not None
+        return f"{w.name}: stream {h.worst[0]} is over its latency budget (p99 at {h.worst[1]:.0%} of it)"
+    return None
+
+
+def choose(workers: Sequence[W], held: Callable[[W], int], default_max: int, *,
+           phase: float | None = None, cost: float | None = None, exclude: W | None = None) -> W:
+    """The worker a new stream goes to (see the module's docstring); NoRoom with every worker's
+    reason when none takes it. Linear in the workers, one pass: this runs on every create and every
+    move, and the simulator calls it for 1,000 GPUs."""
+    best: W | None = None
+    best_key: tuple[float, int, int] = (0.0, 0, 0)
+    for w in workers:
+        if w is exclude or w.state != "ready":
+            continue
+        h = w.headroom
+        n = held(w)
+        # `refusal`'s checks, inline: this loop is the placement's whole cost (the reasons are
+        # written only when no worker takes the stream).
+        if h.models is not None or h.over or n >= (h.max_streams or default_max):
+            continue
+        if h.busy + (h.per_stream if cost is None else cost) * (max(0, n - h.reported_streams) + 1) > BUSY_MAX:
+            continue
+        key = (h.load, crowding(h.phases, phase) if phase is not None else 0, n)
+        if best is None or key < best_key:  # ties: the first worker
+            best, best_key = w, key
+    if best is None:
+        raise NoRoom([r for w in workers if w is not exclude
+                      and (r := refusal(w, held(w), default_max, cost)) is not None])
+    return best
+
+
+@dataclass
+class SimWorker:
+    """A worker of the placement simulator: a GPU whose busy share is the sum of its streams' costs
+    (their GPU ms per frame times their frame rates). It satisfies `Placeable`."""
+
+    name: str
+    state: str = "ready"
+    streams: dict[int, tuple[float, float]] = field(default_factory=dict)
+    """Stream id: (cost as a busy share, arrival phase)."""
+    max_streams: int = 64
+    headroom: Headroom = field(default_factory=Headroom)
+
+    def report(self) -> None:
+        """What its load report would say now (a GPU within its budget: no stream over it)."""
+        busy = sum(c for c, _ in self.streams.values())
+        self.headroom = Headroom(busy=busy, reported_streams=len(self.streams), max_streams=self.max_streams,
+                                 phases=tuple(p for _, p in self.streams.values()))

@@ -1,0 +1,528 @@
+"""Watermark v2: a self-synchronising tiled mark that survives crops, rescales, letterboxing,
+horizontal flips and small rotations, perceptually shaped, found by accumulating frames.
+
+Design (the smallest one from the literature that covers those attacks):
+- Periodic tiling for synchronisation (Kutter, "Watermarking resisting to translation, rotation,
+  and scaling", Proc. SPIE 3528, 1998; the tile-autocorrelation idea also in Kalker, Depovere,
+  Haitsma and Maes, "A video watermarking system for broadcast monitoring", Proc. SPIE 3657,
+  1999). One 32 x 32-chip tile is repeated over the whole frame. A repeated pattern makes the
+  autocorrelation of the frame's high-pass residual peak on the tiling lattice, wherever the frame
+  was cut and whatever it was scaled or turned by: the two lattice vectors give scale and rotation.
+  Crops, letterbox bars and the tile phase are then only a cyclic shift of the tile, found by
+  correlating the folded tile (all tiles added together) with a known synchronisation pattern
+  (Pereira and Pun's template idea, "Robust template matching for affine resistant image
+  watermarks", IEEE Trans. Image Process. 9(6), 2000, here carried in the tile itself). A
+  horizontal flip mirrors the tile: the detector tries the mirrored template too. A log-polar
+  (Fourier-Mellin) embedding (O Ruanaidh and Pun, 1998) would also cover any rotation, at the cost
+  of an interpolation-heavy embedder; +-5 degrees do not need it.
+- Payload: v1's 48 bits (product id, stream id) with its CRC-16 and rate-1/2 convolutional code,
+  140 coded bits, each spread over about 7 chips of every tile (so over every tile of every frame).
+  The tile is 0.4 x the synchronisation pattern + 0.6 x the data pattern, both +-1 per chip,
+  derived from SHAKE-256 of a public key (a disclosure mark, not DRM).
+- Geometry: a chip is 1/72 of the frame's shorter side (10 px at 720p, 15 at 1080p), drawn with
+  bilinear interpolation between chip centres (smooth: no chip edges for the encoder to pay for);
+  the chips alternate sign in a checkerboard, which puts the pattern's energy in a band around half
+  the chip rate, clear of the picture's low frequencies.
+- Perceptual shaping (kernels/watermark_v2.py): the pattern is scaled per 8 x 8 block by the
+  block's mean luma gradient, between `MASK.m_lo` on flat blocks and `MASK.m_hi` on busy ones.
+- Detection (`WindowDetector`): every frame is resampled to a working height of 240 px and whitened
+  (high-pass, divided by its local spread); the window's residuals are summed (the mark adds up,
+  moving content does not); candidate lattices come from the autocorrelation of the sum, each is
+  folded onto one tile and matched to the synchronisation pattern (both mirror images), the best
+  two are refined in scale and angle on that match, and the 140 soft values of the winner are
+  decoded as v1's (Viterbi, CRC-16, `watermark.MIN_SCORE`). A 2 s window decides where single
+  frames do not.
+
+The embedding is the same on every frame (the tile does not move), so frames add coherently.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import cv2
+import numpy as np
+
+from .kernels.watermark_v2 import MaskParams, embed_masked
+from .watermark import CODED_BITS, Detection, Payload, decode_soft, encode_payload
+
+SCHEME = "swapstream-tile-v2"
+"""Name and version of this layout; a different layout must get a new name (and key)."""
+_KEY = b"swapstream-watermark-v2"
+TILE = 32
+"""Chips per tile side."""
+CHIPS_PER_SIDE = 72
+"""Chips along the frame's shorter side: 10 px chips at 720p. Measured (tools/watermark_robustness.py
+--v2): 144 (5 px) was lost after 480p at 1 Mbit/s where 72 was kept; bigger chips would leave too few
+tiles on a cropped frame for the lattice to show."""
+AMPLITUDE = 4.0
+"""Peak pattern value (luma levels) of a chip where sync and data agree, before the mask: PSNR
+42.8 dB on the noisy clip (texture everywhere: the mask at its top), 47 dB on the demo clip."""
+MASK = MaskParams(inv_act=1.0 / 6.0, m_lo=0.3, m_hi=1.0)
+"""Texture mask: full scale from a mean |luma difference| of 6 levels per pixel up, 0.3 on flat
+blocks (where a change shows and an encoder would spend bits on it)."""
+WORK_SIDE = 240
+"""The detector's working height (shorter side): a chip is then 3.3 px before any attack, 2.5 px
+after letterboxing into 4:3 (at 180, 1.9 px there, the alternating chips came near the working
+frame's Nyquist limit and were lost)."""
+CANON_CHIP = 4
+"""Bins per chip side of the folded tile. The chips alternate in sign, so a fold that is half a chip
+off cancels them: 4 bins keep the best shift within an eighth of a chip (2 bins lost a crop of 10%
+per side, whose cut falls anywhere inside a chip)."""
+SCALE_RANGE = (0.6, 1.6)
+"""Tile periods searched, relative to an unattacked frame: crops of 10% per side make the tile
+1.25 times larger on the working frame, a 16:9 frame letterboxed into 4:3 0.75 times."""
+MAX_ROTATION_DEG = 7.0
+"""Lattice directions searched around the axes: +-5 degrees and some margin."""
+MIN_DETECT_SIDE = 120
+"""Shorter side (pixels) under which no detection is tried: the tile would span most of the frame."""
+
+
+# -- layout -----------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _key_sequences() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sync +-1, data pn +-1, coded bit of each chip), each (TILE, TILE), from SHAKE-256 of the key:
+    a fixed specification that no library upgrade changes."""
+    n = TILE * TILE
+    stream = hashlib.shake_256(_KEY).digest(2 * n + 4 * n)
+    # Both sequences alternate sign from chip to chip (a checkerboard): the pattern's energy then sits
+    # in a band around half the chip rate, away from the low frequencies where the picture's own
+    # energy is (and which the detector's high-pass removes).
+    i, j = np.divmod(np.arange(n), TILE)
+    board = np.where((i + j) % 2 == 0, 1, -1).astype(np.int8)
+    sync = (np.where(np.frombuffer(stream[:n], np.uint8) & 1, 1, -1) * board).astype(np.int8)
+    pn = (np.where(np.frombuffer(stream[n:2 * n], np.uint8) & 1, 1, -1) * board).astype(np.int8)
+    keys = np.frombuffer(stream[2 * n:], dtype=">u4").astype(np.int64)
+    order = np.argsort(keys * n + np.arange(n), kind="stable")
+    bit_of = np.empty(n, np.int64)
+    bit_of[order] = np.arange(n) % CODED_BITS
+    out = (sync.reshape(TILE, TILE), pn.reshape(TILE, TILE), bit_of.reshape(TILE, TILE))
+    for a in out:
+        a.setflags(write=False)
+    return out
+
+
+SYNC_WEIGHT = 0.4
+"""Share of the chip amplitude that carries the sync pattern; the data gets the rest (0.6). The sync
+is one decision over all 1,024 chips of the tile, each coded bit one over about 7: with the two at
+half each, windows whose sync stood 11 standard deviations out still failed the CRC, so the data
+gets more (+1.6 dB per coded bit for 2 dB less sync)."""
+
+
+def tile_values(payload: Payload) -> np.ndarray:
+    """The (TILE, TILE) float32 chip values of a payload: SYNC_WEIGHT sync + (1 - SYNC_WEIGHT) data,
+    in {-1, -0.2, 0.2, 1}."""
+    sync, pn, bit_of = _key_sequences()
+    coded = encode_payload(payload).astype(np.int8) * 2 - 1
+    return (SYNC_WEIGHT * sync + (1.0 - SYNC_WEIGHT) * (pn * coded[bit_of])).astype(np.float32)
+
+
+def chip_size(height: int, width: int) -> float:
+    """Pixels per chip on a (height, width) frame."""
+    return min(height, width) / CHIPS_PER_SIDE
+
+
+def render_tiled(values: np.ndarray, height: int, width: int, chip: float) -> np.ndarray:
+    """`values` (TILE, TILE) tiled over a (height, width) frame with chips of `chip` pixels, by
+    bilinear interpolation between chip centres (cyclic): (height, width) float64."""
+    def axis(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        u = (np.arange(n) + 0.5) / chip - 0.5
+        i0 = np.floor(u)
+        f = u - i0
+        i0 = i0.astype(np.int64) % TILE
+        return i0, (i0 + 1) % TILE, f
+
+    y0, y1, fy = axis(height)
+    x0, x1, fx = axis(width)
+    v = values.astype(np.float64)
+    top = v[y0][:, x0] * (1 - fx) + v[y0][:, x1] * fx
+    bottom = v[y1][:, x0] * (1 - fx) + v[y1][:, x1] * fx
+    return top * (1 - fy)[:, None] + bottom * fy[:, None]
+
+
+def pattern_for(payload: Payload, height: int, width: int, strength: float = 1.0) -> np.ndarray:
+    """The (height, width) float32 pattern at mask scale 1 (luma levels)."""
+    return np.ascontiguousarray((AMPLITUDE * strength * render_tiled(
+        tile_values(payload), height, width, chip_size(height, width))).astype(np.float32))
+
+
+class WatermarkerV2:
+    """Marks frames of one stream with one payload (NumPy on the CPU, CuPy on its device). The
+    pattern is built once per frame size and kept; each frame then costs one masked add."""
+
+    def __init__(self, payload: Payload, strength: float = 1.0) -> None:
+        if not (math.isfinite(strength) and strength > 0):
+            raise ValueError(f"strength must be a finite number > 0, got {strength!r}")
+        self.payload = payload
+        self.strength = strength
+        self._host: dict[tuple[int, int], np.ndarray] = {}
+        self._device: dict[tuple[int, int, int], Any] = {}
+
+    def pattern(self, h: int, w: int) -> np.ndarray:
+        p = self._host.get((h, w))
+        if p is None:
+            p = self._host.setdefault((h, w), pattern_for(self.payload, h, w, self.strength))
+        return p
+
+    def embed(self, frame: Any) -> None:
+        """Mark an (H, W, 3) uint8 RGB frame in place."""
+        h, w = int(frame.shape[0]), int(frame.shape[1])
+        if type(frame).__module__.startswith("cupy"):
+            import cupy
+
+            key = (h, w, cupy.cuda.runtime.getDevice())
+            dev = self._device.get(key)
+            if dev is None:
+                dev = self._device.setdefault(key, cupy.asarray(self.pattern(h, w)))
+            embed_masked(frame, dev, MASK)
+            return
+        embed_masked(frame, self.pattern(h, w), MASK)
+
+
+# -- detection --------------------------------------------------------------------------------------
+
+
+def _residual(luma: np.ndarray) -> np.ndarray:
+    """The whitened high-pass residual of a luma plane at the working size (float32)."""
+    h, w = luma.shape
+    s = WORK_SIDE / min(h, w)
+    size = (max(1, round(w * s)), max(1, round(h * s)))
+    work = cv2.resize(luma.astype(np.float32), size, interpolation=cv2.INTER_AREA if s < 1 else cv2.INTER_LINEAR)
+    # The chip (3.3 px, alternating) survives a 2-pixel Gaussian's removal; the picture's large
+    # shapes do not.
+    r = work - cv2.GaussianBlur(work, (0, 0), 2.0)
+    # Each region counts by its own spread: textured areas, where both the mark and the noise are
+    # larger, do not outvote flat ones, and an edge's ringing is clipped.
+    spread = np.sqrt(cv2.GaussianBlur(r * r, (0, 0), 6.0)) + 0.5
+    return np.clip(r / spread, -2.5, 2.5).astype(np.float32)
+
+
+def _autocorr(r: np.ndarray) -> np.ndarray:
+    """Linear autocorrelation of `r` (zero padding to twice its size), lag (0, 0) at [0, 0]."""
+    h, w = r.shape
+    f = np.fft.rfft2(r, s=(2 * h, 2 * w))
+    return np.fft.irfft2(f * np.conj(f), s=(2 * h, 2 * w)).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class Lattice:
+    """Two tiling vectors (working pixels, (dx, dy)) and how clearly they stood out."""
+
+    v1: tuple[float, float]
+    v2: tuple[float, float]
+    contrast: float
+
+
+def _peak_near(a: np.ndarray, cx: float, cy: float, radius: int) -> tuple[float, float, float]:
+    """Sub-pixel location and height of the highest value of the (fft-shifted) map `a` within
+    `radius` of (cx, cy)."""
+    h, w = a.shape
+    x0, x1 = max(int(cx) - radius, 1), min(int(cx) + radius + 1, w - 1)
+    y0, y1 = max(int(cy) - radius, 1), min(int(cy) + radius + 1, h - 1)
+    win = a[y0:y1, x0:x1]
+    j = int(np.argmax(win))
+    py, px = divmod(j, win.shape[1])
+    py, px = py + y0, px + x0
+    v = float(a[py, px])
+
+    def offset(l: float, c: float, r: float) -> float:
+        den = l - 2 * c + r
+        return 0.0 if den >= 0 else float(np.clip(0.5 * (l - r) / den, -0.5, 0.5))
+
+    ox = offset(a[py, px - 1], v, a[py, px + 1]) if 0 < px < w - 1 else 0.0
+    oy = offset(a[py - 1, px], v, a[py + 1, px]) if 0 < py < h - 1 else 0.0
+    return px + ox, py + oy, v
+
+
+def _sector_peaks(hp: np.ndarray, sector: np.ndarray, k: int) -> list[tuple[int, int, float]]:
+    """The `k` highest local maxima of `hp` inside `sector` (at least 4 px apart): (x, y, height)."""
+    masked = np.where(sector, hp, -np.inf).astype(np.float32)
+    peaks = []
+    for _ in range(k):
+        idx = int(np.argmax(masked))
+        py, px = divmod(idx, masked.shape[1])
+        v = float(masked[py, px])
+        if not np.isfinite(v):
+            break
+        peaks.append((px, py, v))
+        masked[max(py - 4, 0):py + 5, max(px - 4, 0):px + 5] = -np.inf
+    return peaks
+
+
+def _refine(hp: np.ndarray, px: int, py: int, cx: int, cy: int) -> tuple[float, float, float]:
+    """Sub-pixel lattice vector from a peak and its 2nd and 3rd multiples (where the same sub-pixel
+    error is divided by 2 and 3)."""
+    h, w = hp.shape
+    sx, sy, height = _peak_near(hp, px, py, 1)
+    vx, vy = sx - cx, sy - cy
+    est = [(vx, vy, 1.0)]
+    for k in (2, 3):
+        tx, ty = cx + k * vx, cy + k * vy
+        if 3 <= tx < w - 3 and 3 <= ty < h - 3:
+            qx, qy, qh = _peak_near(hp, tx, ty, 2)
+            if qh > 3.0:
+                est.append(((qx - cx) / k, (qy - cy) / k, float(k)))
+    wsum = sum(e[2] for e in est)
+    return sum(e[0] * e[2] for e in est) / wsum, sum(e[1] * e[2] for e in est) / wsum, height
+
+
+@functools.lru_cache(maxsize=16)
+def _offsets(ya: int, yb: int, xa: int, xb: int) -> tuple[np.ndarray, np.ndarray]:
+    """(dy, dx) grids of the offsets ya..yb-1, xa..xb-1 (cached: every frame of a size asks again)."""
+    dy, dx = np.mgrid[ya:yb, xa:xb]
+    dy.setflags(write=False)
+    dx.setflags(write=False)
+    return dy, dx
+
+
+def lattice_candidates(acf: np.ndarray, nominal: float, per_axis: int = 3) -> list[Lattice]:
+    """Possible tiling lattices in an autocorrelation (lag (0, 0) at [0, 0]), likeliest first; `nominal`
+    is the tile period in working pixels of an unattacked frame. The picture's own repeats (stripes,
+    tiles, a fence) also make peaks, so several are kept and the synchronisation pattern decides."""
+    a = np.fft.fftshift(acf)
+    h, w = a.shape
+    cy, cx = h // 2, w // 2
+    # Peaks, not the picture's smooth correlation: subtract the local mean, divide by the spread.
+    hp = a - cv2.blur(a, (9, 9))
+    hp = hp / (float(np.std(hp)) + 1e-12)
+    # The search ring lies within rmax of the centre: its masks are built on that box only.
+    rmax = int(math.ceil(SCALE_RANGE[1] * nominal)) + 1
+    y0, y1, x0, x1 = max(cy - rmax, 0), min(cy + rmax + 1, h), max(cx - rmax, 0), min(cx + rmax + 1, w)
+    dy, dx = _offsets(y0 - cy, y1 - cy, x0 - cx, x1 - cx)
+    rad = np.hypot(dx, dy)
+    ang = np.degrees(np.arctan2(dy, dx))
+    ring = (rad >= SCALE_RANGE[0] * nominal) & (rad <= SCALE_RANGE[1] * nominal)
+    box = hp[y0:y1, x0:x1]
+    found: list[list[tuple[float, float, float]]] = []
+    for axis_deg in (0.0, 90.0):
+        d = np.abs((ang - axis_deg + 180.0) % 360.0 - 180.0)
+        found.append([_refine(hp, px + x0, py + y0, cx, cy)
+                      for px, py, _ in _sector_peaks(box, ring & (d <= MAX_ROTATION_DEG), per_axis)])
+    out: list[Lattice] = []
+    for ax, ay, ha in found[0]:
+        la = math.hypot(ax, ay)
+        # A tiling only scales and turns: the partner of a vector is the same length at a right angle.
+        for bx, by, hb in found[1]:
+            lb = math.hypot(bx, by)
+            if abs(la - lb) <= 0.04 * max(la, lb) and abs(ax * bx + ay * by) <= 0.08 * la * lb:
+                out.append(Lattice((ax, ay), (bx, by), min(ha, hb)))
+        out.append(Lattice((ax, ay), (-ay, ax), ha))
+    for bx, by, hb in found[1]:
+        out.append(Lattice((by, -bx), (bx, by), hb))
+    out.sort(key=lambda lat: -lat.contrast)
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def _centres(h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+    """(y, x) of every pixel centre of an (h, w) frame, flattened (cached per size)."""
+    ys, xs = np.mgrid[0:h, 0:w]
+    py, px = ys.ravel() + 0.5, xs.ravel() + 0.5
+    py.setflags(write=False)
+    px.setflags(write=False)
+    return py, px
+
+
+def _fold(r: np.ndarray, lat: Lattice) -> tuple[np.ndarray, np.ndarray]:
+    """Sum every pixel of `r` into one tile of (TILE * CANON_CHIP)^2 bins along the lattice:
+    (sums, counts)."""
+    n = TILE * CANON_CHIP
+    h, w = r.shape
+    m = np.array([[lat.v1[0], lat.v2[0]], [lat.v1[1], lat.v2[1]]], np.float64)
+    inv = np.linalg.inv(m) * n                        # working pixel -> canonical tile pixels
+    py, px = _centres(h, w)
+    qx = inv[0, 0] * px + inv[0, 1] * py
+    qy = inv[1, 0] * px + inv[1, 1] * py
+    idx = (np.floor(qy).astype(np.int64) % n) * n + (np.floor(qx).astype(np.int64) % n)
+    sums = np.bincount(idx, weights=r.ravel().astype(np.float64), minlength=n * n).reshape(n, n)
+    counts = np.bincount(idx, minlength=n * n).reshape(n, n).astype(np.float64)
+    return sums, counts
+
+
+@functools.cache
+def _templates() -> tuple[np.ndarray, np.ndarray]:
+    """(sync tile, data basis): the sync pattern and each coded bit's chips (with their pn signs)
+    rendered at CANON_CHIP pixels per chip as the folded tile sees them; the basis is
+    (CODED_BITS, n * n)."""
+    n = TILE * CANON_CHIP
+    sync, pn, bit_of = _key_sequences()
+    s = render_tiled(sync.astype(np.float64), n, n, CANON_CHIP)
+    basis = np.zeros((CODED_BITS, n * n))
+    for k in range(CODED_BITS):
+        vals = np.where(bit_of == k, pn, 0).astype(np.float64)
+        basis[k] = render_tiled(vals, n, n, CANON_CHIP).ravel()
+    s.setflags(write=False)
+    basis.setflags(write=False)
+    return s, basis
+
+
+@functools.cache
+def _template_spectra() -> tuple[np.ndarray, np.ndarray]:
+    """Conjugate spectra of the sync tile and of its mirror image, for `align`."""
+    s, _ = _templates()
+    out = (np.conj(np.fft.fft2(s)), np.conj(np.fft.fft2(s[:, ::-1])))
+    for a in out:
+        a.setflags(write=False)
+    return out
+
+
+@dataclass(frozen=True)
+class Alignment:
+    shift: tuple[int, int]
+    """(dy, dx): the folded tile is the template rolled by this much."""
+    flipped: bool
+    """The picture was mirrored left to right."""
+    peak: float
+    """The synchronisation correlation peak, in standard deviations of the correlation surface."""
+
+
+def align(tile: np.ndarray) -> Alignment:
+    """The cyclic shift (and mirror) that best matches the folded tile to the sync pattern."""
+    ft = np.fft.fft2(tile)
+    best: Alignment | None = None
+    for flipped, conj_t in zip((False, True), _template_spectra()):
+        c = np.real(np.fft.ifft2(ft * conj_t))
+        z = (c - c.mean()) / (c.std() + 1e-12)
+        j = int(np.argmax(z))
+        dy, dx = divmod(j, c.shape[1])
+        cand = Alignment((dy, dx), flipped, float(z.flat[j]))
+        if best is None or cand.peak > best.peak:
+            best = cand
+    assert best is not None
+    return best
+
+
+def soft_from_tile(tile: np.ndarray, al: Alignment) -> np.ndarray:
+    """The 140 soft values of a folded tile, undoing its shift and mirror: about N(0, 1) each
+    without a mark."""
+    _, basis = _templates()
+    t = np.roll(tile, (-al.shift[0], -al.shift[1]), axis=(0, 1))
+    if al.flipped:
+        t = t[:, ::-1]
+    # The sync part is known: take it out so that it does not leak into the data correlations.
+    s, _ = _templates()
+    gain = float((t * s).sum() / (s * s).sum())
+    t = (t - gain * s).ravel()
+    sigma = float(np.std(t)) + 1e-12
+    norms = np.sqrt((basis * basis).sum(axis=1))
+    return basis @ t / (sigma * norms)
+
+
+SYNC_GATE = 5.0
+"""Least sync correlation peak (in standard deviations of the correlation over every shift and both
+mirror images) before refinement for a window to be decoded at all. Without a mark the highest of
+those 32,768 correlations is about 4.1 +- 0.3; marked windows that decode start above 6. Below the
+gate a window is "no sync": cheaper (no refinement), and one more condition a false mark must pass."""
+REFINE = 2
+"""Candidate lattices refined on the sync pattern per window."""
+
+
+def _scaled(lat: Lattice, factor: float, degrees: float) -> Lattice:
+    """`lat` scaled by `factor` and turned by `degrees`."""
+    c, s = math.cos(math.radians(degrees)) * factor, math.sin(math.radians(degrees)) * factor
+
+    def turn(v: tuple[float, float]) -> tuple[float, float]:
+        return (c * v[0] - s * v[1], s * v[0] + c * v[1])
+
+    return Lattice(turn(lat.v1), turn(lat.v2), lat.contrast)
+
+
+MAX_CANDIDATES = 8
+"""Lattices tried per window, likeliest first; the one whose fold matches the sync pattern best wins."""
+
+
+@dataclass
+class WindowDetector:
+    """Accumulates frames (luma planes of one size) and decodes them together.
+
+    Frames of a window share their geometry (a crop or a rescale applies to the whole clip), and the
+    mark is the same in every frame, so the residuals are summed as they come: the mark adds up
+    coherently, moving picture content does not. The lattice is then read from the autocorrelation
+    of the sum, and the folded tile of the sum decides. Memory: one working-size frame."""
+
+    total: np.ndarray | None = None
+    frames: int = 0
+    shape: tuple[int, int] | None = None
+
+    def add(self, luma: np.ndarray) -> None:
+        if luma.ndim != 2:
+            raise ValueError(f"luma must be a 2-D array, got shape {tuple(luma.shape)}")
+        if self.shape is not None and luma.shape != self.shape:
+            raise ValueError(f"every frame of a window must have one size: {self.shape}, then {luma.shape}")
+        self.shape = (int(luma.shape[0]), int(luma.shape[1]))
+        r = _residual(luma).astype(np.float64)
+        self.total = r if self.total is None else self.total + r
+        self.frames += 1
+
+    def __len__(self) -> int:
+        return self.frames
+
+    def decode(self) -> "DetectionV2":
+        def miss(why: str) -> DetectionV2:
+            return DetectionV2(Detection(False, None, 0.0, np.zeros(CODED_BITS), why), None, None, self.frames)
+
+        if self.total is None or self.shape is None:
+            return miss("no frames")
+        if min(self.shape) < MIN_DETECT_SIDE:
+            return miss("frame too small")
+        nominal = TILE * WORK_SIDE / CHIPS_PER_SIDE  # the tile period of an unattacked frame
+        candidates = lattice_candidates(_autocorr(self.total.astype(np.float32)), nominal)[:MAX_CANDIDATES]
+        if not candidates:
+            return miss("no lattice")
+        scored = sorted((self._try(lat) for lat in candidates), key=lambda t: -t[1].peak)
+        if scored[0][1].peak < SYNC_GATE:
+            return DetectionV2(Detection(False, None, 0.0, np.zeros(CODED_BITS), "no sync"), scored[0][0],
+                               scored[0][1], self.frames)
+        # The autocorrelation places a peak to a fraction of a pixel, but 1% of scale is already a
+        # chip of drift four tiles away: the best two are refined on the sync pattern itself.
+        best = max((self._refine(*t) for t in scored[:REFINE]), key=lambda t: t[1].peak)
+        lat, al, tile = best
+        return DetectionV2(decode_soft(soft_from_tile(tile, al)), lat, al, self.frames)
+
+    def _try(self, lat: Lattice) -> tuple[Lattice, Alignment, np.ndarray]:
+        assert self.total is not None
+        sums, counts = _fold(self.total, lat)
+        tile = sums / np.sqrt(np.maximum(counts, 1.0))
+        return lat, align(tile), tile
+
+    def _refine(self, lat: Lattice, al: Alignment, tile: np.ndarray) -> tuple[Lattice, Alignment, np.ndarray]:
+        """Coordinate search on the lattice's scale and angle for the highest sync peak."""
+        best = (lat, al, tile)
+        for step_s, step_a in ((0.006, 0.6), (0.002, 0.2)):
+            for _ in range(4):
+                moved = False
+                for ds, da in ((step_s, 0.0), (-step_s, 0.0), (0.0, step_a), (0.0, -step_a)):
+                    cand = self._try(_scaled(best[0], 1.0 + ds, da))
+                    if cand[1].peak > best[1].peak:
+                        best, moved = cand, True
+                if not moved:
+                    break
+        return best
+
+
+@dataclass(frozen=True)
+class DetectionV2:
+    """What a window of frames gave."""
+
+    detection: Detection
+    lattice: Lattice | None
+    alignment: Alignment | None
+    frames: int
+
+    @property
+    def found(self) -> bool:
+        return self.detection.found
+
+
+def detect_v2(lumas: list[np.ndarray] | np.ndarray) -> DetectionV2:
+    """Look for a v2 mark in one luma plane or a list of them (one window, one size)."""
+    d = WindowDetector()
+    for y in ([lumas] if isinstance(lumas, np.ndarray) and lumas.ndim == 2 else lumas):
+        d.add(y)
+    return d.decode()

@@ -1,0 +1,126 @@
+"""The v2 embedding's NumPy reference (kernels/watermark_v2.py) against direct per-block loops.
+
+Fresh random frames every run, sizes that cut blocks at the frame's edge. Every element of every
+result is compared, without tolerance: the reference is integer arithmetic up to one float32
+division, one product and one rounding, which the loops below perform with the same float32 values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from swapstream.kernels.watermark_v2 import (MASK_BLOCK, MaskParams, block_scale_ref, embed_masked,
+                                             embed_masked_ref, integer_luma, masked_delta_ref)
+
+SIZES = [(37, 53), (8, 8), (16, 24), (9, 17), (1, 1), (64, 40)]
+
+
+def _luma_direct(frame: np.ndarray) -> np.ndarray:
+    f = frame.astype(np.int64)
+    return (77 * f[..., 0] + 150 * f[..., 1] + 29 * f[..., 2] + 128) // 256
+
+
+def _scale_direct(frame: np.ndarray, p: MaskParams) -> np.ndarray:
+    """m(b) block by block, as the module doc defines it, with Python loops."""
+    y = _luma_direct(frame)
+    h, w = y.shape
+    bh, bw = -(-h // MASK_BLOCK), -(-w // MASK_BLOCK)
+    out = np.empty((bh, bw), np.float32)
+    for by in range(bh):
+        for bx in range(bw):
+            y0, x0 = by * MASK_BLOCK, bx * MASK_BLOCK
+            blk = y[y0:y0 + MASK_BLOCK, x0:x0 + MASK_BLOCK]
+            act = int(np.abs(np.diff(blk, axis=1)).sum() + np.abs(np.diff(blk, axis=0)).sum())
+            mean = np.float32(act) / np.float32(blk.size)
+            m = np.float32(mean * np.float32(p.inv_act))
+            out[by, bx] = min(max(m, np.float32(p.m_lo)), np.float32(p.m_hi))
+    return out
+
+
+def _params(rng: np.random.Generator) -> MaskParams:
+    lo = float(rng.uniform(0.0, 1.0))
+    return MaskParams(inv_act=float(rng.uniform(0.02, 0.5)), m_lo=lo, m_hi=lo + float(rng.uniform(0.0, 2.0)))
+
+
+def test_integer_luma_is_the_documented_formula() -> None:
+    rng = np.random.default_rng()
+    frame = rng.integers(0, 256, (23, 31, 3), dtype=np.uint8)
+    got = integer_luma(frame)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, _luma_direct(frame))
+    # The corners of the cube: black, white, and each primary at full scale.
+    corners = np.array([[[0, 0, 0], [255, 255, 255], [255, 0, 0], [0, 255, 0], [0, 0, 255]]], np.uint8)
+    np.testing.assert_array_equal(integer_luma(corners), [[0, 255, 77, 149, 29]])
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_block_scale_matches_direct_loops(size: tuple[int, int]) -> None:
+    rng = np.random.default_rng()
+    h, w = size
+    for _ in range(3):
+        frame = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        # Some blocks flat, some busy, so both clamps and the middle are reached.
+        frame[: h // 2] = rng.integers(0, 256, 3, dtype=np.uint8)
+        p = _params(rng)
+        got = block_scale_ref(frame, p)
+        want = _scale_direct(frame, p)
+        assert got.dtype == np.float32 and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_embed_matches_its_definition_on_every_element(size: tuple[int, int]) -> None:
+    rng = np.random.default_rng()
+    h, w = size
+    frame = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+    pattern = rng.uniform(-40.0, 40.0, (h, w)).astype(np.float32)  # large: clipping at 0 and 255 happens
+    p = _params(rng)
+    m = np.repeat(np.repeat(_scale_direct(frame, p), MASK_BLOCK, 0), MASK_BLOCK, 1)[:h, :w]
+    d = np.rint(m * pattern).astype(np.int64)
+    want = np.clip(frame.astype(np.int64) + d[..., None], 0, 255).astype(np.uint8)
+    np.testing.assert_array_equal(masked_delta_ref(frame, pattern, p), d)
+    got = frame.copy()
+    embed_masked(got, pattern, p)         # NumPy frame: the reference
+    np.testing.assert_array_equal(got, want)
+    again = frame.copy()
+    embed_masked_ref(again, pattern, p)
+    np.testing.assert_array_equal(again, want)
+
+
+def test_rounding_is_half_to_even() -> None:
+    """With m fixed at 1, the delta is rint(pattern): ties go to the even integer, as rintf does."""
+    frame = np.full((8, 8, 3), 100, np.uint8)
+    pattern = np.full((8, 8), 0.0, np.float32)
+    pattern[0, :6] = [0.5, 1.5, 2.5, -0.5, -1.5, -2.5]
+    embed_masked_ref(frame, pattern, MaskParams(1.0, 1.0, 1.0))
+    np.testing.assert_array_equal(frame[0, :6, 0], [100, 102, 102, 100, 98, 98])
+
+
+def test_flat_blocks_get_little_and_busy_blocks_get_more() -> None:
+    rng = np.random.default_rng()
+    frame = np.full((64, 64, 3), 128, np.uint8)
+    frame[:, 32:] = rng.integers(0, 256, (64, 32, 3), dtype=np.uint8)
+    p = MaskParams(inv_act=1 / 6, m_lo=0.3, m_hi=1.0)
+    m = block_scale_ref(frame, p)
+    np.testing.assert_array_equal(m[:, :4], np.float32(0.3))   # flat: the floor
+    np.testing.assert_array_equal(m[:, 4:], np.float32(1.0))   # noise: the ceiling
+
+
+@pytest.mark.parametrize("bad", [
+    dict(frame=np.zeros((8, 8), np.uint8), pattern=np.zeros((8, 8), np.float32), what="frame"),
+    dict(frame=np.zeros((8, 8, 4), np.uint8), pattern=np.zeros((8, 8), np.float32), what="frame"),
+    dict(frame=np.zeros((8, 8, 3), np.float32), pattern=np.zeros((8, 8), np.float32), what="frame"),
+    dict(frame=np.zeros((8, 8, 3), np.uint8), pattern=np.zeros((8, 9), np.float32), what="pattern"),
+    dict(frame=np.zeros((8, 8, 3), np.uint8), pattern=np.zeros((8, 8), np.float64), what="pattern"),
+])
+def test_bad_arguments_name_the_argument(bad: dict) -> None:
+    with pytest.raises(ValueError, match=bad["what"]):
+        embed_masked(bad["frame"], bad["pattern"], MaskParams(0.1, 0.3, 1.0))
+
+
+def test_mask_params_are_checked() -> None:
+    with pytest.raises(ValueError, match="m_lo"):
+        MaskParams(0.1, 2.0, 1.0)
+    with pytest.raises(ValueError, match="inv_act"):
+        MaskParams(float("nan"), 0.1, 1.0)

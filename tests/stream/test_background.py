@@ -1,0 +1,70 @@
+"""stream/io/background.py: the encoder thread of the file and live loops keeps the calls' order,
+bounds what waits, and hands its errors back to the loop."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from swapstream.io.background import BackgroundCalls
+
+
+def test_calls_run_in_order_on_another_thread() -> None:
+    seen: list[tuple[int, str]] = []
+    with BackgroundCalls(depth=2) as bg:
+        for i in range(50):
+            bg.submit(lambda i=i: seen.append((i, threading.current_thread().name)))
+    assert [i for i, _ in seen] == list(range(50))
+    assert {name for _, name in seen} == {"encoder"}
+
+
+def test_submit_blocks_while_depth_calls_wait() -> None:
+    gate = threading.Event()
+    bg = BackgroundCalls(depth=1)
+    bg.submit(gate.wait)          # running
+    bg.submit(lambda: None)       # waiting: the queue is full now
+    t0 = time.monotonic()
+    threading.Timer(0.3, gate.set).start()
+    bg.submit(lambda: None)       # blocks until the first call returns
+    assert time.monotonic() - t0 >= 0.25
+    bg.close()
+
+
+def test_an_error_is_raised_in_the_submitting_thread() -> None:
+    ran: list[int] = []
+
+    def boom() -> None:
+        raise OSError("output gone")
+
+    bg = BackgroundCalls(depth=4)
+    bg.submit(boom)
+    bg.submit(ran.append, 1)  # after a failure, queued calls are not run
+    with pytest.raises(OSError, match="output gone"):
+        bg.close()
+    assert ran == []
+
+
+def test_error_at_next_submit() -> None:
+    def boom() -> None:
+        raise ValueError("bad frame")
+
+    bg = BackgroundCalls(depth=1)
+    bg.submit(boom)
+    time.sleep(0.2)
+    with pytest.raises(ValueError, match="bad frame"):
+        bg.submit(lambda: None)
+    bg.abandon()
+
+
+def test_leaving_with_an_error_drops_queued_calls() -> None:
+    ran: list[int] = []
+    gate = threading.Event()
+    with pytest.raises(KeyError):
+        with BackgroundCalls(depth=4) as bg:
+            bg.submit(gate.wait, 5.0)
+            bg.submit(ran.append, 1)
+            threading.Timer(0.2, gate.set).start()
+            raise KeyError("the loop failed")
+    assert ran == []

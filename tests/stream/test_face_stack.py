@@ -1,0 +1,351 @@
+"""The neural face stack on the CPU: the occluder and parser test models (real architectures, from
+tools/make_face_models.py), the torch runner against ONNX Runtime on them, the masks in the swapper's
+paste-back, and `swapstream run` with them end to end."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+pytest.importorskip("torch")
+
+from swapstream.config import load_config  # noqa: E402
+from swapstream.demo import astronaut, grace_hopper, read_frames, write_demo_clip  # noqa: E402
+from swapstream.engines.ort_runner import OnnxRuntimeRunner  # noqa: E402
+from swapstream.engines.torch_runner import TorchRunner  # noqa: E402
+from swapstream.engines.zoo import TEMPLATES, get_spec  # noqa: E402
+from swapstream.face.analyser import FaceAnalyser  # noqa: E402
+from swapstream.neural.face_stack import (FaceEnhancer, FaceMasker, prepare, region_classes,  # noqa: E402
+                                          resize_bilinear)
+from swapstream.neural.swapper import Embedder, NeuralSwapper, SwapContract, align_matrix  # noqa: E402
+
+from ..zoo_models import copy_builtin, place  # noqa: E402
+from ..zoo_models import make_face_models as fm  # noqa: E402
+from ..zoo_models import make_test_models as tm  # noqa: E402
+
+FP32_REL_L2 = 1e-5
+"""Torch (CPU, fp32) against ONNX Runtime (CPU): same arithmetic up to summation order."""
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("face_stack") / "models"
+    d.mkdir()
+    copy_builtin(d)
+    place(d, "arcface_w600k_r50", tm.arcface_stub(seed=0))
+    place(d, "inswapper_128", tm.inswapper(width=8, blocks=1, seed=2))
+    place(d, "xseg_1", fm.xseg(seed=0))
+    place(d, "bisenet_resnet_18", fm.bisenet(seed=0))
+    place(d, "gfpgan_1.4", fm.gfpgan_1_4(seed=0))  # about 346 MB, in the test's temporary folder
+    return d
+
+
+@pytest.fixture(scope="module")
+def crafted(tmp_path_factory: pytest.TempPathFactory, models: Path) -> Path:
+    """The same architectures with weights that make known masks: green is an occluder, all is skin
+    (and the random GFPGAN of `models`, linked rather than written twice)."""
+    d = tmp_path_factory.mktemp("face_stack_crafted") / "models"
+    d.mkdir()
+    for f in ("gfpgan_1.4.onnx", "gfpgan_1.4.hash"):
+        os.link(models / f, d / f)
+    copy_builtin(d)
+    place(d, "arcface_w600k_r50", tm.arcface_stub(seed=0))
+    place(d, "inswapper_128", tm.inswapper(width=8, blocks=1, seed=2))
+    place(d, "xseg_1", fm.xseg_green_occluder())
+    place(d, "bisenet_resnet_18", fm.bisenet_all_skin(seed=0))
+    return d
+
+
+@pytest.mark.parametrize("name,shape", [("xseg_1", (2, 256, 256, 3)), ("bisenet_resnet_18", (2, 3, 512, 512)),
+                                        ("gfpgan_1.4", (1, 3, 512, 512))])
+def test_torch_runner_matches_onnxruntime_fp32(models: Path, name: str, shape: tuple[int, ...]) -> None:
+    path = models / f"{name}.onnx"
+    ort, tr = OnnxRuntimeRunner(path), TorchRunner(path, device="cpu", precision="fp32")
+    ort.activate()
+    tr.activate()
+    assert tr.architecture == name.split("_")[0]  # the native module, not a fallback
+    x = np.random.default_rng(1).random(shape, dtype=np.float32)
+    if name.startswith("gfpgan"):
+        x = x * 2 - 1  # its input range
+    want = next(iter(ort.infer({"input": x}).values()))
+    got = next(iter(tr.infer({"input": x}).values()))
+    assert got.shape == want.shape
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) <= FP32_REL_L2
+    if name.startswith("bisenet"):
+        # The runner reads the fused head (FaceFusion's first output): it must be the first one.
+        assert [o.name for o in tr.outputs] == ["output"]
+        assert (got.argmax(1) == want.argmax(1)).mean() > 0.999
+
+
+def test_contracts_of_the_test_models(models: Path) -> None:
+    import onnx
+
+    for name, ins, outs in (("xseg_1", [["batch", 256, 256, 3]], [["batch", 256, 256, 1]]),
+                            ("bisenet_resnet_18", [["batch", 3, 512, 512]], [["batch", 19, 512, 512]] * 3)):
+        g = onnx.load(str(models / f"{name}.onnx")).graph
+        dims = lambda vs: [[d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in vs]  # noqa: E731
+        assert [i.name for i in g.input] == ["input"]
+        assert dims(g.input) == ins and dims(g.output) == outs
+
+
+def test_prepare_follows_each_contract() -> None:
+    crops = np.zeros((1, 4, 4, 3), np.float32)
+    crops[..., 0] = 255.0  # pure red
+    x = prepare(crops, get_spec("xseg_1"))
+    assert x.shape == (1, 256, 256, 3)
+    np.testing.assert_allclose(x[0, 0, 0], [0.0, 0.0, 1.0])  # BGR, /255, NHWC
+    y = prepare(crops, get_spec("bisenet_resnet_18"))
+    assert y.shape == (1, 3, 512, 512)
+    np.testing.assert_allclose(y[0, :, 0, 0], [(1 - .485) / .229, -.456 / .224, -.406 / .225], rtol=1e-6)
+
+
+def test_resize_bilinear_matches_cv2() -> None:
+    import cv2
+
+    x = np.random.default_rng(0).random((1, 37, 37, 1), dtype=np.float32)
+    for size in (16, 128):
+        want = cv2.resize(x[0, :, :, 0], (size, size), interpolation=cv2.INTER_LINEAR)
+        np.testing.assert_allclose(resize_bilinear(x, size)[0, :, :, 0], want, atol=1e-5)
+
+
+def test_region_names() -> None:
+    assert region_classes(["eyes", "nose"]) == (4, 5, 10)
+    assert region_classes(["skin", "left-eyebrow", "skin"]) == (1, 2)
+
+
+# --------------------------------------------------------------------------------------------------
+# Occluded pixels keep the target, through real inference in the real swap path
+
+
+def _swapper(models: Path, masker: FaceMasker | None) -> NeuralSwapper:
+    spec = get_spec("inswapper_128")
+    contract = SwapContract(size=128, template=TEMPLATES["arcface_128"], mean=spec.mean, std=spec.std,
+                            embedding="normalized", output_range="0_1_clip")
+    runner = OnnxRuntimeRunner(models / "inswapper_128.onnx")
+    runner.activate()
+    emb = OnnxRuntimeRunner(models / "arcface_w600k_r50.onnx")
+    emb.activate()
+    return NeuralSwapper(contract, runner, Embedder(emb, TEMPLATES["arcface_112_v2"]), masker=masker)
+
+
+def test_occluded_pixels_keep_the_target(crafted: Path) -> None:
+    models = crafted
+    frame = grace_hopper().copy()
+    cfg = load_config(overrides=[f"models_dir={models}"])
+    analyser = FaceAnalyser(cfg, models)
+    try:
+        face = analyser.analyse_image(frame)[0]
+        source = analyser.analyse_image(astronaut())[0]
+    finally:
+        analyser.close()
+    # Paint a green occluder over one cheek, inside the swapper's crop.
+    m = align_matrix(face.kps, TEMPLATES["arcface_128"], 128)
+    inv = cv2_invert(m)
+    (x0, y0), (x1, y1) = (inv @ [40, 70, 1]).astype(int), (inv @ [62, 95, 1]).astype(int)
+    frame[y0:y1, x0:x1] = (20, 230, 20)
+
+    occ = OnnxRuntimeRunner(models / "xseg_1.onnx")  # the crafted "green is an occluder" XSeg
+    occ.activate()
+    results = {}
+    for label, masker in (("plain", None), ("masked", FaceMasker(occluder=occ, occluder_spec=get_spec("xseg_1")))):
+        sw = _swapper(models, masker)
+        sw.set_source(astronaut(), source)
+        out = frame.copy()
+        assert sw.swap(out, [face]) == 1
+        results[label] = np.abs(out.astype(int) - frame.astype(int)).max(axis=2)
+    # FaceFusion's softening (blur sigma 5 crop pixels, then [0.5, 1] -> [0, 1]) leaves a convex corner
+    # of an occluder partly painted up to about 0.55 sigma inside it, and the paste samples the mask
+    # bilinearly: 5 crop pixels in from the painted edge, every pixel must be the target's.
+    margin = int(np.ceil(5 / np.sqrt(abs(np.linalg.det(m[:, :2])))))
+    inner = (slice(y0 + margin, y1 - margin), slice(x0 + margin, x1 - margin))
+    assert results["plain"][inner].size > 50
+    # Without the mask the swap paints over the occluder; with it every occluder pixel is the target's.
+    assert (results["plain"][inner] > 30).mean() > 0.5
+    assert results["masked"][inner].max() == 0
+    # Elsewhere on the face the masked swap still paints.
+    (cx, cy) = (inv @ [64, 50, 1]).astype(int)
+    assert results["masked"][cy - 5:cy + 5, cx - 5:cx + 5].mean() > 10
+
+
+def test_region_mask_paints_only_the_chosen_parts(crafted: Path) -> None:
+    """The crafted parser calls every pixel skin: with `skin` chosen the swap paints, with only `nose`
+    chosen it may paint nothing, through real inference of the parser in the swap path."""
+    frame = grace_hopper().copy()
+    cfg = load_config(overrides=[f"models_dir={crafted}"])
+    analyser = FaceAnalyser(cfg, crafted)
+    try:
+        face = analyser.analyse_image(frame)[0]
+        source = analyser.analyse_image(astronaut())[0]
+    finally:
+        analyser.close()
+    parser = OnnxRuntimeRunner(crafted / "bisenet_resnet_18.onnx")
+    parser.activate()
+    changed = {}
+    for regions in (["skin"], ["nose"]):
+        masker = FaceMasker(parser=parser, parser_spec=get_spec("bisenet_resnet_18"),
+                            regions=region_classes(regions))
+        sw = _swapper(crafted, masker)
+        sw.set_source(astronaut(), source)
+        out = frame.copy()
+        sw.swap(out, [face])
+        changed[regions[0]] = int((np.abs(out.astype(int) - frame.astype(int)).max(axis=2) > 0).sum())
+    assert changed["skin"] > 1000 and changed["nose"] == 0
+
+
+def test_bad_face_stack_names_give_one_line() -> None:
+    from swapstream.errors import ConfigError
+
+    for item, known in (("enhancer=gfpgan_9", "gfpgan_1.4"), ("mask.parser=bisenet_9", "bisenet_resnet_18"),
+                        ("mask.regions=skin,hair", "'nose'")):
+        with pytest.raises(ConfigError) as e:
+            load_config(overrides=[item])
+        msg = str(e.value)
+        assert "\n" not in msg and item.split("=")[0] in msg and known in msg
+
+
+def test_enhancer_shares_the_swap_paste(models: Path) -> None:
+    """Blend 0 must give the plain swap (the enhancer's crop-to-crop warp and single paste change
+    nothing but resampling); blend 1 repaints inside the swap's mask and nowhere else."""
+    frame = grace_hopper().copy()
+    cfg = load_config(overrides=[f"models_dir={models}"])
+    analyser = FaceAnalyser(cfg, models)
+    try:
+        face = analyser.analyse_image(frame)[0]
+        source = analyser.analyse_image(astronaut())[0]
+    finally:
+        analyser.close()
+    runner = OnnxRuntimeRunner(models / "gfpgan_1.4.onnx")
+    runner.activate()
+    spec = get_spec("gfpgan_1.4")
+    outs = {}
+    for label, enh in (("plain", None),
+                       ("blend0", FaceEnhancer(runner, spec, TEMPLATES["ffhq_512"], blend=0.0)),
+                       ("blend1", FaceEnhancer(runner, spec, TEMPLATES["ffhq_512"], blend=1.0))):
+        sw = _swapper(models, None)
+        sw.enhancer = enh
+        sw.set_source(astronaut(), source)
+        out = frame.copy()
+        sw.swap(out, [face])
+        outs[label] = out.astype(int)
+    swapped = np.abs(outs["plain"] - frame.astype(int)).max(axis=2) > 30
+    assert swapped.sum() > 1000
+    d0 = np.abs(outs["blend0"] - outs["plain"]).max(axis=2)
+    d1 = np.abs(outs["blend1"] - outs["plain"]).max(axis=2)
+    # Two bilinear resamplings (128 -> 512 -> frame) against one, on a random model's busy output.
+    assert np.median(d0[swapped]) <= 3 and np.median(d1[swapped]) > 5 * max(1.0, np.median(d0[swapped]))
+    # Outside the swap's reach nothing moves, enhanced or not.
+    untouched = np.abs(outs["plain"] - frame.astype(int)).max(axis=2) == 0
+    grown = cv2_dilate(~untouched, 9)
+    assert (d1[~grown] == 0).all()
+
+
+def cv2_dilate(mask: np.ndarray, k: int) -> np.ndarray:
+    import cv2
+
+    return cv2.dilate(mask.astype(np.uint8), np.ones((k, k), np.uint8)) > 0
+
+
+def cv2_invert(m: np.ndarray) -> np.ndarray:
+    import cv2
+
+    return cv2.invertAffineTransform(m)
+
+
+# --------------------------------------------------------------------------------------------------
+# swapstream run, end to end
+
+
+def _run(models: Path, tmp: Path, name: str, *sets: str) -> Path:
+    import cv2
+
+    clip = tmp / "clip.mp4"
+    if not clip.exists():
+        write_demo_clip(clip, grace_hopper(), seconds=0.3, fps=10, size=(640, 360))
+        cv2.imwrite(str(tmp / "source.png"), cv2.cvtColor(astronaut(), cv2.COLOR_RGB2BGR))
+    out = tmp / f"{name}.mp4"
+    args = ["run", "-s", tmp / "source.png", "-i", clip, "-o", out, "--models-dir", models,
+            "--set", "swapper=inswapper_128", "--set", "neural.download=false",
+            "--set", "neural.runner=onnxruntime"]
+    for item in sets:
+        args += ["--set", item]
+    res = subprocess.run([sys.executable, "-m", "swapstream.cli", *map(str, args)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out
+
+
+def test_run_with_occlusion_and_region_masks(crafted: Path, tmp_path: Path) -> None:
+    # The clip has no green and the parser calls everything skin: the masks must let the whole swap
+    # through, so the output is the box-only one up to x264's noise.
+    masked = _run(crafted, tmp_path, "masked", "mask.types=box,occlusion,region",
+                  "mask.regions=skin,nose,mouth,eyes,eyebrows")
+    box = _run(crafted, tmp_path, "box", "mask.types=box")
+    a, b, c = (read_frames(p, [0, 2]) for p in (tmp_path / "clip.mp4", box, masked))
+    for i in a:
+        swapped = np.abs(a[i].astype(int) - b[i].astype(int)).max(axis=2) > 40
+        assert swapped.sum() > 500
+        same = np.abs(b[i].astype(int) - c[i].astype(int)).max(axis=2)
+        change = np.abs(a[i].astype(int) - b[i].astype(int)).max(axis=2)[swapped]
+        q, qc = np.percentile(same[swapped], [50, 90]), np.percentile(change, [50, 90])
+        # x264 re-encodes the random model's high-frequency output differently for any change of
+        # input, so compare against the size of the swap itself rather than against zero.
+        assert q[0] <= 0.1 * qc[0] and q[1] <= 0.2 * qc[1], (q, qc)
+
+
+def test_run_with_masks_and_the_gfpgan_enhancer(crafted: Path, tmp_path: Path) -> None:
+    """The issue's command: `swapstream run --set mask.types=occlusion,region --set enhancer=gfpgan_1.4`
+    on the test models (random GFPGAN v1.4 architecture): the enhancer repaints the swapped face, and
+    only there."""
+    enhanced = _run(crafted, tmp_path, "enhanced", "mask.types=occlusion,region", "enhancer=gfpgan_1.4")
+    plain = _run(crafted, tmp_path, "plain", "mask.types=occlusion,region")
+    a, b, c = (read_frames(p, [0, 2]) for p in (tmp_path / "clip.mp4", plain, enhanced))
+    for i in a:
+        swapped = np.abs(a[i].astype(int) - b[i].astype(int)).max(axis=2) > 40
+        assert swapped.sum() > 500
+        moved = np.abs(b[i].astype(int) - c[i].astype(int)).max(axis=2)
+        assert np.median(moved[swapped]) > 20  # random weights: the "enhancement" is a repaint
+        far = ~cv2_dilate(np.abs(a[i].astype(int) - b[i].astype(int)).max(axis=2) > 12, 31)
+        assert np.percentile(moved[far], 99) <= 12  # x264's noise only, away from the face
+
+
+def test_area_mask_is_refused_with_one_line(models: Path) -> None:
+    from swapstream.neural.factory import NeuralStages
+    from swapstream.engines.errors import EngineUserError
+
+    cfg = load_config(overrides=["swapper=inswapper_128", "neural.download=false", f"models_dir={models}",
+                                 "neural.runner=onnxruntime", "mask.types=box,area"])
+    with pytest.raises(EngineUserError, match="mask.types 'area' needs 68-point landmarks"):
+        NeuralStages(cfg)
+
+
+def test_runtime_backend_skips_parser_and_enhancer_for_stepped_down_streams(crafted: Path) -> None:
+    from swapstream.demo import render_target_frame
+    from swapstream.runtime.swappers import NeuralBackend, SwapItem
+
+    cfg = load_config("multi_stream", ["neural.download=false", "neural.runner=onnxruntime",
+                                       f"models_dir={crafted}", "mask.types=box,occlusion,region",
+                                       "enhancer=gfpgan_1.4"])
+    backend = NeuralBackend("inswapper_128", cfg)
+    try:
+        img = render_target_frame(grace_hopper(), 0.0, (320, 240))
+        faces = backend._analyser.analyse_image(img)
+        ident = backend.identity(astronaut())
+        masker, enhancer = backend.swapper.masker, backend.swapper.enhancer
+        assert masker is not None and enhancer is not None
+        full = SwapItem(img.copy(), faces, ident)
+        stepped = SwapItem(img.copy(), faces, ident, region=False, enhance=False)
+        assert backend.swap([full, stepped]) == [1, 1]
+        # Two model calls: occluder + parser for the full stream's batch, occluder alone for the
+        # stepped-down one; the enhancer once, for the full stream only.
+        assert (masker.calls, enhancer.calls) == (3, 1)
+        assert masker.use_region and enhancer.enabled  # restored for the next batch
+        assert np.abs(full.frame.astype(int) - stepped.frame.astype(int)).max() > 20
+    finally:
+        backend.close()
