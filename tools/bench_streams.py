@@ -206,10 +206,12 @@ def run_config(api: Api, args: argparse.Namespace, n: int, res: str, rtmp_base: 
         warm = wait_steady(api, ids, fps, args.warmup_timeout)
         time.sleep(args.settle)
         before = {s["id"]: s for s in api.call("GET", "/api/streams")[1]["streams"]}
+        stages0 = stage_sums(api, set(ids))
         t0 = time.monotonic()
         time.sleep(args.seconds)
         after = {s["id"]: s for s in api.call("GET", "/api/streams")[1]["streams"]}
         span = time.monotonic() - t0
+        stages = stage_means(stages0, stage_sums(api, set(ids)))
         marks = check_outputs(rtmp_base, ids) if args.check_output and args.sink == "rtmp" else None
         workers = api.call("GET", "/api/workers")[1]
     finally:
@@ -243,12 +245,15 @@ def run_config(api: Api, args: argparse.Namespace, n: int, res: str, rtmp_base: 
            "p99_ms_worst_stream": max(p99s) if p99s else None,
            "p50_ms_median_stream": p50s[len(p50s) // 2] if p50s else None,
            "streams_failed": n - len(ok), "streams_degraded": sum(1 for s in ok if s["level"] > 0),
+           "stage_ms_mean": stages,
            "per_stream": per, "workers": workers.get("workers") if isinstance(workers, dict) else None}
     row["within_budget"] = bool(ok) and len(ok) == n and max(p99s, default=1e9) <= args.budget_ms \
         and row["drops_pct"] <= 1.0
     if marks is not None:
         row["watermark_found"] = marks
     print(json.dumps({k: v for k, v in row.items() if k not in ("per_stream", "workers")}), flush=True)
+    for w in row["workers"] or []:
+        print("  worker", json.dumps({k: w.get(k) for k in ("name", "state", "streams", "busy", "refusal")}), flush=True)
     return row
 
 
@@ -263,6 +268,41 @@ def wait_steady(api: Api, ids: list[str], fps: float, timeout: float) -> bool:
         time.sleep(0.5)
     print(f"warning: not every stream reached 90% of {fps:g} fps in {timeout:.0f} s", flush=True)
     return False
+
+
+def stage_sums(api: Api, ids: set[str]) -> dict[str, tuple[float, float]]:
+    """The server's own per-stage time histograms (/metrics), summed over the streams in `ids`:
+    stage -> (seconds, frames); and the swap batches' faces and seconds per call ("batch_faces",
+    "batch_run")."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, text = api.call("GET", "/metrics")
+    out: dict[str, list[float]] = {}
+    if status != 200 or not isinstance(text, str):
+        return {}
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            if fam.name == "swapstream_stage_latency_seconds" and smp.labels.get("stream") in ids:
+                key = smp.labels["stage"]
+            elif fam.name in ("swapstream_batch_size", "swapstream_batch_seconds"):
+                key = "batch_faces" if fam.name == "swapstream_batch_size" else "batch_run"
+            else:
+                continue
+            if smp.name.endswith("_sum"):
+                out.setdefault(key, [0.0, 0.0])[0] += smp.value
+            elif smp.name.endswith("_count"):
+                out.setdefault(key, [0.0, 0.0])[1] += smp.value
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def stage_means(a: dict[str, tuple[float, float]], b: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """Each stage's mean over the window between two `stage_sums` (ms; batch_faces in faces)."""
+    out = {}
+    for k, (s1, n1) in b.items():
+        s0, n0 = a.get(k, (0.0, 0.0))
+        if n1 > n0:
+            out[k] = round((s1 - s0) / (n1 - n0) * (1.0 if k == "batch_faces" else 1e3), 2)
+    return out
 
 
 def stream_overrides(items: list[str]) -> list[str]:
@@ -300,7 +340,7 @@ def records(rows: list[dict[str, Any]], args: argparse.Namespace, command: str) 
     for r in rows:
         cfg = {"n": r["n"], "res": r["res"], "fps": r["fps"], "source": r["source"], "sink": r["sink"],
                "workers": args.workers, "swapper": args.swapper, "budget_ms": args.budget_ms,
-               "set": args.set, "within_budget": r["within_budget"]}
+               "set": args.set, "within_budget": r["within_budget"], "stage_ms_mean": r.get("stage_ms_mean")}
         tag = f"{r['res']}{round(r['fps'])}_{r['sink']}_n{r['n']}"
         for metric, value, unit, stat in ((f"serve_latency_{tag}", r["p99_ms_worst_stream"], "ms", "p99"),
                                           (f"serve_latency_{tag}", r["p50_ms_median_stream"], "ms", "p50"),
@@ -334,6 +374,15 @@ def markdown(rows: list[dict[str, Any]], recs: list[dict[str, Any]]) -> str:
         lines.append(f"| {r['res']} | {r['sink']} | {r['source']} | {r['n']} | {r['p50_ms_median_stream']} | "
                      f"{r['p99_ms_worst_stream']} | {r['drops_pct']} | {r['faces_per_s']} | "
                      f"{r['streams_degraded']} | {r['streams_failed']} | {'yes' if r['within_budget'] else 'no'} |")
+    staged = [r for r in rows if r.get("stage_ms_mean")]
+    if staged:
+        keys = ("queue", "analyse", "swap_wait", "swap", "encode", "total", "batch_run", "batch_faces")
+        lines += ["", "Where a frame's time goes (the server's own stage histograms, means over the window; "
+                  "analyse includes its batch's wait; batch_run is one swap call, batch_faces its faces):", "",
+                  "| res | N | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
+        for r in staged:
+            m = r["stage_ms_mean"]
+            lines.append(f"| {r['res']} | {r['n']} | " + " | ".join(str(m.get(k, "-")) for k in keys) + " |")
     lines += ["", "| summary | value |", "|---|---|"]
     lines += [f"| {x['metric']} | {x['value']} {x['unit']} |" for x in recs if x["stat"] == "max"]
     return "\n".join(lines) + "\n"

@@ -155,6 +155,9 @@ class StreamPipeline:
         self.state: State = "starting"
         self.error: str | None = None
         self.created = time.time()
+        self.changed_mono = time.monotonic()
+        """When this stream last put one-time work on its device (its start, a new source face's
+        identity): the frames around it say nothing about the device's room (worker.load_report)."""
         self.finished: float | None = None
         """time.time() when an ended or failed stream had given back its resources."""
         pts: Any = lambda w: w.frame.pts  # noqa: E731
@@ -382,6 +385,7 @@ class StreamPipeline:
             self.source_image = image
             self._identities = {self.backend_name: ident}
             self.source_version += 1
+            self.changed_mono = time.monotonic()
             self.latency_since_change.clear()
             self._changed_at = time.monotonic()
 
@@ -699,11 +703,11 @@ class StreamPipeline:
             "created": self.created, "finished": self.finished,
         }
 
-    def latency_window(self, seconds: float = 0.0) -> dict[str, Any]:
+    def latency_window(self, seconds: float = 0.0, arrived_after: float = 0.0) -> dict[str, Any]:
         """p50, p99 and count of the latencies of the frames output in the last `seconds` (default
-        LATENCY_WINDOW_S)."""
+        LATENCY_WINDOW_S), of those that arrived after `arrived_after` (monotonic) only."""
         since = time.monotonic() - (seconds or LATENCY_WINDOW_S)
-        lat = sorted(ms for t, ms in list(self.latency_timed) if t >= since)
+        lat = sorted(ms for t, ms in list(self.latency_timed) if t >= since and t - ms / 1e3 > arrived_after)
 
         def pct(q: float) -> float | None:
             return round(lat[min(len(lat) - 1, int(q * len(lat)))], 1) if lat else None
