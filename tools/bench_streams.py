@@ -173,6 +173,7 @@ def run_config(api: Api, args: argparse.Namespace, n: int, res: str, rtmp_base: 
     fps = args.fps[res]
     pubs: list[subprocess.Popen[bytes]] = []
     ids = [f"b{res}-{n}-{i}" for i in range(n)]
+    wait_idle(api)
     try:
         for i, sid in enumerate(ids):
             if args.source == "rtmp":
@@ -253,8 +254,25 @@ def run_config(api: Api, args: argparse.Namespace, n: int, res: str, rtmp_base: 
         row["watermark_found"] = marks
     print(json.dumps({k: v for k, v in row.items() if k not in ("per_stream", "workers")}), flush=True)
     for w in row["workers"] or []:
-        print("  worker", json.dumps({k: w.get(k) for k in ("name", "state", "streams", "busy", "refusal")}), flush=True)
+        print("  worker", json.dumps({"name": w.get("name"), "streams": len(w.get("streams") or []),
+                                      "busy": (w.get("load") or {}).get("busy"), "refusal": w.get("refusal")}),
+              flush=True)
     return row
+
+
+def wait_idle(api: Api, timeout: float = 30.0) -> None:
+    """Until every worker reports no stream and an idle device thread: each configuration starts
+    from a quiet server, not from the last one's load reports (their busy share spans 5 s)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status, info = api.call("GET", "/api/workers")
+        if status == 404:
+            return  # one process, no workers: its streams went with the last DELETE
+        loads = [w.get("load") or {} for w in info.get("workers", [])] if status == 200 and isinstance(info, dict) else []
+        if loads and all(not x.get("streams") and float(x.get("busy") or 0.0) < 0.05 for x in loads):
+            return
+        time.sleep(0.5)
+    print(f"warning: the workers were not idle {timeout:.0f} s after the last configuration", flush=True)
 
 
 def wait_steady(api: Api, ids: list[str], fps: float, timeout: float) -> bool:

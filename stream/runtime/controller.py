@@ -19,6 +19,13 @@ Hysteresis: a step down needs the p99 over the frames since the last change to e
 `down_cooldown` seconds since the last change; a step up needs the p99 under `up_ratio` x budget and the
 GPU under `gpu_low`, continuously for `up_hold` seconds. The gap between `up_ratio` and 1 is what keeps
 a stream whose cost sits near its budget from flapping.
+
+A step down that makes things worse is undone: when, over the frames since it, the p99 is over the
+budget and more than `worse_ratio` times what it was before it, the stream goes back up and that
+step is not taken again for `futile_hold` seconds. (On an H200 under load the `mesh` step cost more than the neural swap it
+replaced, and streams stepped down into a state they could not leave.) Saturation of the GPU steps
+down only a stream that is not comfortably within its budget: a GPU full of streams within budget
+is the goal, not a fault.
 """
 
 from __future__ import annotations
@@ -62,6 +69,11 @@ class ControllerSettings:
     """Seconds of saturation before one stream on that GPU steps down (then again after as long)."""
     gpu_low: float = 0.75
     """No stream on a GPU steps up while its utilisation is at or above this."""
+    worse_ratio: float = 1.2
+    """A step down after which the p99 exceeds this many times the p99 before it made things worse
+    (a margin over the p99's own noise between two windows)."""
+    futile_hold: float = 30.0
+    """Seconds a step down that made things worse is not taken again."""
 
     def __post_init__(self) -> None:
         if not 0 < self.up_ratio < 1:
@@ -108,6 +120,10 @@ class Decision:
 class _StreamState:
     last_change: float
     good_since: float | None = None
+    before_p99: float | None = None
+    """The p99 that led to the last step down (None: the last change was not a step down)."""
+    futile: dict[int, float] = field(default_factory=dict)
+    """Level -> until when a step down to it is not taken (it did not help)."""
 
 
 @dataclass
@@ -134,7 +150,16 @@ class DegradationController:
                 continue
             if o.p99_ms > o.budget_ms:
                 st.good_since = None
-                if o.level < len(o.steps) and now - st.last_change >= s.down_cooldown:
+                if st.before_p99 is not None and o.level > 0 and o.p99_ms > s.worse_ratio * st.before_p99:
+                    step = o.steps[o.level - 1]
+                    before = st.before_p99
+                    st.futile[o.level] = now + s.futile_hold
+                    out.append(self._change(o, st, now, -1, f"{step} made it worse: p99 {o.p99_ms:.0f} ms "
+                                                             f"after it, {before:.0f} ms before; not "
+                                                             f"taken again for {s.futile_hold:g} s"))
+                    continue
+                if (o.level < len(o.steps) and now - st.last_change >= s.down_cooldown
+                        and st.futile.get(o.level + 1, 0.0) <= now):
                     out.append(self._change(o, st, now, +1, f"p99 {o.p99_ms:.0f} ms over the "
                                                              f"budget of {o.budget_ms:.0f} ms"))
                 continue
@@ -161,8 +186,11 @@ class DegradationController:
             self._hot_since = now
         if now - self._hot_since < s.gpu_high_for:
             return []
-        # The stream furthest over (or least under) its budget gives way first.
-        candidates = [o for o in streams if o.level < len(o.steps) and o.stream_id not in changed]
+        # The stream furthest over (or least under) its budget gives way first; a stream comfortably
+        # within its budget (under up_ratio of it) does not, however busy the GPU.
+        candidates = [o for o in streams if o.level < len(o.steps) and o.stream_id not in changed
+                      and o.p99_ms is not None and o.p99_ms >= s.up_ratio * o.budget_ms
+                      and self._streams.get(o.stream_id, _StreamState(now)).futile.get(o.level + 1, 0.0) <= now]
         if not candidates:
             return []
         worst = max(candidates, key=lambda o: (o.p99_ms or 0.0) / o.budget_ms)
@@ -178,4 +206,5 @@ class DegradationController:
         step = o.steps[new - 1] if delta > 0 else o.steps[o.level - 1]
         st.last_change = now
         st.good_since = None
+        st.before_p99 = o.p99_ms if delta > 0 else None
         return Decision(o.stream_id, o.level, new, step, reason)

@@ -13,8 +13,9 @@ once per report in a `Headroom`:
 
 A worker takes no new stream when it is not ready, its models did not verify, it holds its most
 streams, its busy share with one more stream would pass BUSY_MAX, or one of its streams is over its
-budget. Among the others the stream goes to the lowest load (the higher of the busy share and the
-worst p99/budget, in steps of 0.1), then the fewest streams whose frames arrive near the new
+budget. Among the others the stream goes to the lowest load (the higher of the busy share it would
+have with the new stream, the streams placed since its report counted, and the worst p99/budget, in
+steps of 0.1), then the fewest streams whose frames arrive near the new
 stream's phase (when that phase is known: a stream moved after its worker died), then the fewest
 streams, then the first worker.
 """
@@ -30,6 +31,9 @@ OVER_BUDGET = 1.0
 BUSY_MAX = 0.95
 """A worker whose device thread would be busy more than this share of the time with one more stream
 takes none: the rest is the slack that absorbs bursts (keyframes, many faces at once)."""
+FALLBACK_COST = 0.05
+"""What one stream is taken to add to a worker's busy share when no worker's report can tell yet
+(none holds a reported stream): small, so that it decides only between workers otherwise alike."""
 PHASE_WINDOW = 0.125
 """Two streams whose frames arrive within this fraction of a frame period of each other collide:
 their frames wait for the device together."""
@@ -52,7 +56,8 @@ class Headroom:
     models: str | None = None
     """Why its models did not verify (None: they did, or the report does not say)."""
     load: float = field(init=False)
-    """The higher of `busy` and the worst p99/budget, in steps of 0.1 (what placement ranks by)."""
+    """The higher of `busy` and the worst p99/budget, in steps of 0.1: the load as reported (placement
+    ranks by the load with the new stream, `projected_busy`)."""
     per_stream: float = field(init=False)
     """What one more stream adds to `busy`, judged by the streams it holds: their mean share."""
     over: bool = field(init=False)
@@ -105,10 +110,24 @@ def crowding(phases: Sequence[float], phase: float) -> int:
     return n
 
 
-def refusal(w: Placeable, held: int, default_max: int, cost: float | None = None) -> str | None:
+def stream_cost(workers: Sequence[Placeable]) -> float:
+    """What one stream adds to a busy share, judged by every worker that reported streams (their
+    mean per stream); FALLBACK_COST when none did. Used for a worker whose own report holds none."""
+    known = [w.headroom.per_stream for w in workers if w.headroom.reported_streams]
+    return sum(known) / len(known) if known else FALLBACK_COST
+
+
+def projected_busy(h: Headroom, held: int, cost: float) -> float:
+    """The busy share of a worker with one more stream: its report's, plus `cost` for each stream
+    placed since the report and for the new one (its own streams' mean when it reported some)."""
+    one = h.per_stream if h.reported_streams else cost
+    return h.busy + one * (max(0, held - h.reported_streams) + 1)
+
+
+def refusal(w: Placeable, held: int, default_max: int, cost: float = FALLBACK_COST) -> str | None:
     """Why `w` takes no new stream now (None: it takes one). `held`: the streams the parent placed on
     it, those being created included (a burst of creates must spread before the next reports show
-    them); `cost`: the new stream's busy share where known, else the mean of the worker's own."""
+    them); `cost`: a stream's busy share where the worker's own report cannot tell (`stream_cost`)."""
     if w.state != "ready":
         return f"{w.name}: {w.state}"
     h = w.headroom
@@ -117,9 +136,7 @@ def refusal(w: Placeable, held: int, default_max: int, cost: float | None = None
     cap = h.max_streams or default_max
     if held >= cap:
         return f"{w.name}: {held} streams, its most (runtime.max_streams {cap})"
-    one = h.per_stream if cost is None else cost
-    # Streams placed since the report add what the report's own streams cost, each.
-    projected = h.busy + one * (max(0, held - h.reported_streams) + 1)
+    projected = projected_busy(h, held, cost)
     if projected > BUSY_MAX:
         return (f"{w.name}: device thread busy {h.busy:.0%} of the time, {projected:.0%} with one more "
                 f"stream")
@@ -132,8 +149,10 @@ def refusal(w: Placeable, held: int, default_max: int, cost: float | None = None
 def choose(workers: Sequence[W], held: Callable[[W], int], default_max: int, *,
            phase: float | None = None, cost: float | None = None, exclude: W | None = None) -> W:
     """The worker a new stream goes to (see the module's docstring); NoRoom with every worker's
-    reason when none takes it. Linear in the workers, one pass: this runs on every create and every
+    reason when none takes it. `cost`: a stream's busy share where a worker's report cannot tell
+    (default: `stream_cost`). Linear in the workers, two passes: this runs on every create and every
     move, and the simulator calls it for 1,000 GPUs."""
+    est = stream_cost(workers) if cost is None else cost
     best: W | None = None
     best_key: tuple[float, int, int] = (0.0, 0, 0)
     for w in workers:
@@ -145,14 +164,19 @@ def choose(workers: Sequence[W], held: Callable[[W], int], default_max: int, *,
         # written only when no worker takes the stream).
         if h.models is not None or h.over or n >= (h.max_streams or default_max):
             continue
-        if h.busy + (h.per_stream if cost is None else cost) * (max(0, n - h.reported_streams) + 1) > BUSY_MAX:
+        projected = projected_busy(h, n, est)
+        if projected > BUSY_MAX:
             continue
-        key = (h.load, crowding(h.phases, phase) if phase is not None else 0, n)
+        # Ranked by the load it would have, streams placed since its report included: ranked by its
+        # report alone, a worker that reported idle took every stream of a burst (an H200 run put
+        # 13 of 32 streams on one of 8 workers so).
+        load = round(max(projected, h.worst[1] if h.worst else 0.0), 1)
+        key = (load, crowding(h.phases, phase) if phase is not None else 0, n)
         if best is None or key < best_key:  # ties: the first worker
             best, best_key = w, key
     if best is None:
         raise NoRoom([r for w in workers if w is not exclude
-                      and (r := refusal(w, held(w), default_max, cost)) is not None])
+                      and (r := refusal(w, held(w), default_max, est)) is not None])
     return best
 
 

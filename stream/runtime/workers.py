@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..config import Config
-from .placement import Headroom, NoRoom, choose, headroom, refusal
+from .placement import Headroom, NoRoom, choose, headroom, refusal, stream_cost
 
 log = logging.getLogger(__name__)
 
@@ -417,7 +417,7 @@ class WorkerPool:
 
     def refusal(self, w: Worker) -> str | None:
         """Why `w` takes no new stream now, or None (runtime.placement.refusal)."""
-        return refusal(w, self.streams_on(w), self.config.runtime.max_streams)
+        return refusal(w, self.streams_on(w), self.config.runtime.max_streams, stream_cost(self.workers))
 
     def choose(self, exclude: Worker | None = None, phase: float | None = None) -> Worker:
         """The worker a new stream goes to (runtime.placement.choose): PoolError 503 with every

@@ -22,7 +22,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from swapstream.runtime.placement import BUSY_MAX, Headroom, NoRoom, choose, crowding, headroom
+from swapstream.runtime.placement import (BUSY_MAX, FALLBACK_COST, Headroom, NoRoom, choose, crowding, headroom,
+                                          stream_cost)
 from swapstream.runtime.workers import merge_metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -121,6 +122,27 @@ def test_placement_goes_by_load_then_phase_then_streams() -> None:
     assert choose([a, b, c], lambda w: held[w.name], 8, phase=0.52).name == "b"
     # The phase circle wraps: 0.98 is near 0.0.
     assert crowding((0.0,), 0.98) == 1
+
+
+def test_a_burst_spreads_over_workers_whose_reports_are_stale() -> None:
+    # Eight workers: one reported idle (its streams just went), the others reported 0.6 busy with
+    # two streams each (0.3 a stream) and the streams placed since are not in any report yet.
+    idle = _worker("w0", busy=0.0, streams=0)
+    others = [_worker(f"w{i}", busy=0.6, streams=0) for i in range(1, 8)]
+    workers = [idle, *others]
+    assert stream_cost(workers) == FALLBACK_COST  # no report holds a stream: nothing to judge by
+    loaded = [_worker(f"v{i}", busy=0.3 * (i % 3), streams=i % 3) for i in range(8)]
+    assert stream_cost(loaded) == pytest.approx(0.3)
+    # With the reports' cost of 0.3 a stream, the idle worker takes three streams, not all of them.
+    workers = [_worker("w0", busy=0.0, streams=0)] + [_worker(f"w{i}", busy=0.3, streams=1) for i in range(1, 8)]
+    held = {w.name: w.headroom.reported_streams for w in workers}
+    placed = []
+    for _ in range(10):
+        w = choose(workers, lambda w: held[w.name], 8)
+        held[w.name] += 1
+        placed.append(w.name)
+    assert placed.count("w0") == 3, placed
+    assert max(held.values()) == 3 and min(held.values()) == 2, held
 
 
 def test_placement_refuses_with_every_reason() -> None:

@@ -119,3 +119,46 @@ def test_an_over_budget_stream_drops_the_enhancer_then_the_parser_before_the_det
             applied.append(d.step)
             level = d.new_level
     assert applied == ["enhancer_off", "region_off", "detect_less"]
+
+
+def test_a_step_that_makes_it_worse_is_undone_and_not_taken_again_for_a_while() -> None:
+    c = DegradationController(S)
+    t, level, applied = 0.0, 0, []
+
+    def tick(p99: float) -> None:
+        nonlocal level
+        for d in c.decide(t, [obs(p99, level)], None):
+            applied.append((d.direction, d.step, d.reason))
+            level = d.new_level
+
+    tick(120.0)  # the first observation starts the stream's cooldown
+    t = 1.0
+    tick(120.0)  # over budget: detect_less
+    t = 2.5
+    tick(110.0)  # better but still over: mesh
+    assert [a[:2] for a in applied] == [("down", "detect_less"), ("down", "mesh")]
+    t = 4.0
+    tick(400.0)  # mesh made it far worse (> 1.2 x 110 ms): back up, said why
+    assert applied[-1][:2] == ("up", "mesh") and "mesh made it worse: p99 400 ms after it, 110 ms before" \
+        in applied[-1][2] and level == 1
+    # Still over budget at detect_less: the mesh step is not taken again within futile_hold...
+    for t in (5.5, 10.0, 20.0, 33.0):
+        tick(110.0)
+    assert level == 1 and len(applied) == 3
+    # ...and is tried again after it.
+    t = 35.0
+    tick(110.0)
+    assert level == 2 and applied[-1][:2] == ("down", "mesh")
+
+
+def test_a_saturated_gpu_leaves_streams_comfortably_within_budget_alone() -> None:
+    c = DegradationController(S)
+    decided = []
+    for i in range(40):
+        # 32 streams at 30% of their budget on a GPU at 98%: nothing to fix.
+        decided += c.decide(i * 0.5, [obs(30.0, 0, sid=f"s{k}") for k in range(32)], 0.98)
+    assert decided == []
+    # One stream near its budget is the one that gives way.
+    for i in range(40, 50):
+        decided += c.decide(i * 0.5, [obs(30.0, 0, sid=f"s{k}") for k in range(31)] + [obs(90.0, 0, sid="near")], 0.98)
+    assert decided and {d.stream_id for d in decided} == {"near"}

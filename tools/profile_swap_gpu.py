@@ -1,0 +1,111 @@
+"""Where the runtime's `mesh` swap spends a frame on the GPU: the wall time of one `MeshBackend.swap`
+call (what the device thread waits for), with and without the occlusion mask, and the host
+functions that take it (cProfile).
+
+    python tools/profile_swap_gpu.py --clip .bench/streams_720p30.mp4 [--reps 60] [--out DIR]
+
+A diagnostic for the developers, not a benchmark record: it runs the product's backend on one
+decoded frame of the clip and its face as the GPU analysis finds it, on a quiet GPU. Writes
+`<out>/profile_swap_gpu.json` and prints the profile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import time
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+
+def first_frame(clip: Path) -> Any:
+    import av
+
+    with av.open(str(clip)) as c:
+        for f in c.decode(video=0):
+            return f.to_ndarray(format="rgb24")
+    raise SystemExit(f"error: '{clip}' has no video frame")
+
+
+def timed(fn: Any, reps: int) -> list[float]:
+    import cupy
+
+    out = []
+    for _ in range(reps):
+        cupy.cuda.get_current_stream().synchronize()
+        t = time.perf_counter()
+        fn()
+        cupy.cuda.get_current_stream().synchronize()
+        out.append((time.perf_counter() - t) * 1e3)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clip", type=Path, required=True)
+    ap.add_argument("--reps", type=int, default=60)
+    ap.add_argument("--out", type=Path, default=Path("."))
+    args = ap.parse_args()
+
+    import cupy
+
+    from swapstream.config import load_config
+    from swapstream.demo import astronaut
+    from swapstream.gpu.analyser import GpuFaceAnalyser
+    from swapstream.runtime.swappers import MeshBackend, SwapItem
+    from swapstream.types import Frame
+
+    cfg = load_config("multi_stream")
+    cfg.landmarks.compile = False
+    host = first_frame(args.clip)
+    frame = cupy.asarray(host)
+    analyser = GpuFaceAnalyser(cfg)
+    analyser.prepare()
+    tracker = analyser.tracker()
+    faces = []
+    for i in range(3):  # the tracker's first frames: detection, then tracked landmarks
+        faces = tracker.track(Frame(frame, pts=i, time_base=Fraction(1, 30), index=i))
+    if not faces:
+        raise SystemExit(f"error: no face found in the first frame of '{args.clip}'")
+    result: dict[str, Any] = {"clip": str(args.clip), "frame": list(host.shape), "faces": len(faces),
+                              "device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()}
+    for name, occlusion in (("mesh", False), ("mesh+occlusion", True)):
+        c = cfg.model_copy(deep=True)
+        c.mask.occlusion = occlusion
+        backend = MeshBackend(c, "cuda:0")
+        ident = backend.identity(astronaut())
+        work = frame.copy()
+        run_once = lambda: backend.swap([SwapItem(work, faces, ident)])  # noqa: E731
+        if not run_once()[0]:
+            raise SystemExit(f"error: {name} swapped no face")
+
+        def run() -> None:
+            cupy.copyto(work, frame)
+            backend.swap([SwapItem(work, faces, ident)])
+
+        ms = timed(run, args.reps)
+        prof = cProfile.Profile()
+        prof.enable()
+        timed(run, 20)
+        prof.disable()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+        result[name] = {"p50_ms": round(statistics.median(ms), 3), "min_ms": round(min(ms), 3),
+                        "max_ms": round(max(ms), 3)}
+        print(f"== {name}: p50 {statistics.median(ms):.3f} ms, min {min(ms):.3f}, max {max(ms):.3f} "
+              f"(wall per call, synchronised)")
+        print(text.getvalue())
+        backend.close()
+    analyser.close()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "profile_swap_gpu.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
