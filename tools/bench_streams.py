@@ -209,7 +209,7 @@ def run_config(api: Api, args: argparse.Namespace, n: int, res: str, rtmp_base: 
         before = {s["id"]: s for s in api.call("GET", "/api/streams")[1]["streams"]}
         stages0 = stage_sums(api, set(ids))
         t0 = time.monotonic()
-        time.sleep(args.seconds)
+        gpu_util = sample_gpu(args.seconds)
         after = {s["id"]: s for s in api.call("GET", "/api/streams")[1]["streams"]}
         span = time.monotonic() - t0
         stages = stage_means(stages0, stage_sums(api, set(ids)))
@@ -246,7 +246,7 @@ def run_config(api: Api, args: argparse.Namespace, n: int, res: str, rtmp_base: 
            "p99_ms_worst_stream": max(p99s) if p99s else None,
            "p50_ms_median_stream": p50s[len(p50s) // 2] if p50s else None,
            "streams_failed": n - len(ok), "streams_degraded": sum(1 for s in ok if s["level"] > 0),
-           "stage_ms_mean": stages,
+           "stage_ms_mean": stages, "gpu_util_mean": gpu_util,
            "per_stream": per, "workers": workers.get("workers") if isinstance(workers, dict) else None}
     row["within_budget"] = bool(ok) and len(ok) == n and max(p99s, default=1e9) <= args.budget_ms \
         and row["drops_pct"] <= 1.0
@@ -258,6 +258,21 @@ def run_config(api: Api, args: argparse.Namespace, n: int, res: str, rtmp_base: 
                                       "busy": (w.get("load") or {}).get("busy"), "refusal": w.get("refusal")}),
               flush=True)
     return row
+
+
+def sample_gpu(seconds: float) -> float | None:
+    """Sleep `seconds` while sampling the GPUs' utilisation (NVML, every 0.25 s): the mean over
+    them and the window, 0..1 (None without NVML)."""
+    from swapstream.runtime.metrics import GpuMonitor
+
+    gpu = GpuMonitor()
+    vals: list[float] = []
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        vals += [g.utilization for g in gpu.sample()]
+        time.sleep(min(0.25, left))
+    gpu.close()
+    return round(sum(vals) / len(vals), 3) if vals else None
 
 
 def wait_idle(api: Api, timeout: float = 30.0) -> None:
@@ -395,6 +410,8 @@ def markdown(rows: list[dict[str, Any]], recs: list[dict[str, Any]]) -> str:
     staged = [r for r in rows if r.get("stage_ms_mean")]
     if staged:
         keys = ("queue", "analyse", "swap_wait", "swap", "encode", "total", "batch_run", "batch_faces")
+        lines += ["", "GPU utilisation (NVML, mean over the window): " + ", ".join(
+            f"{r['res']} N={r['n']}: {r['gpu_util_mean']:.0%}" for r in staged if r.get("gpu_util_mean") is not None)]
         lines += ["", "Where a frame's time goes (the server's own stage histograms, means over the window; "
                   "analyse includes its batch's wait; batch_run is one swap call, batch_faces its faces):", "",
                   "| res | N | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]

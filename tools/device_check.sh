@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the `device` tool), from the repository root:
-#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|serve|live|all|none]
+#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|serve|live|all|none]
 #     (default: all; bench = kernels + swap + pipeline; none = install the carried wheels only)
 #   tools/device_check.sh pytest ARGS...    (pytest with ARGS, in the same environment)
 # Installs the carried wheels (.whl/, ignored by git), makes `swapstream` importable from this tree,
@@ -92,6 +92,12 @@ fi
 if [[ "$what" == streams || "$what" == all ]]; then
   # Each stage's GPU time per stream frame, on a quiet GPU (what a frame costs at most).
   python3 tools/bench_frame_gpu.py --clip720 .bench/streams_720p30.mp4 --clip1080 .bench/streams_1080p30.mp4 --out "$OUT" ${FRAME_GPU_ARGS---compiled} 2>&1 | tee "$OUT/bench_frame_gpu.log" || rc=1
+fi
+if [[ "$what" == run || "$what" == all ]]; then
+  # `swapstream run` itself on the 1080p clip with the full-size inswapper architecture, encoding
+  # included (x264 here: the H200 has no NVENC), median of 3 runs.
+  python3 tools/bench_run.py --clip .bench/streams_1080p30.mp4 --repeat 3 --synthetic-models --out "$OUT" \
+    --name run_gpu 2>&1 | tee "$OUT/bench_run.log" || rc=1
 fi
 if [[ "$what" == serve || "$what" == all ]]; then
   # The stream benchmark: a load generator driving `swapstream serve --workers` (MPS on with 2 or

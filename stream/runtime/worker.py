@@ -17,6 +17,7 @@ serves the same app over TCP on its node.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -170,6 +171,11 @@ async def serve(settings: dict[str, Any]) -> None:
             loop.call_soon_threadsafe(stop.set)
 
     threading.Thread(target=parent_gone, name="parent-watch", daemon=True).start()
+    # What start-up built (networks, CUDA graphs, modules: millions of objects that live as long
+    # as the worker) leaves the collector's view: a full collection scanning them would pause
+    # every stream of this process at once. This process is the worker's alone.
+    gc.collect()
+    gc.freeze()
     print(json.dumps({"ready": os.getpid()}), flush=True)
     await stop.wait()
     await runner.cleanup()

@@ -1,0 +1,115 @@
+"""`swapstream run` as users run it, timed by its own summary: the median of several runs.
+
+    python tools/bench_run.py --clip .bench/streams_1080p30.mp4 [--repeat 3] [--swapper inswapper_128]
+        [--synthetic-models] [--set key=value ...] [--out docs/benchmarks] [--name run_gpu]
+
+Each run is one `swapstream run -s SOURCE -i CLIP -o OUT.mp4 -q` process (the built-in astronaut as
+the source face), encoding included: the command writes its file with the encoder it picks (NVENC
+where the GPU has one, else x264). The figure is the run's own summary line (`speed N fps`, frames
+over the loop's wall time, model loading excluded), and the output is decoded back to check its
+frame count. With `--synthetic-models` the neural swapper is the full-size inswapper architecture
+with random weights (speed is the real model's; the output is not a likeness).
+Writes `<out>/<name>.json` and `<out>/<name>.md`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+TOOLS = Path(__file__).resolve().parent
+
+
+def one_run(cmd: list[str]) -> dict[str, Any]:
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"error: {' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    fps = re.search(r"speed\s+([\d.]+) fps", p.stdout)
+    frames = re.search(r"frames\s+(\d+)\s", p.stdout)
+    swapped = re.search(r"frames swapped\s+(\d+)", p.stdout)
+    if not (fps and frames and swapped):
+        sys.exit(f"error: no summary in the output of {' '.join(cmd)}:\n{p.stdout[-3000:]}")
+    return {"fps": float(fps.group(1)), "frames": int(frames.group(1)), "frames_swapped": int(swapped.group(1)),
+            "summary": p.stdout.strip().splitlines()[-12:], "log": [x for x in p.stderr.splitlines() if "INFO" in x][-12:]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clip", type=Path, required=True)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--swapper", default="inswapper_128")
+    ap.add_argument("--synthetic-models", action="store_true")
+    ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
+    ap.add_argument("--name", default="run_gpu")
+    args = ap.parse_args()
+    if not args.clip.is_file():
+        sys.exit(f"error: no clip at '{args.clip}': make it with python tools/make_bench_clips.py")
+    import av
+    import cv2
+
+    from swapstream.demo import astronaut
+
+    work = Path(tempfile.mkdtemp(prefix="bench-run-"))
+    source = work / "astronaut.png"
+    cv2.imwrite(str(source), cv2.cvtColor(astronaut(), cv2.COLOR_RGB2BGR))
+    opts = ["--set", f"swapper={args.swapper}", *[x for s in args.set for x in ("--set", s)]]
+    if args.synthetic_models:
+        sys.path.insert(0, str(TOOLS))
+        from bench_pipeline import write_synthetic_models
+
+        write_synthetic_models(work / "models")
+        opts += ["--set", f"models_dir={work / 'models'}", "--set", "neural.download=false", "--accept-licence"]
+    with av.open(str(args.clip)) as c:
+        clip_frames = c.streams.video[0].frames
+    runs = []
+    for i in range(args.repeat):
+        out = work / f"out{i}.mp4"
+        cmd = [sys.executable, "-m", "swapstream.cli", "run", "-s", str(source), "-i", str(args.clip),
+               "-o", str(out), "-q", *opts]
+        r = one_run(cmd)
+        with av.open(str(out)) as c:
+            r["frames_written"] = sum(1 for _ in c.decode(video=0))
+        print(json.dumps({k: v for k, v in r.items() if k not in ("summary", "log")}), flush=True)
+        runs.append(r)
+    fps = statistics.median(r["fps"] for r in runs)
+    commit = os.environ.get("GIT_SHA") or subprocess.run(["git", "rev-parse", "--short", "HEAD"],
+                                                         capture_output=True, text=True).stdout.strip()
+    from swapstream.runtime.metrics import GpuMonitor
+
+    gpu = GpuMonitor()
+    samples = gpu.sample()
+    device = samples[0].name if samples else f"CPU ({os.cpu_count()} cores)"
+    gpu.close()
+    shown = " ".join(["swapstream run -s astronaut.png -i", args.clip.name, "-o out.mp4 -q"]
+                     + [o if " " not in o else repr(o) for o in opts]).replace(str(work), "WORK")
+    command = "python tools/bench_run.py " + " ".join(sys.argv[1:])
+    rec = [{"metric": f"{args.name}_fps", "value": fps, "unit": "fps", "stat": "median",
+            "config": {"clip": args.clip.name, "clip_frames": clip_frames, "repeat": args.repeat,
+                       "runs_fps": [r["fps"] for r in runs], "frames_written": [r["frames_written"] for r in runs],
+                       "frames_swapped": [r["frames_swapped"] for r in runs], "run_command": shown},
+            "device": device, "commit": commit or "unknown", "date": datetime.date.today().isoformat(),
+            "command": command}]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.name}.json").write_text(json.dumps(rec, indent=1) + "\n")
+    lines = [f"# swapstream run, encoding included ({device}, {commit}, {rec[0]['date']})", "",
+             f"Command: `{command}`; each run: `{shown}`.", "",
+             "| run | fps (its summary) | frames written | frames swapped |", "|---|---|---|---|"]
+    lines += [f"| {i + 1} | {r['fps']} | {r['frames_written']} | {r['frames_swapped']} |" for i, r in enumerate(runs)]
+    lines += ["", f"Median: **{fps} fps** over {clip_frames} frames.", "",
+              "The last run's summary:", "", "```", *runs[-1]["summary"], "```", ""]
+    (args.out / f"{args.name}.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
