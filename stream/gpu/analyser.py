@@ -57,14 +57,17 @@ class GpuFaceAnalyser(FaceAnalyser):
                                           device=self._device, max_batch=self._mesh_batch, compile=compiled))
         return short, None, mesh
 
-    def prepare(self) -> dict[str, list[int]]:
+    def prepare(self, most_faces: int | None = None) -> dict[str, list[int]]:
         """Capture every CUDA graph this analyser may use (the detector at batch 1, the landmark
         model at 1..`mesh_batch`, or its buckets with `landmarks.compile`) before the first live
-        frame; returns the captured sizes.
+        frame; returns the captured sizes. `most_faces` captures landmark batches up to that many
+        faces only (a file job sees one frame's faces at a time; more faces, when they come, are
+        captured then).
 
         Warm-up frames alone do not reach every landmark batch size (they need that many tracked
         faces at once, and a frame whose face the warm-up swap has scrambled finds none); each size
         missed then cost a 2-3 s stall mid-stream on the H200 (docs/performance.md)."""
         mesh, det = self._mesh.runner, self._short.runner
         assert isinstance(mesh, TfliteTorchRunner) and isinstance(det, TfliteTorchRunner)  # _build_models
-        return {"landmarks": mesh.prepare(range(1, self._mesh_batch + 1)), "detector": det.prepare([1])}
+        most = self._mesh_batch if most_faces is None else max(1, min(most_faces, self._mesh_batch))
+        return {"landmarks": mesh.prepare(range(1, most + 1)), "detector": det.prepare([1])}

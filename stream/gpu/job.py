@@ -62,7 +62,30 @@ class GpuFileJob(FileJob):
         # The built-in networks run on the GPU, on the uploaded frame (stream/gpu/analyser.py).
         from .analyser import GpuFaceAnalyser
 
-        return GpuFaceAnalyser(config)
+        analyser = GpuFaceAnalyser(config)
+        # The CUDA graphs of one face's landmarks and of the detector now, not at the first frames:
+        # captured inside the loop they took 4.5 s of a 14 s run of a 360-frame 1080p clip on the
+        # H200 (the loop's `speed` counted them).
+        analyser.prepare(most_faces=1)
+        return analyser
+
+    def _warm_swap(self) -> None:
+        """Two swaps of the source image's own face at batch 1 before the first frame: the swap
+        model's CUDA graph is captured then, not inside the loop. The job's trackers are not used
+        (`analyse_image`), so its tracks and colour state start clean."""
+        if self.neural is None or self.source_image is None:
+            return  # the mesh swapper has no graphs to capture
+        import cupy
+
+        from ..swap.mesh import source_face
+
+        image = self.source_image
+        face = source_face(self.analyser.analyse_image(image), "the source image")
+        ident = self.swapper.identity(image, face)
+        frame = cupy.asarray(image)
+        for _ in range(2):  # capture, then a replay
+            self.swapper.swap_many([(frame, face)], [ident])
+        cupy.cuda.get_current_stream().synchronize()
 
     def run(self, input_path: str | Any, output_path: str | Any,
             progress: ProgressFn | None = None) -> JobStats:
@@ -85,6 +108,7 @@ class GpuFileJob(FileJob):
         # Frames whose download is in flight, oldest first: (pinned slot, D2H event, frame).
         in_flight: deque[tuple[Slot[np.ndarray], Any, Frame]] = deque()
         self.stage_seconds = {"analyse": 0.0, "submit": 0.0, "encode": 0.0}
+        self._warm_swap()
 
         with VideoReader(inp) as reader, VideoWriter(
                 out, width=info.width, height=info.height, time_base=info.time_base,
