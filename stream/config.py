@@ -89,7 +89,9 @@ class MaskConfig(_Section):
     occlusion_smoothing: float = Field(0.5, gt=0.0, le=1.0)
     """Weight of the newest frame in each face's moving average of the mask: lower is steadier on a still head and slower to follow a hand (1: no smoothing)."""
     types: list[Literal["box", "occlusion", "region", "area"]] = ["box"]
-    """Zoo swappers: FaceFusion's face_mask_types, e.g. `box,occlusion,region`: `box` the blurred box (neural.blur), `occlusion` the occluder model, `region` the parser model limited to mask.regions."""
+    """Zoo swappers: FaceFusion's face_mask_types, e.g. `box,occlusion,region`: `box` the blurred box (neural.blur), `occlusion` the occluder model, `region` the parser model limited to mask.regions, `area` the landmark areas of mask.areas (needs the built-in analyser's face mesh)."""
+    areas: list[Literal["upper-face", "lower-face", "mouth"]] = ["upper-face", "lower-face", "mouth"]
+    """With `area` in mask.types: the face areas the swap may paint, from the face's landmarks (FaceFusion's face_mask_areas)."""
     regions: list[Literal["skin", "left-eyebrow", "right-eyebrow", "left-eye", "right-eye", "glasses",
                           "nose", "mouth", "upper-lip", "lower-lip", "eyebrows", "eyes", "lips"]] = [
         "skin", "left-eyebrow", "right-eyebrow", "left-eye", "right-eye", "glasses", "nose", "mouth",
@@ -100,7 +102,7 @@ class MaskConfig(_Section):
     parser: str = "bisenet_resnet_18"
     """Zoo face parser for `region` in mask.types: bisenet_resnet_18 or bisenet_resnet_34."""
 
-    @field_validator("types", "regions", mode="before")
+    @field_validator("types", "regions", "areas", mode="before")
     @classmethod
     def _comma_list(cls, v: Any) -> Any:
         # `--set mask.types=occlusion,region` arrives as one string; YAML presets give a list.

@@ -36,6 +36,59 @@ REGION_CLASSES: dict[str, tuple[int, ...]] = {
 """Names `mask.regions` accepts, and the parser classes each one selects."""
 
 
+AREA_POINTS: dict[str, tuple[int, ...]] = {
+    # FaceFusion's face_mask_area_set: indices into the 68-point (iBUG 300-W) landmark scheme.
+    "upper-face": (0, 1, 2, 31, 32, 33, 34, 35, 14, 15, 16, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17),
+    "lower-face": (3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 35, 34, 33, 32, 31),
+    "mouth": tuple(range(48, 68)),
+}
+"""Names `mask.areas` accepts, and the 68-point landmarks whose convex hull each one is."""
+
+MESH_TO_68 = np.array([
+    # Jaw, 0-16, from the image-left end (the subject's right) over the chin (8).
+    127, 234, 93, 132, 58, 172, 136, 149, 152, 378, 365, 397, 288, 361, 323, 454, 356,
+    # Brows, 17-21 then 22-26, each from its outer end in image order.
+    70, 63, 105, 66, 107, 336, 296, 334, 293, 300,
+    # Nose bridge 27-30 (top to tip), nostrils 31-35 (image left to right).
+    168, 197, 5, 4, 98, 97, 2, 326, 327,
+    # Eyes, 36-41 and 42-47: outer corner, upper lid (2), inner corner, lower lid (2).
+    33, 160, 158, 133, 153, 144, 362, 385, 387, 263, 373, 380,
+    # Outer lips 48-59 from the left corner over the top, inner lips 60-67.
+    61, 40, 37, 0, 267, 270, 291, 321, 314, 17, 84, 91, 78, 81, 13, 311, 308, 402, 14, 178,
+])
+"""For each of the 68 points, the Face Mesh vertex at the same place on the face (the canonical
+mesh's landmark positions; mirror pairs such as 234/454 and 61/291 map to mirror points). The
+built-in analyser gives the mesh; `area` masks take their 68 points from it."""
+
+
+def area_mask(points68: np.ndarray, size: int, areas: tuple[str, ...]) -> np.ndarray:
+    """(size, size) float32, 1 inside the convex hull of the 68-point landmarks of `areas` (crop
+    pixels), 0 elsewhere: FaceFusion's `create_area_mask` before its blur (which `FaceMasker` applies
+    to every mask alike). Filled with 1/16-pixel vertex precision, where FaceFusion truncates the
+    points to whole pixels."""
+    import cv2
+
+    idx = sorted({i for a in areas for i in AREA_POINTS[a]})
+    hull = cv2.convexHull(np.round(points68[idx, :2] * 16).astype(np.int32))
+    out = np.zeros((size, size), np.float32)
+    cv2.fillConvexPoly(out, hull, 1.0, cv2.LINE_8, shift=4)
+    return out
+
+
+def crop_points68(face: Any, to_frame: np.ndarray) -> np.ndarray:
+    """(68, 2) float64: the face's 68-point landmarks (from its Face Mesh, MESH_TO_68) in the pixels of
+    the crop whose crop -> frame map is `to_frame`."""
+    from ..kernels.warp import invert_affine
+
+    lm = face.landmarks
+    if lm is None or len(lm) <= int(MESH_TO_68.max()):
+        raise ValueError("an area mask needs the face mesh's landmarks (the built-in analyser's); "
+                         "this face has none")
+    m = invert_affine(np.asarray(to_frame, np.float64))
+    xy = np.asarray(lm, np.float64)[MESH_TO_68, :2]
+    return xy @ m[:, :2].T + m[:, 2]
+
+
 def region_classes(names: list[str] | tuple[str, ...]) -> tuple[int, ...]:
     """The sorted parser classes of the region names (validated by the config)."""
     return tuple(sorted({c for n in names for c in REGION_CLASSES[n]}))
@@ -110,6 +163,8 @@ class FaceMasker:
     """Parser classes that the swap may paint (`region_classes`)."""
     use_region: bool = True
     """Whether the region mask is computed; the degradation ladder turns it off first among masks."""
+    areas: tuple[str, ...] = ()
+    """With `area` in mask.types: the areas (AREA_POINTS) the swap may paint; () computes no area mask."""
     calls: int = 0
     """Model calls made, for statistics."""
 
@@ -122,16 +177,23 @@ class FaceMasker:
 
     @property
     def active(self) -> bool:
-        return self.occluder is not None or (self.parser is not None and self.use_region)
+        return self.occluder is not None or (self.parser is not None and self.use_region) or bool(self.areas)
 
-    def mask(self, crops: Any) -> Any:
+    def mask(self, crops: Any, points68: list[np.ndarray] | None = None) -> Any:
         """(N, S, S) float32 in [0, 1], 1 where the swap may paint, for (N, S, S, 3) RGB target crops
-        in [0, 255]; None when no mask model is active."""
+        in [0, 255]; None when no mask is active. `points68`: each face's 68-point landmarks in its
+        crop's pixels, which an area mask needs."""
         if not self.active:
             return None
         xp = get_xp(crops)
         s = crops.shape[1]
         masks = []
+        if self.areas:
+            if points68 is None or len(points68) != crops.shape[0]:
+                raise ValueError("FaceMasker.mask: an area mask needs each face's 68 landmarks")
+            # Filled on the host from the landmarks (host data) and sent up once: (N, S, S, 1), a
+            # few tens of kilobytes per face.
+            masks.append(xp.asarray(np.stack([area_mask(p, s, self.areas) for p in points68])[..., None]))
         if self.occluder is not None and self.occluder_spec is not None:
             y = _first_output(self.occluder, {self.occluder.inputs[0].name: prepare(crops, self.occluder_spec)}, xp)
             # NHWC (N, size, size, 1) face probability (NCHW (N, 1, size, size) for an NCHW model).

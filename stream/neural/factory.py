@@ -94,11 +94,16 @@ class NeuralStages:
     def _masker(self) -> FaceMasker | None:
         """The occlusion and region models that `mask.types` asks for, or None for `box` alone."""
         mc = self.cfg.mask
-        if "area" in mc.types:
-            raise EngineUserError("mask.types 'area' needs 68-point landmarks (FaceFusion's 2dfan4), "
-                                  "which the neural path does not compute yet: use box, occlusion "
-                                  "and region")
         kw: dict[str, object] = {}
+        if "area" in mc.types:
+            if self.cfg.neural.detector != "builtin":
+                raise EngineUserError(f"mask.types 'area' takes its landmarks from the built-in analyser's "
+                                      f"face mesh, and neural.detector is '{self.cfg.neural.detector}': "
+                                      f"use --set neural.detector=builtin, or leave 'area' out")
+            if not mc.areas:
+                raise EngineUserError("mask.types has 'area' but mask.areas is empty: name the areas the "
+                                      "swap may paint, e.g. --set mask.areas=upper-face,lower-face,mouth")
+            kw["areas"] = tuple(mc.areas)
         if "occlusion" in mc.types:
             kw["occluder_spec"] = get_spec(mc.occluder)
             kw["occluder"] = self._runner(self._model(mc.occluder))

@@ -23,7 +23,7 @@ from ..kernels.paste import paste_back
 from ..kernels.warp import invert_affine
 from ..types import Face
 from ..kernels.paste import box_mask
-from .face_stack import FaceEnhancer, FaceMasker, compose
+from .face_stack import FaceEnhancer, FaceMasker, compose, crop_points68
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +183,10 @@ class NeuralSwapper:
             # swap): undo the normalisation rather than crop the frame a second time.
             target = (batch.transpose(0, 2, 3, 1) * xp.asarray(c.std, dtype=xp.float32) +
                       xp.asarray(c.mean, dtype=xp.float32)) * 255.0
-            keep = 1.0 - self.masker.mask(target)
+            points = None
+            if self.masker.areas:
+                points = [crop_points68(face, to_frame[i]) for i, (_, face) in enumerate(items)]
+            keep = 1.0 - self.masker.mask(target, points)
         source = xp.asarray(np.concatenate(sources, axis=0) if sources is not None
                             else np.repeat(self._source, n, axis=0))
         if self.runner.wants_device_arrays and xp is np:

@@ -62,12 +62,15 @@ class Headroom:
     """What one more stream adds to `busy`, judged by the streams it holds: their mean share."""
     over: bool = field(init=False)
     """One of its streams is over its budget."""
+    worst_ratio: float = field(init=False)
+    """The worst p99/budget (0 when no stream has one)."""
 
     def __post_init__(self) -> None:
         # Computed once per report: `choose` reads them for every worker on every placement.
         object.__setattr__(self, "load", round(max(self.busy, self.worst[1] if self.worst else 0.0), 1))
         object.__setattr__(self, "per_stream", self.busy / self.reported_streams if self.reported_streams else 0.0)
         object.__setattr__(self, "over", self.worst is not None and self.worst[1] > OVER_BUDGET)
+        object.__setattr__(self, "worst_ratio", self.worst[1] if self.worst else 0.0)
 
 
 def headroom(report: Mapping[str, Any]) -> Headroom:
@@ -150,29 +153,48 @@ def choose(workers: Sequence[W], held: Callable[[W], int], default_max: int, *,
            phase: float | None = None, cost: float | None = None, exclude: W | None = None) -> W:
     """The worker a new stream goes to (see the module's docstring); NoRoom with every worker's
     reason when none takes it. `cost`: a stream's busy share where a worker's report cannot tell
-    (default: `stream_cost`). Linear in the workers, two passes: this runs on every create and every
-    move, and the simulator calls it for 1,000 GPUs."""
-    est = stream_cost(workers) if cost is None else cost
+    (default: `stream_cost`). One pass over the workers, and a second over those whose report holds
+    no stream (few): this runs on every create and every move, and the simulator calls it for
+    1,000 GPUs, so the checks of `refusal` and `projected_busy` are written out inline."""
     best: W | None = None
-    best_key: tuple[float, int, int] = (0.0, 0, 0)
-    for w in workers:
+    best_key: tuple[int, int, int, int] = (0, 0, 0, 0)
+    known, known_sum = 0, 0.0
+    unreported: list[tuple[int, W, int]] = []
+    for i, w in enumerate(workers):
+        h = w.headroom
+        rs = h.reported_streams
+        if rs:
+            known += 1
+            known_sum += h.per_stream
         if w is exclude or w.state != "ready":
             continue
-        h = w.headroom
         n = held(w)
-        # `refusal`'s checks, inline: this loop is the placement's whole cost (the reasons are
-        # written only when no worker takes the stream).
         if h.models is not None or h.over or n >= (h.max_streams or default_max):
             continue
-        projected = projected_busy(h, n, est)
+        if not rs:
+            unreported.append((i, w, n))
+            continue
+        projected = h.busy + h.per_stream * ((n - rs if n > rs else 0) + 1)
         if projected > BUSY_MAX:
             continue
-        # Ranked by the load it would have, streams placed since its report included: ranked by its
-        # report alone, a worker that reported idle took every stream of a burst (an H200 run put
-        # 13 of 32 streams on one of 8 workers so).
-        load = round(max(projected, h.worst[1] if h.worst else 0.0), 1)
-        key = (load, crowding(h.phases, phase) if phase is not None else 0, n)
-        if best is None or key < best_key:  # ties: the first worker
+        # Ranked by the load it would have (in tenths), streams placed since its report included:
+        # ranked by its report alone, a worker that reported idle took every stream of a burst (an
+        # H200 run put 13 of 32 streams on one of 8 workers so).
+        load = int((projected if projected > h.worst_ratio else h.worst_ratio) * 10 + 0.5)
+        if best is not None and load > best_key[0]:
+            continue
+        key = (load, crowding(h.phases, phase) if phase is not None else 0, n, i)  # ties: the first
+        if best is None or key < best_key:
+            best, best_key = w, key
+    est = cost if cost is not None else (known_sum / known if known else FALLBACK_COST)  # stream_cost
+    for i, w, n in unreported:
+        h = w.headroom
+        projected = h.busy + est * (n + 1)
+        if projected > BUSY_MAX:
+            continue
+        load = int((projected if projected > h.worst_ratio else h.worst_ratio) * 10 + 0.5)
+        key = (load, crowding(h.phases, phase) if phase is not None else 0, n, i)
+        if best is None or key < best_key:
             best, best_key = w, key
     if best is None:
         raise NoRoom([r for w in workers if w is not exclude
