@@ -6,8 +6,9 @@ Stages and their CUDA streams (CuPy-owned), ordered by events, never by a device
 - compute: waits for the frame's upload event, then swaps (mesh or neural kernels, model runners);
 - download: waits for the compute event, copies the frame into a ring of pinned buffers;
 - encode: the host waits for that copy's event (the one host wait, where the encoder takes over)
-  and hands the pinned buffer to x264, one frame behind, so the copy of frame n overlaps the
-  compute of frame n+1.
+  and hands the pinned buffer to the encoder thread (x264), one frame behind, so the copy of frame n
+  overlaps the compute of frame n+1 and its encoding the next frames' decode, analysis and swap;
+  the pinned slot is reused once the encoder has read it.
 Face analysis runs on the device frame: the built-in networks through PyTorch (gpu/analyser.py), or
 the neural detector's runner; only landmarks come back to the host.
 NVTX ranges mark every stage, so a profile shows the overlap.
@@ -26,17 +27,22 @@ from typing import Any
 import numpy as np
 
 from ..config import Config
+from ..io.background import BackgroundCalls
 from ..io.video import AudioPacket, VideoReader, VideoWriter, probe
 from ..pipeline import FileJob, JobStats, ProgressFn, expected_frames
 from ..types import Frame
 from .loop import nvtx
-from .ring import Ring, Slot
+from .ring import HostEvent, Ring, Slot
 
 log = logging.getLogger(__name__)
 
 # Three slots: the slot of frame n is reused at frame n+3, after the writer (which keeps one frame
 # to compute durations) has encoded frame n at frame n+1. Two would race with that.
 RING_SLOTS = 3
+ENCODE_QUEUE = 2
+"""Frames that may wait for the encoder thread besides the one it encodes. x264 at 1080p (`veryfast`)
+took 9 ms a frame on the H200 machine's host, as long as the rest of a frame's loop: on its own
+thread it runs while the next frames are decoded, analysed and swapped."""
 
 
 def gpu_available() -> tuple[bool, str]:
@@ -104,23 +110,35 @@ class GpuFileJob(FileJob):
         download = cupy.cuda.Stream(non_blocking=True)
         pin_in: Ring[np.ndarray] = Ring(RING_SLOTS, lambda _i: cupyx.empty_pinned(shape, np.uint8))
         dev: Ring[Any] = Ring(RING_SLOTS, lambda _i: cupy.empty(shape, cupy.uint8))
-        pin_out: Ring[np.ndarray] = Ring(RING_SLOTS, lambda _i: cupyx.empty_pinned(shape, np.uint8))
-        # Frames whose download is in flight, oldest first: (pinned slot, D2H event, frame).
-        in_flight: deque[tuple[Slot[np.ndarray], Any, Frame]] = deque()
+        # A host slot is free again once the encoder thread has read it (its HostEvent): room for
+        # the frames the encoder holds, the ones whose download is in flight, and the next one.
+        pin_out: Ring[np.ndarray] = Ring(RING_SLOTS + ENCODE_QUEUE,
+                                         lambda _i: cupyx.empty_pinned(shape, np.uint8))
+        # Frames whose download is in flight, oldest first: (pinned slot, D2H event, frame, set
+        # once the encoder has read the slot).
+        in_flight: deque[tuple[Slot[np.ndarray], Any, Frame, HostEvent]] = deque()
         self.stage_seconds = {"analyse": 0.0, "submit": 0.0, "encode": 0.0}
         self._warm_swap()
 
         with VideoReader(inp) as reader, VideoWriter(
                 out, width=info.width, height=info.height, time_base=info.time_base,
                 rate=info.avg_rate, crf=enc.crf, preset=enc.preset, codec=enc.codec,
-                audio_from=reader.audio_stream, metadata=self.disclosure.tags, threads=enc.threads) as writer:
+                audio_from=reader.audio_stream, metadata=self.disclosure.tags, threads=enc.threads) as writer, \
+                BackgroundCalls(depth=ENCODE_QUEUE, name="gpu-file-encoder") as encoder:
+
+            def encode(buffer: np.ndarray, frame: Frame, read: HostEvent) -> None:
+                try:
+                    writer.write(Frame(buffer, frame.pts, frame.time_base, frame.index))
+                finally:  # also after a failure: the loop must not wait for the slot for ever
+                    read.record_done()
 
             def finish_oldest() -> None:
-                slot, event, frame = in_flight.popleft()
+                slot, event, frame, read = in_flight.popleft()
                 t = time.perf_counter()
                 with nvtx("encode"):
                     event.synchronize()  # the encoder hand-over: the only host wait per frame
-                    writer.write(Frame(slot.buffer, frame.pts, frame.time_base, frame.index))
+                    # x264 runs on the encoder thread; this waits only when ENCODE_QUEUE frames do.
+                    encoder.submit(encode, slot.buffer, frame, read)
                 self.stage_seconds["encode"] += time.perf_counter() - t
                 stats.frames += 1
                 if progress is not None:
@@ -129,7 +147,7 @@ class GpuFileJob(FileJob):
             t0 = time.perf_counter()
             for item in reader:
                 if isinstance(item, AudioPacket):
-                    writer.write_audio(item)
+                    encoder.submit(writer.write_audio, item)  # after the frames before it: same order
                     stats.audio_packets += 1
                     continue
                 t = time.perf_counter()
@@ -164,8 +182,9 @@ class GpuFileJob(FileJob):
                     dslot.buffer.get(stream=download, out=pout.buffer, blocking=False)
                     downloaded = download.record()
                     dev.release(dslot, downloaded)
-                    pin_out.release(pout, downloaded)
-                in_flight.append((pout, downloaded, item))
+                    read = HostEvent()
+                    pin_out.release(pout, read)
+                in_flight.append((pout, downloaded, item, read))
                 # Launch time of upload, swap and download: the analysis inside is counted above.
                 self.stage_seconds["submit"] += time.perf_counter() - t - analysed_s
                 # Encode the previous frame while this one is copied back.
@@ -173,6 +192,7 @@ class GpuFileJob(FileJob):
                     finish_oldest()
             while in_flight:
                 finish_oldest()
+            encoder.close()  # every frame encoded (and its error raised) before the time is taken
             stats.seconds = time.perf_counter() - t0
             if stats.frames == 0:
                 from ..errors import InputError

@@ -2,11 +2,11 @@
 call (what the device thread waits for), with and without the occlusion mask, and the host
 functions that take it (cProfile).
 
-    python tools/profile_swap_gpu.py --clip .bench/streams_720p30.mp4 [--reps 60] [--out DIR]
+    python tools/profile_mesh_gpu.py --clip .bench/streams_720p30.mp4 [--reps 60] [--out DIR]
 
 A diagnostic for the developers, not a benchmark record: it runs the product's backend on one
 decoded frame of the clip and its face as the GPU analysis finds it, on a quiet GPU. Writes
-`<out>/profile_swap_gpu.json` and prints the profile.
+`<out>/profile_mesh_gpu.json` and prints the profile.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def main() -> None:
         backend.close()
     analyser.close()
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "profile_swap_gpu.json").write_text(json.dumps(result, indent=1) + "\n")
+    (args.out / "profile_mesh_gpu.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))
 
 
