@@ -5,6 +5,12 @@
 The cases are the tests' own (tests/stream/quality_cases.py: sources cut at the forehead, chin and
 cheek, a greyscale source, targets turned by +-30 degrees of yaw), made from the shipped public-domain
 portraits. Each tile is the face's neighbourhood scaled to --height pixels.
+
+The occluder cases are the occlusion tests' own (tests/stream/occluders.py: a hand, a bar in front of
+the mouth, a hair fringe, glasses frames, painted on the target from its landmarks): one PNG each,
+`occluder_<name>.png`, target with the occluder | swap without the occlusion mask (`--set
+mask.occlusion=false`) | swap with it (the default), with the occluder's pixels' PSNR against the
+target under each result (the tests ask >= 35 dB with the mask).
 """
 
 from __future__ import annotations
@@ -18,12 +24,15 @@ import cv2
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.stream.occluders import PAINTERS  # noqa: E402
 from tests.stream.quality_cases import cases, first_face  # noqa: E402
 
-from swapstream.config import MeshConfig, load_config  # noqa: E402
+from swapstream.config import MaskConfig, MeshConfig, load_config  # noqa: E402
 from swapstream.demo import astronaut, grace_hopper  # noqa: E402
 from swapstream.face.analyser import FaceAnalyser  # noqa: E402
+from swapstream.demo import render_target_frame  # noqa: E402
 from swapstream.swap.mesh import MeshSwapper  # noqa: E402
+from swapstream.swap.occlusion import OcclusionMasker  # noqa: E402
 
 
 def tile(img: np.ndarray, box: tuple[int, int, int, int], height: int, label: str) -> np.ndarray:
@@ -40,6 +49,35 @@ def around(img: np.ndarray, analyser: FaceAnalyser, pad: float = 0.25) -> tuple[
     lo, hi = lm[:, :2].min(axis=0), lm[:, :2].max(axis=0)
     m = pad * (hi - lo)
     return int(lo[0] - m[0]), int(lo[1] - m[1]), int(hi[0] + m[0]), int(hi[1] + m[1])
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return float("inf") if mse == 0 else 10.0 * np.log10(255.0 ** 2 / mse)
+
+
+def occluder_sheets(analyser: FaceAnalyser, out_dir: Path, height: int) -> None:
+    """One sheet per occluder: the target with it, the swap without and with the occlusion mask."""
+    target = render_target_frame(grace_hopper(), 0.0)  # the occlusion tests' target
+    source = astronaut()
+    clean = first_face(analyser, target)
+    assert clean.landmarks is not None
+    for name, paint in sorted(PAINTERS.items()):
+        frame, mask = paint(target, clean.landmarks, analyser.topology, np.random.default_rng(20))
+        face = first_face(analyser, frame)  # the landmarks the product would see
+        tiles = [tile(frame, around(frame, analyser), height, "target + occluder")]
+        for label, masker in (("no occlusion mask", None),
+                              ("occlusion mask", OcclusionMasker(MaskConfig(), analyser.topology))):
+            sw = MeshSwapper(MeshConfig(), analyser.topology, occlusion=masker)
+            sw.set_source(source, first_face(analyser, source))
+            out = frame.copy()
+            sw.swap(out, [face])
+            db = psnr(out[mask], frame[mask])
+            tiles.append(tile(out, around(frame, analyser), height, f"{label}: {db:.1f} dB"))
+        path = out_dir / f"occluder_{name}.png"
+        cv2.imwrite(str(path), cv2.cvtColor(np.hstack(tiles), cv2.COLOR_RGB2BGR),
+                    [cv2.IMWRITE_PNG_COMPRESSION, 9])
+        print(f"{path} ({path.stat().st_size // 1024} KB)")
 
 
 def main() -> None:
@@ -64,6 +102,7 @@ def main() -> None:
         path = args.out / (re.sub(r"[^a-z0-9]+", "_", name).strip("_") + ".png")
         cv2.imwrite(str(path), cv2.cvtColor(row, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_PNG_COMPRESSION, 9])
         print(f"{path} ({path.stat().st_size // 1024} KB)")
+    occluder_sheets(analyser, args.out, args.height)
     analyser.close()
 
 
