@@ -22,6 +22,7 @@ from swapstream.engines.ort_runner import OnnxRuntimeRunner  # noqa: E402
 from swapstream.engines.torch_runner import TorchRunner  # noqa: E402
 from swapstream.engines.zoo import TEMPLATES, get_spec  # noqa: E402
 from swapstream.face.analyser import FaceAnalyser  # noqa: E402
+from swapstream.types import Face  # noqa: E402
 from swapstream.neural.face_stack import (MESH_TO_68, FaceEnhancer, FaceMasker, prepare, region_classes,  # noqa: E402
                                           resize_bilinear)
 from swapstream.neural.swapper import Embedder, NeuralSwapper, SwapContract, align_matrix  # noqa: E402
@@ -124,6 +125,16 @@ def test_region_names() -> None:
 # Occluded pixels keep the target, through real inference in the real swap path
 
 
+def _target_and_source(models: Path) -> tuple[np.ndarray, Face, Face]:
+    """The Grace Hopper portrait (a copy to paint on), its face, and the astronaut's face."""
+    frame = grace_hopper().copy()
+    analyser = FaceAnalyser(load_config(overrides=[f"models_dir={models}"]), models)
+    try:
+        return frame, analyser.analyse_image(frame)[0], analyser.analyse_image(astronaut())[0]
+    finally:
+        analyser.close()
+
+
 def _swapper(models: Path, masker: FaceMasker | None) -> NeuralSwapper:
     spec = get_spec("inswapper_128")
     contract = SwapContract(size=128, template=TEMPLATES["arcface_128"], mean=spec.mean, std=spec.std,
@@ -137,14 +148,7 @@ def _swapper(models: Path, masker: FaceMasker | None) -> NeuralSwapper:
 
 def test_occluded_pixels_keep_the_target(crafted: Path) -> None:
     models = crafted
-    frame = grace_hopper().copy()
-    cfg = load_config(overrides=[f"models_dir={models}"])
-    analyser = FaceAnalyser(cfg, models)
-    try:
-        face = analyser.analyse_image(frame)[0]
-        source = analyser.analyse_image(astronaut())[0]
-    finally:
-        analyser.close()
+    frame, face, source = _target_and_source(models)
     # Paint a green occluder over one cheek, inside the swapper's crop.
     m = align_matrix(face.kps, TEMPLATES["arcface_128"], 128)
     inv = cv2_invert(m)
@@ -177,14 +181,7 @@ def test_occluded_pixels_keep_the_target(crafted: Path) -> None:
 def test_region_mask_paints_only_the_chosen_parts(crafted: Path) -> None:
     """The crafted parser calls every pixel skin: with `skin` chosen the swap paints, with only `nose`
     chosen it may paint nothing, through real inference of the parser in the swap path."""
-    frame = grace_hopper().copy()
-    cfg = load_config(overrides=[f"models_dir={crafted}"])
-    analyser = FaceAnalyser(cfg, crafted)
-    try:
-        face = analyser.analyse_image(frame)[0]
-        source = analyser.analyse_image(astronaut())[0]
-    finally:
-        analyser.close()
+    frame, face, source = _target_and_source(crafted)
     parser = OnnxRuntimeRunner(crafted / "bisenet_resnet_18.onnx")
     parser.activate()
     changed = {}
@@ -213,14 +210,7 @@ def test_bad_face_stack_names_give_one_line() -> None:
 def test_enhancer_shares_the_swap_paste(models: Path) -> None:
     """Blend 0 must give the plain swap (the enhancer's crop-to-crop warp and single paste change
     nothing but resampling); blend 1 repaints inside the swap's mask and nowhere else."""
-    frame = grace_hopper().copy()
-    cfg = load_config(overrides=[f"models_dir={models}"])
-    analyser = FaceAnalyser(cfg, models)
-    try:
-        face = analyser.analyse_image(frame)[0]
-        source = analyser.analyse_image(astronaut())[0]
-    finally:
-        analyser.close()
+    frame, face, source = _target_and_source(models)
     runner = OnnxRuntimeRunner(models / "gfpgan_1.4.onnx")
     runner.activate()
     spec = get_spec("gfpgan_1.4")
@@ -355,14 +345,7 @@ def test_the_68_points_taken_from_the_mesh_sit_where_the_scheme_puts_them() -> N
 def test_area_mask_paints_only_its_areas(models: Path) -> None:
     """Through the real swap path: with `mouth` alone the swap changes pixels only around the lips'
     hull; with `upper-face` alone it leaves the lips as they were."""
-    frame = grace_hopper().copy()
-    cfg = load_config(overrides=[f"models_dir={models}"])
-    analyser = FaceAnalyser(cfg, models)
-    try:
-        face = analyser.analyse_image(frame)[0]
-        source = analyser.analyse_image(astronaut())[0]
-    finally:
-        analyser.close()
+    frame, face, source = _target_and_source(models)
     assert face.landmarks is not None
     import cv2
 
