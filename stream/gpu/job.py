@@ -36,8 +36,8 @@ from .ring import HostEvent, Ring, Slot
 
 log = logging.getLogger(__name__)
 
-# Three slots: the slot of frame n is reused at frame n+3, after the writer (which keeps one frame
-# to compute durations) has encoded frame n at frame n+1. Two would race with that.
+# Three slots for the upload side: a host slot is refilled once its upload has finished, a device
+# slot once its frame's download has (the download ring adds the encoder's queue, below).
 RING_SLOTS = 3
 ENCODE_QUEUE = 2
 """Frames that may wait for the encoder thread besides the one it encodes. x264 at 1080p (`veryfast`)
@@ -117,6 +117,8 @@ class GpuFileJob(FileJob):
         # Frames whose download is in flight, oldest first: (pinned slot, D2H event, frame, set
         # once the encoder has read the slot).
         in_flight: deque[tuple[Slot[np.ndarray], Any, Frame, HostEvent]] = deque()
+        # "encode" is the loop's wait to hand a frame over (the D2H copy, then the encoder's queue),
+        # not x264's own time, which runs on the encoder thread.
         self.stage_seconds = {"analyse": 0.0, "submit": 0.0, "encode": 0.0}
         self._warm_swap()
 

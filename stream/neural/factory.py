@@ -47,8 +47,13 @@ class NeuralStages:
 
     def __init__(self, cfg: Config, *, models_dir: Path | None = None,
                  confirm: ConfirmFn | None = None,
-                 progress: Callable[[str, int, int], None] | None = None) -> None:
+                 progress: Callable[[str, int, int], None] | None = None,
+                 builtin_tracking: bool = False) -> None:
+        """`builtin_tracking`: the caller tracks the faces with the built-in analyser whatever
+        `neural.detector` says (the runtime's streams), so its faces carry the mesh an `area` mask
+        needs."""
         self.cfg = cfg
+        self._builtin_tracking = builtin_tracking
         self.store = ModelStore(models_dir or cfg.models_dir)
         self._confirm = confirm
         self._progress = progress
@@ -96,7 +101,7 @@ class NeuralStages:
         mc = self.cfg.mask
         kw: dict[str, object] = {}
         if "area" in mc.types:
-            if self.cfg.neural.detector != "builtin":
+            if self.cfg.neural.detector != "builtin" and not self._builtin_tracking:
                 raise EngineUserError(f"mask.types 'area' takes its landmarks from the built-in analyser's "
                                       f"face mesh, and neural.detector is '{self.cfg.neural.detector}': "
                                       f"use --set neural.detector=builtin, or leave 'area' out")

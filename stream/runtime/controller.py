@@ -20,9 +20,11 @@ Hysteresis: a step down needs the p99 over the frames since the last change to e
 GPU under `gpu_low`, continuously for `up_hold` seconds. The gap between `up_ratio` and 1 is what keeps
 a stream whose cost sits near its budget from flapping.
 
-A step down that makes things worse is undone: when, over the frames since it, the p99 is over the
-budget and more than `worse_ratio` times what it was before it, the stream goes back up and that
-step is not taken again for `futile_hold` seconds. (On an H200 under load the `mesh` step cost more than the neural swap it
+A step down that makes things worse is undone: when the first p99 over enough frames after it is
+over the budget and more than `worse_ratio` times what it was before it, the stream goes back up
+and that step is not taken again for `futile_hold` seconds. The ladder is one sequence, so while a
+step is blocked the steps after it are too: the stream stays where it is, over its budget, which
+its worker's load report shows to placement. (On an H200 under load the `mesh` step cost more than the neural swap it
 replaced, and streams stepped down into a state they could not leave.) Saturation of the GPU steps
 down only a stream that is not comfortably within its budget: a GPU full of streams within budget
 is the goal, not a fault.
@@ -148,11 +150,13 @@ class DegradationController:
             if o.p99_ms is None or o.samples < s.min_samples:
                 st.good_since = None
                 continue
+            # A step down is judged once, by the first p99 over enough frames after it: later load
+            # changes say nothing about the step.
+            before, st.before_p99 = st.before_p99, None
             if o.p99_ms > o.budget_ms:
                 st.good_since = None
-                if st.before_p99 is not None and o.level > 0 and o.p99_ms > s.worse_ratio * st.before_p99:
+                if before is not None and o.level > 0 and o.p99_ms > s.worse_ratio * before:
                     step = o.steps[o.level - 1]
-                    before = st.before_p99
                     st.futile[o.level] = now + s.futile_hold
                     out.append(self._change(o, st, now, -1, f"{step} made it worse: p99 {o.p99_ms:.0f} ms "
                                                              f"after it, {before:.0f} ms before; not "

@@ -47,6 +47,9 @@ class Headroom:
     """The device thread's busy share over the last seconds (0..1)."""
     reported_streams: int = 0
     """Streams the report counted (those the parent placed since are not in `busy` yet)."""
+    settled_streams: int | None = None
+    """Of those, the ones running long enough for `busy` to hold their cost (None: all of them, a
+    report without the figure)."""
     max_streams: int = 0
     """The worker's `runtime.max_streams` (0: the parent's default)."""
     worst: tuple[str, float] | None = None
@@ -59,16 +62,21 @@ class Headroom:
     """The higher of `busy` and the worst p99/budget, in steps of 0.1: the load as reported (placement
     ranks by the load with the new stream, `projected_busy`)."""
     per_stream: float = field(init=False)
-    """What one more stream adds to `busy`, judged by the streams it holds: their mean share."""
+    """What one more stream adds to `busy`, judged by its settled streams: their mean share (0: none)."""
     over: bool = field(init=False)
     """One of its streams is over its budget."""
     worst_ratio: float = field(init=False)
     """The worst p99/budget (0 when no stream has one)."""
 
+    costed: int = field(init=False)
+    """The streams whose cost `busy` holds: the settled ones where the report says, else all."""
+
     def __post_init__(self) -> None:
         # Computed once per report: `choose` reads them for every worker on every placement.
+        object.__setattr__(self, "costed", self.reported_streams if self.settled_streams is None
+                           else min(self.settled_streams, self.reported_streams))
         object.__setattr__(self, "load", round(max(self.busy, self.worst[1] if self.worst else 0.0), 1))
-        object.__setattr__(self, "per_stream", self.busy / self.reported_streams if self.reported_streams else 0.0)
+        object.__setattr__(self, "per_stream", self.busy / self.costed if self.costed else 0.0)
         object.__setattr__(self, "over", self.worst is not None and self.worst[1] > OVER_BUDGET)
         object.__setattr__(self, "worst_ratio", self.worst[1] if self.worst else 0.0)
 
@@ -78,7 +86,9 @@ def headroom(report: Mapping[str, Any]) -> Headroom:
     ratios = report.get("p99_over_budget") or {}
     worst = max(ratios.items(), key=lambda kv: kv[1]) if ratios else None
     phases = report.get("phases") or {}
+    settled = report.get("settled")
     return Headroom(busy=float(report.get("busy", 0.0)), reported_streams=int(report.get("streams", 0)),
+                    settled_streams=None if settled is None else int(settled),
                     max_streams=int(report.get("max_streams", 0)),
                     worst=(str(worst[0]), float(worst[1])) if worst else None,
                     phases=tuple(float(v) for v in phases.values()), models=report.get("models"))
@@ -114,17 +124,19 @@ def crowding(phases: Sequence[float], phase: float) -> int:
 
 
 def stream_cost(workers: Sequence[Placeable]) -> float:
-    """What one stream adds to a busy share, judged by every worker that reported streams (their
-    mean per stream); FALLBACK_COST when none did. Used for a worker whose own report holds none."""
-    known = [w.headroom.per_stream for w in workers if w.headroom.reported_streams]
+    """What one stream adds to a busy share, judged by every worker that reported settled streams
+    (their mean per stream); FALLBACK_COST when none did. Used for a worker whose own report holds
+    none."""
+    known = [w.headroom.per_stream for w in workers if w.headroom.costed]
     return sum(known) / len(known) if known else FALLBACK_COST
 
 
 def projected_busy(h: Headroom, held: int, cost: float) -> float:
-    """The busy share of a worker with one more stream: its report's, plus `cost` for each stream
-    placed since the report and for the new one (its own streams' mean when it reported some)."""
-    one = h.per_stream if h.reported_streams else cost
-    return h.busy + one * (max(0, held - h.reported_streams) + 1)
+    """The busy share of a worker with one more stream: its report's, plus a stream's cost for each
+    stream not in it (placed since the report, or still starting) and for the new one: its own
+    settled streams' mean when it has some, else `cost`."""
+    one = h.per_stream if h.costed else cost
+    return h.busy + one * (max(0, held - h.costed) + 1)
 
 
 def refusal(w: Placeable, held: int, default_max: int, cost: float = FALLBACK_COST) -> str | None:
@@ -162,7 +174,7 @@ def choose(workers: Sequence[W], held: Callable[[W], int], default_max: int, *,
     unreported: list[tuple[int, W, int]] = []
     for i, w in enumerate(workers):
         h = w.headroom
-        rs = h.reported_streams
+        rs = h.costed
         if rs:
             known += 1
             known_sum += h.per_stream
@@ -189,7 +201,7 @@ def choose(workers: Sequence[W], held: Callable[[W], int], default_max: int, *,
     est = cost if cost is not None else (known_sum / known if known else FALLBACK_COST)  # stream_cost
     for i, w, n in unreported:
         h = w.headroom
-        projected = h.busy + est * (n + 1)
+        projected = h.busy + est * (max(0, n - h.costed) + 1)
         if projected > BUSY_MAX:
             continue
         load = int((projected if projected > h.worst_ratio else h.worst_ratio) * 10 + 0.5)

@@ -288,6 +288,8 @@ class StreamPipeline:
             raise
         self._thread = threading.Thread(target=self._read, args=(loop, inp.realtime and is_file),
                                         name=f"read-{self.id}", daemon=True)
+        # Its decoder and first frames come now (opening a network input can take seconds).
+        self.changed_mono = time.monotonic()
         self.state = "running"
         self._thread.start()
         self._tasks = [loop.create_task(self._analyse(), name=f"analyse-{self.id}"),
@@ -398,6 +400,12 @@ class StreamPipeline:
             if backend not in self._identities and self.source_image is not None:
                 image = self.source_image
                 self._identities[backend] = await self.slot.call(backend, lambda b: b.identity(image))
+                # One-time device work (the identity, perhaps the backend itself): the frames that
+                # waited behind it judge neither the step that asked for it nor the worker's room.
+                self.latency_since_change.clear()
+                now = time.monotonic()
+                self._changed_at = max(self._changed_at, now)
+                self.changed_mono = now
             return self._identities.get(backend)
 
     # -- the controller's steps -----------------------------------------------------------------

@@ -180,7 +180,9 @@ class NeuralBackend:
         cfg = config.model_copy(deep=True)
         cfg.swapper = name
         self.name = name
-        self._stages = NeuralStages(cfg)
+        # The runtime's streams are tracked by the built-in analyser (runtime.stream), whatever
+        # neural.detector says: their faces carry the mesh an `area` mask reads.
+        self._stages = NeuralStages(cfg, builtin_tracking=True)
         self.swapper = self._stages.swapper
         self.max_batch = self.swapper.max_batch
         self._analyser = self._stages.analyser or source_analyser(cfg, device)

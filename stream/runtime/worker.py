@@ -106,7 +106,11 @@ def load_report(runtime: Any, models: str | None = None) -> dict[str, Any]:
         if w["p99"] is None or w["frames"] < runtime.config.runtime.min_samples:
             continue
         ratios[p.id] = round(w["p99"] / p.budget_ms, 3)
-    return {"streams": runtime.active(), "max_streams": runtime.config.runtime.max_streams,
+    # The streams whose device time the busy share (a LOAD_WINDOW_S average) already holds: placement
+    # divides by these for a stream's cost (divided by streams still starting, a burst's first
+    # report made a stream look nearly free).
+    settled_n = sum(1 for p in streams if p.state == "running" and now - p.created >= LOAD_GRACE_S)
+    return {"streams": runtime.active(), "settled": settled_n, "max_streams": runtime.config.runtime.max_streams,
             "busy": round(max((s.busy() for s in runtime.slots), default=0.0), 3),
             "p99_over_budget": ratios, "phases": phases, "devices": [s.name for s in runtime.slots],
             "models": models}

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import pytest
 
 from swapstream.runtime.placement import (BUSY_MAX, FALLBACK_COST, Headroom, NoRoom, choose, crowding, headroom,
-                                          stream_cost)
+                                          refusal, stream_cost)
 from swapstream.runtime.workers import merge_metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -143,6 +143,20 @@ def test_a_burst_spreads_over_workers_whose_reports_are_stale() -> None:
         placed.append(w.name)
     assert placed.count("w0") == 3, placed
     assert max(held.values()) == 3 and min(held.values()) == 2, held
+
+
+def test_streams_still_starting_are_not_taken_as_free() -> None:
+    # A report of 3 streams of which none has run long enough for the busy share to hold it: its
+    # 0.02 is not a stream's cost; the other workers' settled streams (0.25 each) are.
+    starting = _worker("s", busy=0.02, streams=3, settled=0)
+    steady = [_worker(f"w{i}", busy=0.5, streams=2, settled=2) for i in range(3)]
+    assert starting.headroom.costed == 0 and starting.headroom.per_stream == 0.0
+    assert stream_cost([starting, *steady]) == pytest.approx(0.25)
+    # Projected: 0.02 + 0.25 x (3 + 1) = 1.02 for the starting worker: over BUSY_MAX, it takes none.
+    held = {"s": 3, "w0": 2, "w1": 2, "w2": 2}
+    assert choose([starting, *steady], lambda w: held[w.name], 8).name == "w0"
+    assert "s: device thread busy 2% of the time, 102% with one more stream" in \
+        refusal(starting, 3, 8, stream_cost([starting, *steady]))
 
 
 def test_placement_refuses_with_every_reason() -> None:

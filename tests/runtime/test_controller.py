@@ -162,3 +162,19 @@ def test_a_saturated_gpu_leaves_streams_comfortably_within_budget_alone() -> Non
     for i in range(40, 50):
         decided += c.decide(i * 0.5, [obs(30.0, 0, sid=f"s{k}") for k in range(31)] + [obs(90.0, 0, sid="near")], 0.98)
     assert decided and {d.stream_id for d in decided} == {"near"}
+
+
+def test_a_step_is_judged_once_by_the_first_window_after_it() -> None:
+    c = DegradationController(S)
+    level, t, applied = 0, 0.0, []
+    for t, p99 in ((0.0, 120.0), (1.0, 120.0), (2.0, 50.0), (3.0, 50.0)):
+        for d in c.decide(t, [obs(p99, level)], None):
+            applied.append(d.step)
+            level = d.new_level
+    assert applied == ["detect_less"] and level == 1  # it helped (50 ms < 1.2 x 120 ms), kept
+    # Much later the load rises: far over 1.2 x the p99 before the old step, but that step was
+    # judged already, so this is a new step down, not an undo.
+    for d in c.decide(10.0, [obs(400.0, level)], None):
+        applied.append(f"{d.direction} {d.step}")
+        level = d.new_level
+    assert applied[-1] == "down mesh" and level == 2
