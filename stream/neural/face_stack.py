@@ -47,7 +47,8 @@ AREA_POINTS: dict[str, tuple[int, ...]] = {
 MESH_TO_68 = np.array([
     # Jaw, 0-16, from the image-left end (the subject's right) over the chin (8).
     127, 234, 93, 132, 58, 172, 136, 149, 152, 378, 365, 397, 288, 361, 323, 454, 356,
-    # Brows: 17-21 from the image-left brow's outer end inwards, 22-26 from the right brow's inner end outwards.
+    # Brows: 17-21 from the image-left brow's outer end inwards, 22-26 from the image-right
+    # brow's inner end outwards.
     70, 63, 105, 66, 107, 336, 296, 334, 293, 300,
     # Nose bridge 27-30 (top to tip), nostrils 31-35 (image left to right).
     168, 197, 5, 4, 98, 97, 2, 326, 327,
