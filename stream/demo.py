@@ -63,8 +63,11 @@ def render_target_frame(portrait: np.ndarray, t: float, size: tuple[int, int] = 
 
 
 def write_demo_clip(path: Path, portrait: np.ndarray, *, seconds: float = 4.0, fps: int = 25,
-                    size: tuple[int, int] = (1280, 720), tone_hz: float = 440.0) -> int:
-    """Write the animated target clip (H.264 + an AAC tone) and return its frame count."""
+                    size: tuple[int, int] = (1280, 720), tone_hz: float = 440.0,
+                    keyframe_s: float | None = None) -> int:
+    """Write the animated target clip (H.264 + an AAC tone) and return its frame count.
+    `keyframe_s`: a keyframe every that many seconds and no B-frames, as a live encoder sends (a
+    player joining an RTMP stream starts at a keyframe); None: x264's defaults."""
     import av  # here, not at the top: the GPU test machine renders frames without PyAV
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -79,6 +82,8 @@ def write_demo_clip(path: Path, portrait: np.ndarray, *, seconds: float = 4.0, f
         vs.width, vs.height = size
         vs.pix_fmt = "yuv420p"
         vs.options = {"crf": "18", "preset": "veryfast"}
+        if keyframe_s is not None:
+            vs.options = {**vs.options, "g": str(max(1, round(keyframe_s * fps))), "bf": "0"}
         rate = 48000
         aus = container.add_stream("aac", rate=rate)
         aus.layout = "mono"

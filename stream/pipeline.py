@@ -23,7 +23,7 @@ from .io.video import AudioPacket, VideoInfo, VideoReader, VideoWriter, probe
 from .provenance import Provenance
 from .swap.mesh import MeshSwapper, source_face
 from .swap.occlusion import occlusion_masker
-from .types import Frame
+from .types import Face, Frame
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,7 @@ class FileJob:
         self.consent: ConsentRecord | None = None
         self.neural: Any = None
         self.source_image: np.ndarray | None = None
+        self.source_face: Face | None = None
         self.analyser: Any
         self.swapper: Any
         if config.swapper == "mesh":
@@ -142,6 +143,7 @@ class FileJob:
         log.info("source %s: %s", name, self.consent.summary())
         self.swapper.set_source(image, face)
         self.source_image = image  # a live job warms its models up on it
+        self.source_face = face  # and the GPU job its swap model, without finding the face again
 
     def run(self, input_path: str | os.PathLike[str], output_path: str | os.PathLike[str],
             progress: ProgressFn | None = None) -> JobStats:

@@ -38,7 +38,6 @@ import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -46,36 +45,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_streams import Api  # noqa: E402  (the stream benchmark's API client)
 from benchlib import cpu_name, git_sha  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.helpers.wait import until as wait_until  # noqa: E402
+
 RESOURCE = "swapstream_slot"
 
 
-def make_clip(path: Path, seconds: float, size: tuple[int, int], fps: int) -> None:
-    """An H.264 clip of the moving Grace Hopper portrait, a keyframe every second."""
-    import av
-
-    from swapstream.demo import grace_hopper, render_target_frame
-
-    portrait = grace_hopper()
-    with av.open(str(path), "w") as c:
-        v = c.add_stream("libx264", rate=fps)
-        v.width, v.height, v.pix_fmt = size[0], size[1], "yuv420p"
-        v.options = {"g": str(fps), "bf": "0", "crf": "20", "preset": "ultrafast"}
-        for i in range(int(seconds * fps)):
-            f = av.VideoFrame.from_ndarray(render_target_frame(portrait, i / fps, size), format="rgb24")
-            f.pts, f.time_base = i, Fraction(1, fps)
-            c.mux(v.encode(f))
-        c.mux(v.encode(None))
-
-
 def until(what: str, timeout: float, check: Callable[[], Any], every: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise SystemExit(f"error: timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(every)
+    return wait_until(what, timeout, check, every, fail=SystemExit)
 
 
 def face_png() -> bytes:
@@ -126,7 +103,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     w, h = args.size
     media = work / "media"
     media.mkdir()
-    make_clip(media / "clip.mp4", 6.0, (w, h), args.fps)
+    from swapstream.demo import grace_hopper, write_demo_clip
+
+    write_demo_clip(media / "clip.mp4", grace_hopper(), seconds=6.0, fps=args.fps, size=(w, h),
+                    keyframe_s=1.0)
     models = work / "models"
     models.mkdir()
     from swapstream.errors import ModelMissingError

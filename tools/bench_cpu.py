@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import statistics
 import subprocess
@@ -47,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_run import run_summary  # noqa: E402
 from benchlib import cpu_name, run_fields  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -150,16 +150,8 @@ def swapstream_cmd() -> list[str]:
 def run_file(tree: Tree, preset: str | None, source: Path, clip: Path, out: Path) -> dict[str, Any]:
     opts = (["-c", preset] if preset else []) + ["--set", "disclosure.label_files=true", "-q"]
     cmd = swapstream_cmd() + ["run", "-s", str(source), "-i", str(clip), "-o", str(out)] + opts
-    p = subprocess.run(cmd, env=tree.env(), capture_output=True, text=True, cwd=ROOT)
-    if p.returncode != 0:
-        raise SystemExit(f"{tree.label}: {' '.join(cmd)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
-    fps = re.search(r"speed\s+([\d.]+) fps", p.stdout)
-    frames = re.search(r"frames\s+(\d+)\s", p.stdout)
-    swapped = re.search(r"frames swapped\s+(\d+)", p.stdout)
-    if not (fps and frames and swapped):
-        raise SystemExit(f"{tree.label}: no summary in the output of {' '.join(cmd)}:\n{p.stdout}")
-    return {"fps": float(fps.group(1)), "frames": int(frames.group(1)),
-            "frames_swapped": int(swapped.group(1)),
+    r = run_summary(cmd, env=tree.env(), cwd=ROOT)
+    return {"fps": r["fps"], "frames": r["frames"], "frames_swapped": r["frames_swapped"],
             "command": " ".join(["swapstream run -s", source.name, "-i", clip.name, "-o out.mp4"] + opts)}
 
 

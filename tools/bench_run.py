@@ -29,8 +29,10 @@ from typing import Any
 TOOLS = Path(__file__).resolve().parent
 
 
-def one_run(cmd: list[str]) -> dict[str, Any]:
-    p = subprocess.run(cmd, capture_output=True, text=True)
+def run_summary(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> dict[str, Any]:
+    """Run one `swapstream run` command; its summary's speed, frames and frames swapped (exits with
+    the command's output if it failed or printed no summary)."""
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
     if p.returncode != 0:
         sys.exit(f"error: {' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     fps = re.search(r"speed\s+([\d.]+) fps", p.stdout)
@@ -39,7 +41,7 @@ def one_run(cmd: list[str]) -> dict[str, Any]:
     if not (fps and frames and swapped):
         sys.exit(f"error: no summary in the output of {' '.join(cmd)}:\n{p.stdout[-3000:]}")
     return {"fps": float(fps.group(1)), "frames": int(frames.group(1)), "frames_swapped": int(swapped.group(1)),
-            "summary": p.stdout.strip().splitlines()[-12:], "log": [x for x in p.stderr.splitlines() if "INFO" in x][-12:]}
+            "summary": p.stdout.strip().splitlines()[-12:]}
 
 
 def main() -> None:
@@ -76,10 +78,10 @@ def main() -> None:
         out = work / f"out{i}.mp4"
         cmd = [sys.executable, "-m", "swapstream.cli", "run", "-s", str(source), "-i", str(args.clip),
                "-o", str(out), "-q", *opts]
-        r = one_run(cmd)
+        r = run_summary(cmd)
         with av.open(str(out)) as c:
             r["frames_written"] = sum(1 for _ in c.decode(video=0))
-        print(json.dumps({k: v for k, v in r.items() if k not in ("summary", "log")}), flush=True)
+        print(json.dumps({k: v for k, v in r.items() if k != "summary"}), flush=True)
         runs.append(r)
     fps = statistics.median(r["fps"] for r in runs)
     commit = os.environ.get("GIT_SHA") or subprocess.run(["git", "rev-parse", "--short", "HEAD"],

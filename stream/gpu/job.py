@@ -78,15 +78,12 @@ class GpuFileJob(FileJob):
     def _warm_swap(self) -> None:
         """Two swaps of the source image's own face at batch 1 before the first frame: the swap
         model's CUDA graph is captured then, not inside the loop. The job's trackers are not used
-        (`analyse_image`), so its tracks and colour state start clean."""
-        if self.neural is None or self.source_image is None:
+        (the source face found by `set_source_image`), so its tracks and colour state start clean."""
+        if self.neural is None or self.source_image is None or self.source_face is None:
             return  # the mesh swapper has no graphs to capture
         import cupy
 
-        from ..swap.mesh import source_face
-
-        image = self.source_image
-        face = source_face(self.analyser.analyse_image(image), "the source image")
+        image, face = self.source_image, self.source_face
         ident = self.swapper.identity(image, face)
         frame = cupy.asarray(image)
         for _ in range(2):  # capture, then a replay

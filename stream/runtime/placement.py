@@ -58,9 +58,6 @@ class Headroom:
     """The arrival phase of each of its streams, as a fraction of a frame period (0..1)."""
     models: str | None = None
     """Why its models did not verify (None: they did, or the report does not say)."""
-    load: float = field(init=False)
-    """The higher of `busy` and the worst p99/budget, in steps of 0.1: the load as reported (placement
-    ranks by the load with the new stream, `projected_busy`)."""
     per_stream: float = field(init=False)
     """What one more stream adds to `busy`, judged by its settled streams: their mean share (0: none)."""
     over: bool = field(init=False)
@@ -75,7 +72,6 @@ class Headroom:
         # Computed once per report: `choose` reads them for every worker on every placement.
         object.__setattr__(self, "costed", self.reported_streams if self.settled_streams is None
                            else min(self.settled_streams, self.reported_streams))
-        object.__setattr__(self, "load", round(max(self.busy, self.worst[1] if self.worst else 0.0), 1))
         object.__setattr__(self, "per_stream", self.busy / self.costed if self.costed else 0.0)
         object.__setattr__(self, "over", self.worst is not None and self.worst[1] > OVER_BUDGET)
         object.__setattr__(self, "worst_ratio", self.worst[1] if self.worst else 0.0)

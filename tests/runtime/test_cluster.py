@@ -176,7 +176,7 @@ def test_placement_refuses_with_every_reason() -> None:
     assert choose([ok], lambda w: 2, 8).name == "ok"
     with pytest.raises(NoRoom):
         choose([ok], lambda w: 3, 8)  # 0.5 + 0.25 * 2 > BUSY_MAX
-    assert BUSY_MAX < 1.0 and Headroom().load == 0.0
+    assert BUSY_MAX < 1.0 and Headroom().per_stream == 0.0 and Headroom().costed == 0
 
 
 def test_cluster_metrics_carry_node_and_worker() -> None:

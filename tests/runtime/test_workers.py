@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -34,6 +34,7 @@ from swapstream.demo import astronaut  # noqa: E402
 from swapstream.runtime.stream import StreamPipeline  # noqa: E402
 from swapstream.runtime.workers import WorkerPool, merge_metrics  # noqa: E402
 
+from ..helpers.wait import until  # noqa: E402
 from .conftest import TOKEN, runtime_config  # noqa: E402
 
 
@@ -119,17 +120,6 @@ def face_png() -> bytes:
     ok, buf = cv2.imencode(".png", cv2.cvtColor(astronaut(), cv2.COLOR_RGB2BGR))
     assert ok
     return buf.tobytes()
-
-
-def until(what: str, timeout: float, check: Callable[[], Any]) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.1)
 
 
 def test_streams_spread_over_workers_behind_one_api(pool: Pool) -> None:
