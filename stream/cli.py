@@ -189,6 +189,7 @@ def _summary(stats: "object", output: Path) -> None:
     t.add_row("frames swapped", f"{stats.frames_swapped} ({stats.faces_swapped} face swaps)")
     t.add_row("faces found", f"{len(stats.tracks)} distinct (tracks)")
     t.add_row("audio", f"{stats.audio_packets} packets carried" if stats.audio_packets else "none")
+    t.add_row("decode", {"nvdec": "NVDEC (GPU)", "pyav": "PyAV (host)"}.get(stats.decoder, stats.decoder))
     t.add_row("time", f"{stats.seconds:.2f} s")
     t.add_row("speed", f"{stats.fps:.1f} fps")
     out.print(t)
@@ -198,7 +199,7 @@ def _summary(stats: "object", output: Path) -> None:
 def run(
     source: Annotated[Path, typer.Option("--source", "-s", help="Image with the face to put in.")],
     input: Annotated[Path, typer.Option("--input", "-i", help="Video to swap faces in.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Video file to write (.mp4, .mkv, ...).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Video file to write (.mp4, .mkv, ...); `null:` writes nothing (the frames are still swapped, labelled and marked: a run without its encoder, for timing).")],
     config: Annotated[Optional[str], typer.Option("--config", "-c",
                       help="Preset name from configs/ or a YAML file.")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config key: key=value "

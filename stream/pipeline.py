@@ -19,7 +19,7 @@ from .disclosure import SYNTHETIC_TAGS, Disclosure  # SYNTHETIC_TAGS: imported f
 from .errors import InputError, InputNotFoundError, OutputError
 from .face.analyser import FaceAnalyser
 from .io.background import BackgroundCalls
-from .io.video import AudioPacket, VideoInfo, VideoReader, VideoWriter, probe
+from .io.video import AudioPacket, VideoInfo, VideoReader, is_null_output, open_writer, probe
 from .provenance import Provenance
 from .swap.mesh import MeshSwapper, source_face
 from .swap.occlusion import occlusion_masker
@@ -58,6 +58,8 @@ class JobStats:
     """Wall time of the decode-swap-encode loop."""
     input_info: VideoInfo | None = None
     """What the input looked like."""
+    decoder: str = "pyav"
+    """What decoded the video: `pyav` (FFmpeg on the host) or `nvdec` (the GPU's decoder)."""
 
     @property
     def fps(self) -> float:
@@ -154,8 +156,8 @@ class FileJob:
         stats = JobStats(input_info=info)
         total = expected_frames(info)
         enc = self.config.encode
-        sign = self.provenance.plan(out)
-        with VideoReader(inp) as reader, VideoWriter(
+        sign = self.plan_output(out)
+        with VideoReader(inp) as reader, open_writer(
                 out, width=info.width, height=info.height, time_base=info.time_base,
                 rate=info.avg_rate, crf=enc.crf, preset=enc.preset, codec=enc.codec,
                 audio_from=reader.audio_stream, metadata=self.disclosure.tags, threads=enc.threads) as writer, \
@@ -197,6 +199,10 @@ class FileJob:
         if sign:
             self.sign_output(out)
         return stats
+
+    def plan_output(self, out: Path) -> bool:
+        """Whether `out` will be signed (C2PA), known before the first frame; never the null output."""
+        return False if is_null_output(out) else self.provenance.plan(out)
 
     def sign_output(self, out: Path) -> None:
         """Sign the finished output with C2PA (after the writer closed it: the manifest's hash

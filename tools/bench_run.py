@@ -3,10 +3,12 @@
     python tools/bench_run.py --clip .bench/streams_1080p30.mp4 [--repeat 3] [--swapper inswapper_128]
         [--synthetic-models] [--set key=value ...] [--out docs/benchmarks] [--name run_gpu]
 
-Each run is one `swapstream run -s SOURCE -i CLIP -o OUT.mp4 -q` process (the built-in astronaut as
-the source face), encoding included: the command writes its file with the encoder it picks (NVENC
-where the GPU has one, else x264). The figure is the run's own summary line (`speed N fps`, frames
-over the loop's wall time, model loading excluded), and the output is decoded back to check its
+Each run is one `swapstream run -s SOURCE -i CLIP -o OUT -q` process (the built-in astronaut as
+the source face). Each round runs it twice: `-o OUT.mp4`, encoding included (the command writes its
+file with the encoder it picks: NVENC where the GPU has one, else x264), and `-o null:`, the same
+job with encoding excluded (frames still labelled and marked, nothing downloaded or encoded). The
+figure is the run's own summary line (`speed N fps`, frames over the loop's wall time, model loading
+excluded), the decoder is the summary's `decode` line, and the file is decoded back to check its
 frame count. With `--synthetic-models` the neural swapper is the full-size inswapper architecture
 with random weights (speed is the real model's; the output is not a likeness).
 Writes `<out>/<name>.json` and `<out>/<name>.md`.
@@ -38,10 +40,11 @@ def run_summary(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | N
     fps = re.search(r"speed\s+([\d.]+) fps", p.stdout)
     frames = re.search(r"frames\s+(\d+)\s", p.stdout)
     swapped = re.search(r"frames swapped\s+(\d+)", p.stdout)
+    decode = re.search(r"decode\s+(\S+)", p.stdout)
     if not (fps and frames and swapped):
         sys.exit(f"error: no summary in the output of {' '.join(cmd)}:\n{p.stdout[-3000:]}")
     return {"fps": float(fps.group(1)), "frames": int(frames.group(1)), "frames_swapped": int(swapped.group(1)),
-            "summary": p.stdout.strip().splitlines()[-12:]}
+            "decode": decode.group(1) if decode else "?", "summary": p.stdout.strip().splitlines()[-12:]}
 
 
 def main() -> None:
@@ -73,17 +76,25 @@ def main() -> None:
         opts += ["--set", f"models_dir={work / 'models'}", "--set", "neural.download=false", "--accept-licence"]
     with av.open(str(args.clip)) as c:
         clip_frames = c.streams.video[0].frames
-    runs = []
+    # Both outputs in each round, alternating, so the two figures share the machine's state.
+    modes = {"file": "with x264 (the file written)", "null": "encoding excluded (-o null:)"}
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     for i in range(args.repeat):
-        out = work / f"out{i}.mp4"
-        cmd = [sys.executable, "-m", "swapstream.cli", "run", "-s", str(source), "-i", str(args.clip),
-               "-o", str(out), "-q", *opts]
-        r = run_summary(cmd)
-        with av.open(str(out)) as c:
-            r["frames_written"] = sum(1 for _ in c.decode(video=0))
-        print(json.dumps({k: v for k, v in r.items() if k != "summary"}), flush=True)
-        runs.append(r)
-    fps = statistics.median(r["fps"] for r in runs)
+        for mode in modes:
+            out = work / f"out{i}.mp4"
+            cmd = [sys.executable, "-m", "swapstream.cli", "run", "-s", str(source), "-i", str(args.clip),
+                   "-o", "null:" if mode == "null" else str(out), "-q", *opts]
+            r = run_summary(cmd)
+            if mode == "file":
+                with av.open(str(out)) as c:
+                    r["frames_written"] = sum(1 for _ in c.decode(video=0))
+                out.unlink()
+            else:
+                r["frames_written"] = 0
+            r["mode"] = mode
+            print(json.dumps({k: v for k, v in r.items() if k != "summary"}), flush=True)
+            runs[mode].append(r)
+    fps = {m: statistics.median(r["fps"] for r in rs) for m, rs in runs.items()}
     commit = os.environ.get("GIT_SHA") or subprocess.run(["git", "rev-parse", "--short", "HEAD"],
                                                          capture_output=True, text=True).stdout.strip()
     from swapstream.runtime.metrics import GpuMonitor
@@ -92,26 +103,36 @@ def main() -> None:
     samples = gpu.sample()
     device = samples[0].name if samples else f"CPU ({os.cpu_count()} cores)"
     gpu.close()
-    shown = " ".join(["swapstream run -s astronaut.png -i", args.clip.name, "-o out.mp4 -q"]
+    shown = " ".join(["swapstream run -s astronaut.png -i", args.clip.name, "-o out.mp4|null: -q"]
                      + [o if " " not in o else repr(o) for o in opts]).replace(str(work), "WORK")
     command = "python tools/bench_run.py " + " ".join(sys.argv[1:])
-    rec = [{"metric": f"{args.name}_fps", "value": fps, "unit": "fps", "stat": "median",
-            "config": {"clip": args.clip.name, "clip_frames": clip_frames, "repeat": args.repeat,
-                       "runs_fps": [r["fps"] for r in runs], "frames_written": [r["frames_written"] for r in runs],
-                       "frames_swapped": [r["frames_swapped"] for r in runs], "run_command": shown},
-            "device": device, "commit": commit or "unknown", "date": datetime.date.today().isoformat(),
-            "command": command}]
+    date = datetime.date.today().isoformat()
+    rec = [{"metric": f"{args.name}_fps" + ("_no_encode" if m == "null" else ""), "value": fps[m], "unit": "fps",
+            "stat": "median",
+            "config": {"clip": args.clip.name, "clip_frames": clip_frames, "repeat": args.repeat, "output": modes[m],
+                       "decode": sorted({r["decode"] for r in runs[m]}),
+                       "runs_fps": [r["fps"] for r in runs[m]],
+                       "frames": [r["frames"] for r in runs[m]],
+                       "frames_written": [r["frames_written"] for r in runs[m]],
+                       "frames_swapped": [r["frames_swapped"] for r in runs[m]], "run_command": shown},
+            "device": device, "commit": commit or "unknown", "date": date, "command": command}
+           for m in modes]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(rec, indent=1) + "\n")
-    lines = [f"# swapstream run, encoding included ({device}, {commit}, {rec[0]['date']})", "",
-             f"Command: `{command}`; each run: `{shown}`.", "",
-             "| run | fps (its summary) | frames written | frames swapped |", "|---|---|---|---|"]
-    lines += [f"| {i + 1} | {r['fps']} | {r['frames_written']} | {r['frames_swapped']} |" for i, r in enumerate(runs)]
-    lines += ["", f"Median: **{fps} fps** over {clip_frames} frames.", "",
-              "The last run's summary:", "", "```", *runs[-1]["summary"], "```", ""]
+    lines = [f"# swapstream run ({device}, {commit}, {date})", "",
+             f"Command: `{command}`; each run: `{shown}`. The two outputs alternate, one of each per "
+             "round, in one process tree on one machine.", "",
+             "| output | decode | runs (fps, each run's summary) | median | frames | frames written | frames swapped |",
+             "|---|---|---|---|---|---|---|"]
+    for m, text in modes.items():
+        rs = runs[m]
+        lines.append(f"| {text} | {', '.join(sorted({r['decode'] for r in rs}))} | "
+                     f"{', '.join(str(r['fps']) for r in rs)} | **{fps[m]} fps** | "
+                     f"{'/'.join(str(r['frames']) for r in rs)} | {'/'.join(str(r['frames_written']) for r in rs)} | "
+                     f"{'/'.join(str(r['frames_swapped']) for r in rs)} |")
+    lines += ["", "The last run's summary:", "", "```", *runs["file"][-1]["summary"], "```", ""]
     (args.out / f"{args.name}.md").write_text("\n".join(lines))
     print("\n".join(lines))
-
 
 if __name__ == "__main__":
     main()

@@ -13,7 +13,10 @@ Face analysis runs on the device frame: the built-in networks through PyTorch (g
 the neural detector's runner; only landmarks come back to the host.
 NVTX ranges mark every stage, so a profile shows the overlap.
 
-NVDEC decoding and NVENC encoding (PyNvVideoCodec) are the next step: this job decodes with PyAV.
+Decoding: NVDEC (PyNvVideoCodec) decodes straight into the device slot where it can (`decoder`
+in the config; PyAV's demuxer carries the audio beside it); otherwise PyAV decodes on the host and
+the frame is uploaded as above. The null output (`-o null:`) skips the download and the encoder.
+NVENC encoding is the next step: this job encodes with x264.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +32,7 @@ import numpy as np
 
 from ..config import Config
 from ..io.background import BackgroundCalls
-from ..io.video import AudioPacket, VideoReader, VideoWriter, probe
+from ..io.video import AudioPacket, AudioPackets, VideoInfo, VideoReader, is_null_output, open_writer, probe
 from ..pipeline import FileJob, JobStats, ProgressFn, expected_frames
 from ..types import Frame
 from .loop import nvtx
@@ -90,6 +94,106 @@ class GpuFileJob(FileJob):
             self.swapper.swap_many([(frame, face)], [ident])
         cupy.cuda.get_current_stream().synchronize()
 
+    def _nvdec_reason(self, info: VideoInfo) -> str | None:
+        """None when NVDEC decodes this input, else why not (for the log; `decoder=nvdec` raises it)."""
+        mode = self.config.decoder
+        if mode == "cpu":
+            return "decoder=cpu"
+        import cupy
+
+        from .pynvc import nvdec_available
+
+        ok, why = nvdec_available(cupy.cuda.Device().id)
+        if ok and info.rotation:
+            # PyAV turns such frames upright (VideoReader); the NVDEC path has no rotation step.
+            ok, why = False, f"the video asks for a {info.rotation} degree display rotation"
+        elif ok and (info.width % 2 or info.height % 2):
+            ok, why = False, f"its size {info.width}x{info.height} is odd (NV12 needs even sizes)"
+        if ok:
+            return None
+        if mode == "nvdec":
+            from ..errors import ConfigError
+
+            raise ConfigError(f"decoder=nvdec, but NVDEC cannot decode '{info.path}': {why}. "
+                              f"Use --set decoder=auto (PyAV when NVDEC cannot) or --set decoder=cpu")
+        return why
+
+    def _frames(self, inp: Path, info: VideoInfo, upload: Any, dev: Ring[Any],
+                audio_out: list[Any]) -> Iterator[AudioPacket | tuple[Slot[Any], Any, Frame]]:
+        """The input in file order: audio packets, and each video frame as (device slot, event that
+        marks its picture ready, the frame on that slot). NVDEC decodes straight into the slot where
+        it can (`decoder`); otherwise PyAV decodes on the host and a pinned slot is uploaded."""
+        import cupyx
+
+        why_not = self._nvdec_reason(info)
+        if why_not is None:
+            try:
+                yield from self._nvdec_frames(inp, info, dev, audio_out)
+                return
+            except _NvdecUnusable as e:  # an input NVDEC refused at open, before any frame
+                if self.config.decoder == "nvdec":
+                    raise e.error from None
+                why_not = str(e.error)
+        log.info("'%s': decoding with PyAV on the host (%s)", inp, why_not)
+        self.decoder_used = "pyav"
+        shape = (info.height, info.width, 3)
+        pin_in: Ring[np.ndarray] = Ring(RING_SLOTS, lambda _i: cupyx.empty_pinned(shape, np.uint8))
+        with VideoReader(inp) as reader:
+            audio_out.append(reader.audio_stream)
+            for item in reader:
+                if isinstance(item, AudioPacket):
+                    yield item
+                    continue
+                # Upload: host frame -> pinned slot -> device slot, asynchronously.
+                with nvtx("upload"):
+                    pin = pin_in.acquire(item.pts)
+                    np.copyto(pin.buffer, item.data)
+                    dslot = dev.acquire(item.pts)
+                    dslot.buffer.set(pin.buffer, stream=upload)
+                    uploaded = upload.record()
+                    pin_in.release(pin, uploaded)
+                yield dslot, uploaded, Frame(dslot.buffer, item.pts, item.time_base, item.index)
+        self.ring_stalls["pinned_in"] = pin_in.stalls
+
+    def _nvdec_frames(self, inp: Path, info: VideoInfo, dev: Ring[Any],
+                      audio_out: list[Any]) -> Iterator[AudioPacket | tuple[Slot[Any], Any, Frame]]:
+        import cupy
+
+        from ..errors import InputError
+        from .nvdemux import NvdecSource
+
+        try:
+            # NATIVE latency: files may have B-frames, which need NVDEC's reordering.
+            source = NvdecSource(inp, gpu_id=cupy.cuda.Device().id, low_latency=False,
+                                 time_base=info.time_base)
+        except InputError as e:
+            raise _NvdecUnusable(e) from e
+        self.decoder_used = "nvdec"
+        log.info("'%s': decoding with NVDEC (%s)", inp, source.capabilities().get("codec", "?"))
+        step = max(1, round(1 / (info.avg_rate * info.time_base))) if info.avg_rate else 1
+        with source, AudioPackets(inp) as audio:
+            audio_out.append(audio.audio_stream)
+            sounds = iter(audio)
+            held: AudioPacket | None = next(sounds, None)
+            last_pts: int | None = None
+            for fr in source:
+                pts = fr.pts
+                if pts is None or (last_pts is not None and pts <= last_pts):
+                    # The demuxer gave no usable pts: continue at the nominal rate, as VideoReader.
+                    pts = 0 if last_pts is None else last_pts + step
+                last_pts = pts
+                t = float(pts * info.time_base)
+                # Audio up to this frame's time first, so the writer gets both in time order.
+                while held is not None and (held.time is None or held.time <= t):
+                    yield held
+                    held = next(sounds, None)
+                dslot = dev.acquire(pts)
+                ready = fr.copy_to(dslot.buffer)  # NV12 -> RGB on the decoder's stream
+                yield dslot, ready, Frame(dslot.buffer, pts, info.time_base, fr.index)
+            while held is not None:
+                yield held
+                held = next(sounds, None)
+
     def run(self, input_path: str | Any, output_path: str | Any,
             progress: ProgressFn | None = None) -> JobStats:
         import cupy
@@ -100,105 +204,128 @@ class GpuFileJob(FileJob):
         stats = JobStats(input_info=info)
         total = expected_frames(info)
         enc = self.config.encode
-        sign = self.provenance.plan(out)  # before the first frame, as FileJob.run
+        sign = self.plan_output(out)  # before the first frame, as FileJob.run
         shape = (info.height, info.width, 3)
         upload = cupy.cuda.Stream(non_blocking=True)
         compute = cupy.cuda.Stream(non_blocking=True)
         download = cupy.cuda.Stream(non_blocking=True)
-        pin_in: Ring[np.ndarray] = Ring(RING_SLOTS, lambda _i: cupyx.empty_pinned(shape, np.uint8))
         dev: Ring[Any] = Ring(RING_SLOTS, lambda _i: cupy.empty(shape, cupy.uint8))
+        null = is_null_output(out)
         # A host slot is free again once the encoder thread has read it (its HostEvent): room for
         # the frames the encoder holds, the ones whose download is in flight, and the next one.
-        pin_out: Ring[np.ndarray] = Ring(RING_SLOTS + ENCODE_QUEUE,
-                                         lambda _i: cupyx.empty_pinned(shape, np.uint8))
-        # Frames whose download is in flight, oldest first: (pinned slot, D2H event, frame, set
+        # The null output downloads nothing.
+        pin_out: Ring[np.ndarray] | None = None if null else Ring(
+            RING_SLOTS + ENCODE_QUEUE, lambda _i: cupyx.empty_pinned(shape, np.uint8))
+        # Frames in flight, oldest first: (pinned slot or None, the event to wait for, frame, set
         # once the encoder has read the slot).
-        in_flight: deque[tuple[Slot[np.ndarray], Any, Frame, HostEvent]] = deque()
+        in_flight: deque[tuple[Slot[np.ndarray] | None, Any, Frame, HostEvent]] = deque()
         # "encode" is the loop's wait to hand a frame over (the D2H copy, then the encoder's queue),
         # not x264's own time, which runs on the encoder thread.
         self.stage_seconds = {"analyse": 0.0, "submit": 0.0, "encode": 0.0}
+        self.ring_stalls = {"pinned_in": 0, "device": 0, "pinned_out": 0}
+        self.decoder_used = ""
         self._warm_swap()
+        # The input's audio stream, known once the decoding side opened the file (`_frames`).
+        audio_stream: list[Any] = []
+        frames = self._frames(inp, info, upload, dev, audio_stream)
+        first = next(frames, None)  # opens the input (and its decoder) before the writer
 
-        with VideoReader(inp) as reader, VideoWriter(
-                out, width=info.width, height=info.height, time_base=info.time_base,
-                rate=info.avg_rate, crf=enc.crf, preset=enc.preset, codec=enc.codec,
-                audio_from=reader.audio_stream, metadata=self.disclosure.tags, threads=enc.threads) as writer, \
-                BackgroundCalls(depth=ENCODE_QUEUE, name="gpu-file-encoder") as encoder:
+        try:
+            with open_writer(
+                    out, width=info.width, height=info.height, time_base=info.time_base,
+                    rate=info.avg_rate, crf=enc.crf, preset=enc.preset, codec=enc.codec,
+                    audio_from=audio_stream[0] if audio_stream else None, metadata=self.disclosure.tags,
+                    threads=enc.threads) as writer, \
+                    BackgroundCalls(depth=ENCODE_QUEUE, name="gpu-file-encoder") as encoder:
 
-            def encode(buffer: np.ndarray, frame: Frame, read: HostEvent) -> None:
-                try:
-                    writer.write(Frame(buffer, frame.pts, frame.time_base, frame.index))
-                finally:  # also after a failure: the loop must not wait for the slot for ever
-                    read.record_done()
+                def encode(buffer: np.ndarray, frame: Frame, read: HostEvent) -> None:
+                    try:
+                        writer.write(Frame(buffer, frame.pts, frame.time_base, frame.index))
+                    finally:  # also after a failure: the loop must not wait for the slot for ever
+                        read.record_done()
 
-            def finish_oldest() -> None:
-                slot, event, frame, read = in_flight.popleft()
-                t = time.perf_counter()
-                with nvtx("encode"):
-                    event.synchronize()  # the encoder hand-over: the only host wait per frame
-                    # x264 runs on the encoder thread; this waits only when ENCODE_QUEUE frames do.
-                    encoder.submit(encode, slot.buffer, frame, read)
-                self.stage_seconds["encode"] += time.perf_counter() - t
-                stats.frames += 1
-                if progress is not None:
-                    progress(stats.frames, total)
+                def finish_oldest() -> None:
+                    slot, event, frame, read = in_flight.popleft()
+                    t = time.perf_counter()
+                    with nvtx("encode"):
+                        event.synchronize()  # the encoder hand-over: the only host wait per frame
+                        if slot is None:
+                            writer.write(frame)  # the null output: counted, nothing kept
+                        else:
+                            # x264 runs on the encoder thread; this waits only when ENCODE_QUEUE
+                            # frames do.
+                            encoder.submit(encode, slot.buffer, frame, read)
+                    self.stage_seconds["encode"] += time.perf_counter() - t
+                    stats.frames += 1
+                    if progress is not None:
+                        progress(stats.frames, total)
 
-            t0 = time.perf_counter()
-            for item in reader:
-                if isinstance(item, AudioPacket):
-                    encoder.submit(writer.write_audio, item)  # after the frames before it: same order
-                    stats.audio_packets += 1
-                    continue
-                t = time.perf_counter()
-                # Upload: host frame -> pinned slot -> device slot, asynchronously.
-                with nvtx("upload"):
-                    pin = pin_in.acquire(item.pts)
-                    np.copyto(pin.buffer, item.data)
-                    dslot = dev.acquire(item.pts)
-                    dslot.buffer.set(pin.buffer, stream=upload)
-                    uploaded = upload.record()
-                    pin_in.release(pin, uploaded)
-                # Compute: after the upload, on its own stream. Analysis reads the device frame;
-                # only its landmarks come back to the host (the one mid-frame wait).
-                with compute:
-                    compute.wait_event(uploaded)
-                    ta = time.perf_counter()
-                    with nvtx("analyse"):
-                        faces = self.analyser.track(Frame(dslot.buffer, item.pts, item.time_base,
-                                                          item.index))
-                    stats.tracks.update(f.track_id for f in faces)
-                    analysed_s = time.perf_counter() - ta
-                    self.stage_seconds["analyse"] += analysed_s
-                    with nvtx("swap"):
-                        swapped = self.swap_faces(dslot.buffer, faces)
-                    done = compute.record()
-                stats.faces_swapped += swapped
-                stats.frames_swapped += 1 if swapped else 0
-                # Download: after the compute, into a pinned slot, asynchronously.
-                with nvtx("download"):
-                    pout = pin_out.acquire(item.pts)
-                    download.wait_event(done)
-                    dslot.buffer.get(stream=download, out=pout.buffer, blocking=False)
-                    downloaded = download.record()
-                    dev.release(dslot, downloaded)
+                t0 = time.perf_counter()
+                item = first
+                while item is not None:
+                    if isinstance(item, AudioPacket):
+                        encoder.submit(writer.write_audio, item)  # after the frames before it
+                        stats.audio_packets += 1
+                        item = next(frames, None)
+                        continue
+                    t = time.perf_counter()
+                    dslot, ready, frame = item
+                    # Compute: after the picture is ready, on its own stream. Analysis reads the
+                    # device frame; only its landmarks come back to the host (the one mid-frame wait).
+                    with compute:
+                        compute.wait_event(ready)
+                        ta = time.perf_counter()
+                        with nvtx("analyse"):
+                            faces = self.analyser.track(frame)
+                        stats.tracks.update(f.track_id for f in faces)
+                        analysed_s = time.perf_counter() - ta
+                        self.stage_seconds["analyse"] += analysed_s
+                        with nvtx("swap"):
+                            swapped = self.swap_faces(dslot.buffer, faces)
+                        done = compute.record()
+                    stats.faces_swapped += swapped
+                    stats.frames_swapped += 1 if swapped else 0
                     read = HostEvent()
-                    pin_out.release(pout, read)
-                in_flight.append((pout, downloaded, item, read))
-                # Launch time of upload, swap and download: the analysis inside is counted above.
-                self.stage_seconds["submit"] += time.perf_counter() - t - analysed_s
-                # Encode the previous frame while this one is copied back.
-                while len(in_flight) > 1:
+                    if pin_out is None:  # the null output
+                        dev.release(dslot, done)
+                        in_flight.append((None, done, frame, read))
+                    else:
+                        # Download: after the compute, into a pinned slot, asynchronously.
+                        with nvtx("download"):
+                            pout = pin_out.acquire(frame.pts)
+                            download.wait_event(done)
+                            dslot.buffer.get(stream=download, out=pout.buffer, blocking=False)
+                            downloaded = download.record()
+                            dev.release(dslot, downloaded)
+                            pin_out.release(pout, read)
+                        in_flight.append((pout, downloaded, frame, read))
+                    # Launch time of swap and download: the analysis inside is counted above.
+                    self.stage_seconds["submit"] += time.perf_counter() - t - analysed_s
+                    # Hand over the previous frame while this one is computed and copied back.
+                    while len(in_flight) > 1:
+                        finish_oldest()
+                    item = next(frames, None)
+                while in_flight:
                     finish_oldest()
-            while in_flight:
-                finish_oldest()
-            encoder.close()  # every frame encoded (and its error raised) before the time is taken
-            stats.seconds = time.perf_counter() - t0
-            if stats.frames == 0:
-                from ..errors import InputError
+                encoder.close()  # every frame encoded (and its error raised) before the time is taken
+                stats.seconds = time.perf_counter() - t0
+                if stats.frames == 0:
+                    from ..errors import InputError
 
-                raise InputError(f"input '{inp}' has no decodable video frames. Check that it is "
-                                 f"a complete video file.")
-        self.ring_stalls = {"pinned_in": pin_in.stalls, "device": dev.stalls, "pinned_out": pin_out.stalls}
+                    raise InputError(f"input '{inp}' has no decodable video frames. Check that it is "
+                                     f"a complete video file.")
+        finally:
+            frames.close()  # the decoder and the input file, also after an error
+        stats.decoder = self.decoder_used
+        self.ring_stalls.update(device=dev.stalls, pinned_out=pin_out.stalls if pin_out else 0)
         if sign:
             self.sign_output(out)
         return stats
+
+
+class _NvdecUnusable(Exception):
+    """NVDEC refused the input when it was opened (a codec or size it cannot decode)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error

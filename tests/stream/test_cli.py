@@ -159,6 +159,40 @@ def test_run_swaps_a_clip(assets: Assets, tmp_path: Path) -> None:
         assert "AI-modified" in c.metadata.get("comment", "")
 
 
+def test_run_to_the_null_output(assets: Assets, tmp_path: Path) -> None:
+    """`-o null:` runs the whole job (decode, analyse, swap, label and mark) and writes nothing: the
+    run without its encoder that the GPU benchmark times."""
+    res = cli("run", "--source", assets.face, "--input", assets.clip, "--output", "null:", "--quiet", cwd=tmp_path)
+    assert res.returncode == 0, _show(res)
+    assert re.search(rf"^frames\s+{CLIP_FRAMES}\s*$", res.stdout, re.M), res.stdout
+    assert re.search(r"^frames swapped\s+[1-9]\d*\b", res.stdout, re.M), res.stdout
+    assert re.search(r"^audio\s+[1-9]\d* packets carried", res.stdout, re.M), res.stdout
+    assert re.search(r"^decode\s+PyAV \(host\)", res.stdout, re.M), res.stdout
+    assert list(tmp_path.iterdir()) == [], "the null output wrote a file"
+
+
+def test_null_output_still_marks_every_frame(assets: Assets, monkeypatch: pytest.MonkeyPatch) -> None:
+    from swapstream.config import load_config
+    from swapstream.pipeline import FileJob
+
+    job = FileJob(load_config(None, ["device=cpu"]))
+    marked: list[bool] = []
+    apply = job.disclosure.apply
+
+    def counting(data: np.ndarray, swapped: bool) -> None:
+        marked.append(swapped)
+        apply(data, swapped)  # the real label and watermark still go in
+
+    monkeypatch.setattr(job.disclosure, "apply", counting)
+    try:
+        job.set_source(assets.face)
+        stats = job.run(assets.clip, "null:")
+    finally:
+        job.close()
+    assert stats.frames == CLIP_FRAMES == len(marked)
+    assert sum(marked) == stats.frames_swapped > 0
+
+
 # --------------------------------------------------------------------------------------------------
 # Bad source image
 
