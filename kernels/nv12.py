@@ -260,3 +260,29 @@ def rgb_to_nv12(rgb: Any, y_out: Any, uv_out: Any, *, matrix: Matrix = "bt709",
     fn(blocks, _BLOCK, (rgb, y_out, uv_out, np.int32(h), np.int32(w), np.int32(y_out.strides[0]),
                         np.int32(uv_out.strides[0])))
     return y_out, uv_out
+
+
+def rgb_to_i420(rgb: Any, out: Any, uv_scratch: Any, *, matrix: Matrix = "bt709",
+                full_range: bool = False) -> Any:
+    """Convert packed RGB to planar 4:2:0 (I420, FFmpeg's `yuv420p`) in one buffer.
+
+    rgb:        (H, W, 3) uint8, H and W even.
+    out:        (H * 3/2, W) uint8, C-contiguous: the H rows of Y, then U as an (H/2, W/2) plane,
+                then V, each contiguous (the layout `av.VideoFrame.from_ndarray(format="yuv420p")`
+                takes, so x264 gets its input format without a conversion on the host).
+    uv_scratch: (H/2, W) uint8: the interleaved chroma `rgb_to_nv12` writes before it is split.
+
+    The same values as `rgb_to_nv12` (its kernel, or its reference for NumPy arrays), with the chroma
+    de-interleaved by two strided copies on the current stream. Returns `out`.
+    """
+    h, w = rgb.shape[:2]
+    check_array("out", out, dtype=np.uint8, shape=(h * 3 // 2, w))
+    check_array("uv_scratch", uv_scratch, dtype=np.uint8, shape=(h // 2, w))
+    if not out.flags.c_contiguous:
+        raise ValueError("out must be C-contiguous: its U and V planes are read as flat runs")
+    rgb_to_nv12(rgb, out[:h], uv_scratch, matrix=matrix, full_range=full_range)
+    flat = out.reshape(-1)
+    q = (h // 2) * (w // 2)
+    flat[h * w:h * w + q].reshape(h // 2, w // 2)[...] = uv_scratch[:, 0::2]
+    flat[h * w + q:].reshape(h // 2, w // 2)[...] = uv_scratch[:, 1::2]
+    return out

@@ -1,7 +1,7 @@
 """`swapstream run` as users run it, timed by its own summary: the median of several runs.
 
     python tools/bench_run.py --clip .bench/streams_1080p30.mp4 [--repeat 3] [--swapper inswapper_128]
-        [--synthetic-models] [--set key=value ...] [--out docs/benchmarks] [--name run_gpu]
+        [--synthetic-models] [--config PRESET] [--set key=value ...] [--out docs/benchmarks] [--name run_gpu]
 
 Each run is one `swapstream run -s SOURCE -i CLIP -o OUT -q` process (the built-in astronaut as
 the source face). Each round runs it twice: `-o OUT.mp4`, encoding included (the command writes its
@@ -52,6 +52,7 @@ def main() -> None:
     ap.add_argument("--clip", type=Path, required=True)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--swapper", default="inswapper_128")
+    ap.add_argument("--config", default=None, help="preset for `swapstream run -c` (default: the default preset)")
     ap.add_argument("--synthetic-models", action="store_true")
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
@@ -67,7 +68,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-run-"))
     source = work / "astronaut.png"
     cv2.imwrite(str(source), cv2.cvtColor(astronaut(), cv2.COLOR_RGB2BGR))
-    opts = ["--set", f"swapper={args.swapper}", *[x for s in args.set for x in ("--set", s)]]
+    opts = (["-c", args.config] if args.config else []) + ["--set", f"swapper={args.swapper}", *[x for s in args.set for x in ("--set", s)]]
     if args.synthetic_models:
         sys.path.insert(0, str(TOOLS))
         from bench_pipeline import write_synthetic_models
@@ -109,7 +110,7 @@ def main() -> None:
     date = datetime.date.today().isoformat()
     rec = [{"metric": f"{args.name}_fps" + ("_no_encode" if m == "null" else ""), "value": fps[m], "unit": "fps",
             "stat": "median",
-            "config": {"clip": args.clip.name, "clip_frames": clip_frames, "repeat": args.repeat, "output": modes[m],
+            "config": {"preset": args.config or "default", "clip": args.clip.name, "clip_frames": clip_frames, "repeat": args.repeat, "output": modes[m],
                        "decode": sorted({r["decode"] for r in runs[m]}),
                        "runs_fps": [r["fps"] for r in runs[m]],
                        "frames": [r["frames"] for r in runs[m]],
@@ -119,7 +120,7 @@ def main() -> None:
            for m in modes]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(rec, indent=1) + "\n")
-    lines = [f"# swapstream run ({device}, {commit}, {date})", "",
+    lines = [f"# swapstream run, {args.config or 'default'} preset ({device}, {commit}, {date})", "",
              f"Command: `{command}`; each run: `{shown}`. The two outputs alternate, one of each per "
              "round, in one process tree on one machine.", "",
              "| output | decode | runs (fps, each run's summary) | median | frames | frames written | frames swapped |",

@@ -94,10 +94,14 @@ if [[ "$what" == streams || "$what" == all ]]; then
   python3 tools/bench_frame_gpu.py --clip720 .bench/streams_720p30.mp4 --clip1080 .bench/streams_1080p30.mp4 --out "$OUT" ${FRAME_GPU_ARGS---compiled} 2>&1 | tee "$OUT/bench_frame_gpu.log" || rc=1
 fi
 if [[ "$what" == run || "$what" == all ]]; then
-  # `swapstream run` itself on the 1080p clip with the full-size inswapper architecture, encoding
-  # included (x264 here: the H200 has no NVENC), median of 3 runs.
+  # `swapstream run` itself on the 1080p clip with the full-size inswapper architecture, with x264
+  # (the H200 has no NVENC) and with encoding excluded, median of 3 runs each.
+  # Each preset with and without the encoder (-o null:): the default preset (detector every frame)
+  # and `live` (detector every 5th frame, landmarks track between).
   python3 tools/bench_run.py --clip .bench/streams_1080p30.mp4 --repeat 3 --synthetic-models --out "$OUT" \
     --name run_gpu 2>&1 | tee "$OUT/bench_run.log" || rc=1
+  python3 tools/bench_run.py --clip .bench/streams_1080p30.mp4 --repeat 3 --synthetic-models --out "$OUT" \
+    --config live --name run_gpu_live 2>&1 | tee "$OUT/bench_run_live.log" || rc=1
 fi
 if [[ "$what" == serve || "$what" == all ]]; then
   # The stream benchmark: a load generator driving `swapstream serve --workers` (MPS on with 2 or

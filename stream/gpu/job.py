@@ -4,6 +4,8 @@ Stages and their CUDA streams (CuPy-owned), ordered by events, never by a device
 - upload: PyAV decodes on the host into a ring of pinned buffers; an asynchronous copy on the
   upload stream puts each frame into a ring of device buffers;
 - compute: waits for the frame's upload event, then swaps (mesh or neural kernels, model runners);
+- compose: the swap stage's disclosure (label, mark), then the frame converted to yuv420p on the
+  compute stream (half the bytes of RGB, and x264's input format: no conversion on the host);
 - download: waits for the compute event, copies the frame into a ring of pinned buffers;
 - encode: the host waits for that copy's event (the one host wait, where the encoder takes over)
   and hands the pinned buffer to the encoder thread (x264), one frame behind, so the copy of frame n
@@ -32,6 +34,7 @@ import numpy as np
 
 from ..config import Config
 from ..io.background import BackgroundCalls
+from ..kernels.nv12 import rgb_to_i420
 from ..io.video import AudioPacket, AudioPackets, VideoInfo, VideoReader, is_null_output, open_writer, probe
 from ..pipeline import FileJob, JobStats, ProgressFn, expected_frames
 from ..types import Frame
@@ -43,6 +46,9 @@ log = logging.getLogger(__name__)
 # Three slots for the upload side: a host slot is refilled once its upload has finished, a device
 # slot once its frame's download has (the download ring adds the encoder's queue, below).
 RING_SLOTS = 3
+WRITER_MATRIX = "bt709"
+"""The matrix (limited range) of the yuv420p frames handed to the writer: the one `VideoWriter`
+converts RGB with and tags its files with, so the GPU and CPU jobs write the same colours."""
 ENCODE_QUEUE = 2
 """Frames that may wait for the encoder thread besides the one it encodes. x264 at 1080p (`veryfast`)
 took 9 ms a frame on the H200 machine's host, as long as the rest of a frame's loop: on its own
@@ -211,11 +217,22 @@ class GpuFileJob(FileJob):
         download = cupy.cuda.Stream(non_blocking=True)
         dev: Ring[Any] = Ring(RING_SLOTS, lambda _i: cupy.empty(shape, cupy.uint8))
         null = is_null_output(out)
+        # The encoder's input format made on the device: half the bytes of RGB to copy back, and no
+        # RGB -> YUV pass on the host (x264 takes yuv420p as it is). Odd sizes go back as RGB (the
+        # writer crops them; 4:2:0 needs even ones).
+        planar = info.width % 2 == 0 and info.height % 2 == 0
+        h, w = info.height, info.width
+        out_shape = (h * 3 // 2, w) if planar else shape
+        yuv: Ring[Any] | None = None
+        uv_scratch: Any = None
+        if planar and not null:
+            yuv = Ring(RING_SLOTS, lambda _i: cupy.empty(out_shape, cupy.uint8))
+            uv_scratch = cupy.empty((h // 2, w), cupy.uint8)
         # A host slot is free again once the encoder thread has read it (its HostEvent): room for
         # the frames the encoder holds, the ones whose download is in flight, and the next one.
         # The null output downloads nothing.
         pin_out: Ring[np.ndarray] | None = None if null else Ring(
-            RING_SLOTS + ENCODE_QUEUE, lambda _i: cupyx.empty_pinned(shape, np.uint8))
+            RING_SLOTS + ENCODE_QUEUE, lambda _i: cupyx.empty_pinned(out_shape, np.uint8))
         # Frames in flight, oldest first: (pinned slot or None, the event to wait for, frame, set
         # once the encoder has read the slot).
         in_flight: deque[tuple[Slot[np.ndarray] | None, Any, Frame, HostEvent]] = deque()
@@ -240,7 +257,8 @@ class GpuFileJob(FileJob):
 
                 def encode(buffer: np.ndarray, frame: Frame, read: HostEvent) -> None:
                     try:
-                        writer.write(Frame(buffer, frame.pts, frame.time_base, frame.index))
+                        writer.write(Frame(buffer, frame.pts, frame.time_base, frame.index,
+                                           format="yuv420p" if planar else "rgb24"))
                     finally:  # also after a failure: the loop must not wait for the slot for ever
                         read.record_done()
 
@@ -282,6 +300,12 @@ class GpuFileJob(FileJob):
                         self.stage_seconds["analyse"] += analysed_s
                         with nvtx("swap"):
                             swapped = self.swap_faces(dslot.buffer, faces)
+                        picture = dslot.buffer
+                        if yuv is not None:
+                            ys = yuv.acquire(frame.pts)
+                            with nvtx("yuv420p"):
+                                rgb_to_i420(dslot.buffer, ys.buffer, uv_scratch, matrix=WRITER_MATRIX)
+                            picture = ys.buffer
                         done = compute.record()
                     stats.faces_swapped += swapped
                     stats.frames_swapped += 1 if swapped else 0
@@ -294,9 +318,13 @@ class GpuFileJob(FileJob):
                         with nvtx("download"):
                             pout = pin_out.acquire(frame.pts)
                             download.wait_event(done)
-                            dslot.buffer.get(stream=download, out=pout.buffer, blocking=False)
+                            picture.get(stream=download, out=pout.buffer, blocking=False)
                             downloaded = download.record()
-                            dev.release(dslot, downloaded)
+                            if yuv is not None:
+                                dev.release(dslot, done)  # converted: the RGB frame is free
+                                yuv.release(ys, downloaded)
+                            else:
+                                dev.release(dslot, downloaded)
                             pin_out.release(pout, read)
                         in_flight.append((pout, downloaded, frame, read))
                     # Launch time of swap and download: the analysis inside is counted above.

@@ -416,3 +416,26 @@ def test_crop_batch_errors_name_the_argument(rng: np.random.Generator) -> None:
     for name, call in bad:
         with pytest.raises(ValueError, match=rf"^{name}\b"):
             call()
+
+
+def test_rgb_to_i420_is_nv12_with_split_chroma(rng: np.random.Generator) -> None:
+    from swapstream.kernels.nv12 import rgb_to_i420
+
+    h, w = 48, 70
+    rgb = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+    y, uv = np.empty((h, w), np.uint8), np.empty((h // 2, w), np.uint8)
+    rgb_to_nv12_ref(rgb, y, uv, matrix="bt709")
+    out = np.full((h * 3 // 2, w), 7, np.uint8)
+    rgb_to_i420(rgb, out, np.empty((h // 2, w), np.uint8), matrix="bt709")
+    q = (h // 2) * (w // 2)
+    flat = out.reshape(-1)
+    np.testing.assert_array_equal(out[:h], y)
+    np.testing.assert_array_equal(flat[h * w:h * w + q].reshape(h // 2, w // 2), uv[:, 0::2])
+    np.testing.assert_array_equal(flat[h * w + q:].reshape(h // 2, w // 2), uv[:, 1::2])
+    # The layout FFmpeg's yuv420p has: PyAV reads it back as the same planes.
+    import av
+
+    frame = av.VideoFrame.from_ndarray(out, format="yuv420p")
+    np.testing.assert_array_equal(frame.to_ndarray(format="yuv420p"), out)
+    with pytest.raises(ValueError, match="out must have shape"):
+        rgb_to_i420(rgb, np.empty((h, w), np.uint8), np.empty((h // 2, w), np.uint8))

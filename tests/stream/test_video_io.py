@@ -309,6 +309,45 @@ def test_colours_survive_the_yuv_round_trip(tmp_path: Path) -> None:
     assert np.abs(got - np.array(colours)).max() <= 6
 
 
+def test_yuv420p_frames_from_the_gpu_converter_match_rgb_frames(tmp_path: Path) -> None:
+    """The GPU job hands the writer yuv420p planes it converted itself (`rgb_to_i420`, here its NumPy
+    reference): the file decodes to the picture the RGB path writes, at the same timestamps."""
+    from swapstream.kernels.nv12 import rgb_to_i420
+
+    rng = np.random.default_rng()
+    h, w = 64, 96
+    frames = [np.repeat(np.repeat(rng.integers(0, 256, (h // 8, w // 8, 3), dtype=np.uint8), 8, 0), 8, 1)
+              for _ in range(4)]
+    decoded = {}
+    for kind in ("rgb24", "yuv420p"):
+        dst = tmp_path / f"{kind}.mp4"
+        with VideoWriter(dst, width=w, height=h, time_base=Fraction(1, 30), rate=Fraction(30), crf=0) as writer:
+            for i, rgb in enumerate(frames):
+                data = rgb
+                if kind == "yuv420p":
+                    data = np.empty((h * 3 // 2, w), np.uint8)
+                    rgb_to_i420(rgb, data, np.empty((h // 2, w), np.uint8), matrix="bt709")
+                writer.write(Frame(data, i * 2, Fraction(1, 30), i, format=kind))
+        with VideoReader(dst) as reader:
+            decoded[kind] = [(f.pts * f.time_base, f.data.astype(int)) for f in reader if isinstance(f, Frame)]
+    times = [Fraction(2 * i, 30) for i in range(4)]  # MP4 counts in a finer time base: compare seconds
+    assert [t for t, _ in decoded["rgb24"]] == [t for t, _ in decoded["yuv420p"]] == times
+    inside = np.zeros((h, w), bool)  # the middle of each 8x8 block, away from its chroma edges
+    for i in range(0, h, 8):
+        for j in range(0, w, 8):
+            inside[i + 2:i + 6, j + 2:j + 6] = True
+    for src, (_, a), (_, b) in zip(frames, decoded["rgb24"], decoded["yuv420p"]):
+        # Inside the blocks both are the same BT.709 limited-range conversion, rounded differently
+        # by a level at most. At block edges swscale's chroma filter reaches over the neighbours,
+        # where the kernel's 2x2 mean (aligned with the blocks) does not: the converter is the closer.
+        assert np.abs(a - b)[inside].mean() < 1.0
+        assert np.abs(b - src).mean() <= np.abs(a - src).mean()
+    with VideoWriter(tmp_path / "bad.mp4", width=w, height=h, time_base=Fraction(1, 30), rate=Fraction(30)) as writer:
+        writer.write(Frame(frames[0], 0, Fraction(1, 30)))
+        with pytest.raises(ValueError, match="yuv420p frame for this writer is a 96x96"):
+            writer.write(Frame(np.zeros((h, w), np.uint8), 1, Fraction(1, 30), format="yuv420p"))
+
+
 @pytest.mark.parametrize("suffix", [".mp4", ".mkv"])
 def test_metadata_is_written(tmp_path: Path, suffix: str) -> None:
     dst = tmp_path / f"tagged{suffix}"
