@@ -260,7 +260,7 @@ class LiveJob(FileJob):
                                       time_base=time_base, audio_from=reader.audio_stream,
                                       crf=self.config.encode.crf, reconnect_seconds=reconnect_seconds,
                                       gop_seconds=self.config.encode.gop_seconds,
-                                      tags=self.disclosure.tags)
+                                      tags=self.disclosure.tags, threads=self.config.encode.threads)
         out: list[LiveOutput] = []
         if rtmp_out:
             out.append(LiveWriter(rtmp_out, kind="rtmp", outbound=self._outbound(), **common))

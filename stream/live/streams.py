@@ -69,7 +69,7 @@ KEYINT_BACKSTOP_GOPS = 10
 
 
 def x264_live_options(fps: float, *, preset: str = "ultrafast", crf: int = 23,
-                      gop_seconds: float = 1.0) -> dict[str, str]:
+                      gop_seconds: float = 1.0, threads: int = 0) -> dict[str, str]:
     """libx264 for live outputs: no B-frames (no reordering delay), zerolatency tuning, and the
     keyframes placed by the caller, who forces one every `gop_seconds` of output time (`LiveWriter`).
 
@@ -77,10 +77,16 @@ def x264_live_options(fps: float, *, preset: str = "ultrafast", crf: int = 23,
     (a CPU swap that keeps up with 2-7 of 30 input frames a second): `g` = 30 frames then meant a
     keyframe every 4-15 s. So x264's own interval is set far out (KEYINT_BACKSTOP_GOPS GOPs at
     `fps`), a backstop should forcing ever stop; forced keyframes are IDR (`forced-idr`), where a
-    new viewer or an HLS segment can start; scene cuts add none (`sc_threshold` 0)."""
+    new viewer or an HLS segment can start; scene cuts add none (`sc_threshold` 0).
+
+    `threads` 0 lets x264 choose (1.5 threads per core, sliced); a server with many outputs on
+    shared cores gives each a few (see `LiveWriter`)."""
     g = max(1, round(fps * gop_seconds * KEYINT_BACKSTOP_GOPS))
-    return {"preset": preset, "tune": "zerolatency", "crf": str(crf), "bf": "0", "g": str(g),
+    opts = {"preset": preset, "tune": "zerolatency", "crf": str(crf), "bf": "0", "g": str(g),
             "sc_threshold": "0", "forced-idr": "1"}
+    if threads:
+        opts["threads"] = str(threads)
+    return opts
 
 
 def hls_options(folder: Path, *, segment_seconds: float = 1.0, list_size: int = 6) -> dict[str, str]:
@@ -653,7 +659,8 @@ class LiveWriter:
     def __init__(self, target: str, *, width: int, height: int, fps: float, time_base: Fraction,
                  audio_from: Any = None, kind: str = "rtmp", crf: int = 23,
                  gop_seconds: float = 1.0, reconnect_seconds: float = 30.0,
-                 outbound: Outbound | None = None, tags: Mapping[str, str] | None = None) -> None:
+                 outbound: Outbound | None = None, tags: Mapping[str, str] | None = None,
+                 threads: int = 0) -> None:
         if not gop_seconds > 0:
             raise ValueError(f"gop_seconds must be positive, got {gop_seconds!r}")
         self.target = target
@@ -667,6 +674,8 @@ class LiveWriter:
         self.audio_from = audio_from
         self.crf = crf
         self.gop_seconds = gop_seconds
+        self.threads = threads
+        """x264 threads (0: x264's own choice, for a machine that runs this one output)."""
         self._gop = Fraction(gop_seconds).limit_denominator(1000)
         self.tags = dict(tags) if tags is not None else synthetic_tags(watermarked=False)
         self.reconnect_seconds = reconnect_seconds
@@ -734,7 +743,8 @@ class LiveWriter:
         v.width, v.height, v.pix_fmt = self.width, self.height, "yuv420p"
         v.time_base = self.time_base
         v.codec_context.time_base = self.time_base
-        v.options = x264_live_options(float(rate), crf=self.crf, gop_seconds=self.gop_seconds)
+        v.options = x264_live_options(float(rate), crf=self.crf, gop_seconds=self.gop_seconds,
+                                      threads=self.threads)
         self._v = v
         if self.audio_from is not None and self.audio_from.codec_context.name == "aac":
             self._a = c.add_stream_from_template(self.audio_from)

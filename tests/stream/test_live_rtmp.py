@@ -83,6 +83,8 @@ def test_config_and_option_builders_are_exact(tmp_path: Path) -> None:
     # x264's own keyframes 10 GOPs out, a backstop: the writer forces one every GOP of output time.
     assert x264_live_options(30) == {"preset": "ultrafast", "tune": "zerolatency", "crf": "23", "bf": "0",
                                      "g": "300", "sc_threshold": "0", "forced-idr": "1"}
+    # A server's outputs share its cores: each gets a few threads, not x264's 1.5 per core.
+    assert x264_live_options(30, threads=2)["threads"] == "2"
     assert hls_options(tmp_path, segment_seconds=1, list_size=6) == {
         "hls_time": "1", "hls_list_size": "6",
         "hls_flags": "delete_segments+independent_segments+omit_endlist",
