@@ -752,6 +752,13 @@ class LiveWriter:
         c.metadata.update(self.tags)
         self._next_key = None  # a new encoder starts with a keyframe, and the grid from it
 
+    @property
+    def started(self) -> bool:
+        """Whether the encoder runs: a new writer holds its first frames (up to RATE_HOLD_FRAMES or
+        one GOP) to measure the rate it declares, then encodes them all at once (and an RTMP push
+        connects then): a one-time stall its caller may want to tell from steady work."""
+        return self._v is not None
+
     def write(self, frame: Frame) -> None:
         """Encode and send an RGB frame."""
         if self._c is None and not self._deferred and not self._retry():

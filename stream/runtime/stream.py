@@ -55,13 +55,6 @@ LATENCY_WINDOW_S = 10.0
 as the stream's latency now."""
 LATENCY_WINDOW_FRAMES = 1200
 """Output frames kept for that window: 10 s at up to 120 fps."""
-SERVER_X264_THREADS = 2
-"""x264 threads of each RTMP/HLS output of the server, unless `encode.threads` says otherwise.
-x264's own choice is 1.5 sliced threads per core for every encoder: on the H200 machine's 16 cores,
-16 and more 720p outputs (each with its lookahead and slice threads) then slowed every worker
-thread of the server, analysis and swap launches included (720p RTMP sinks, 8 workers: worst p99
-48 ms at 16 streams, 32% drops at 24). Two threads encode a 720p ultrafast frame in a few ms."""
-
 State = Literal["starting", "running", "stopping", "stopped", "ended", "failed"]
 
 
@@ -233,6 +226,8 @@ class StreamPipeline:
         # Frames that arrived before the last change were (partly) processed the old way: they do
         # not count for the p99 that judges the new level.
         self._changed_at = 0.0
+        self.outputs_started_at: float | None = None
+        """When every output had started encoding (`LiveWriter.started`; a null sink at once)."""
 
     # -- life cycle -----------------------------------------------------------------------------
 
@@ -406,13 +401,17 @@ class StreamPipeline:
             if backend not in self._identities and self.source_image is not None:
                 image = self.source_image
                 self._identities[backend] = await self.slot.call(backend, lambda b: b.identity(image))
-                # One-time device work (the identity, perhaps the backend itself): the frames that
-                # waited behind it judge neither the step that asked for it nor the worker's room.
-                self.latency_since_change.clear()
-                now = time.monotonic()
-                self._changed_at = max(self._changed_at, now)
-                self.changed_mono = now
+                # One-time device work (the identity, perhaps the backend itself).
+                self._after_one_time_work(time.monotonic())
             return self._identities.get(backend)
+
+    def _after_one_time_work(self, now: float, stall_s: float = 0.0) -> None:
+        """One-time work just ended: the frames that waited behind it judge neither the controller's
+        last step nor the worker's room for more streams (`changed_mono`), and those that arrive
+        while its backlog drains (about as long as the stall, at most 2 s) not the controller."""
+        self.latency_since_change.clear()
+        self._changed_at = max(self._changed_at, now + min(stall_s, 2.0))
+        self.changed_mono = now
 
     # -- the controller's steps -----------------------------------------------------------------
 
@@ -577,6 +576,12 @@ class StreamPipeline:
                 now = time.monotonic()
                 self.metrics.observe_stage(self.id, "encode", now - t)
                 self.metrics.observe_stage(self.id, "total", now - w.arrived)
+                if self.outputs_started_at is None and all(getattr(s, "started", True) for s in self._sinks):
+                    # The outputs' start (held frames encoded at once, an RTMP connect) is one-time
+                    # work, as an identity is: on the H200 with 16 RTMP outputs it put 230-470 ms p99s
+                    # into the first window and stepped healthy streams down to mesh.
+                    self.outputs_started_at = now
+                    self._after_one_time_work(now, now - t)
                 ms = (now - w.arrived) * 1e3
                 self.latency_recent.append(ms)
                 self.latency_timed.append((now, ms))
@@ -646,7 +651,7 @@ class StreamPipeline:
                                       time_base=first.time_base, audio_from=self._reader.audio_stream,
                                       crf=self.cfg.encode.crf, gop_seconds=self.cfg.encode.gop_seconds,
                                       tags=self.disclosure.tags,
-                                      threads=self.cfg.encode.threads or SERVER_X264_THREADS)
+                                      threads=self.cfg.encode.threads)
         sinks: list[Any] = []
         for o in self.spec.outputs:
             if o.kind == "null":

@@ -159,6 +159,32 @@ def test_controller_steps_down_on_a_slow_backend_and_back_up_when_it_recovers(cl
     assert final["frames_in"] == final["frames_out"] + sum(final["dropped"].values())
 
 
+def test_an_outputs_start_is_one_time_work_for_the_controller(clip: tuple[Path, Any], tmp_path: Path) -> None:
+    """An HLS/RTMP output holds its first frames to measure the rate, then encodes them at once: the
+    frames behind that stall judge neither the controller nor the worker's room (`changed_mono`)."""
+    path, _ = clip
+    cfg = runtime_config("runtime.min_samples=5")
+
+    async def main() -> None:
+        rt = StreamRuntime(cfg, devices=["cpu"])
+        await rt.start()
+        try:
+            spec = StreamSpec("hls", InputSpec(str(path), realtime=True, loop=True),
+                              (OutputSpec("hls", str(tmp_path / "hls")),))
+            p = await rt.add_stream(spec)
+            await p.set_source(astronaut())
+            await until(lambda: p.outputs_started_at is not None, 20, "the output's start")
+            started = p.outputs_started_at
+            assert p.frames_out > 1  # frames were held before the encoder started
+            assert p.changed_mono >= started and p._changed_at >= started
+            await until(lambda: len(p.latency_since_change) >= 5, 20, "frames after the start")
+            assert p.outputs_started_at == started  # once per stream
+        finally:
+            await rt.close()
+
+    asyncio.run(main())
+
+
 def test_placement_prefers_the_least_loaded_device() -> None:
     loads = [SlotLoad("cuda:0", 3, 0.70, 0.80), SlotLoad("cuda:1", 5, 0.30, 0.35),
              SlotLoad("cuda:2", 1, 0.10, 0.92)]

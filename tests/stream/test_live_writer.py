@@ -163,3 +163,25 @@ def test_live_output_tags_claim_the_watermark_only_when_on(tmp_path: Path, mark:
     assert ("watermark" in " ".join(tags.values()).lower()) is mark, tags
     rep = verify(str(flv))
     assert rep.found is mark and ("watermark" in " ".join(rep.metadata.values()).lower()) is mark
+
+
+def test_a_writer_starts_encoding_once_its_rate_is_measured(tmp_path: Path) -> None:
+    """`started` is what the runtime tells a start stall by: False while the first frames are held to
+    measure the rate, True from the write that encodes them, whose frames all reach the output."""
+    from swapstream.live.streams import RATE_HOLD_FRAMES
+
+    w = LiveWriter(str(tmp_path / "index.m3u8"), kind="hls", width=160, height=120, fps=FPS,
+                   time_base=Fraction(1, FPS), threads=1)
+    rng = np.random.default_rng()
+    states = []
+    for i in range(RATE_HOLD_FRAMES + 4):
+        w.write(Frame(rng.integers(0, 256, (120, 160, 3), np.uint8), pts=i, time_base=Fraction(1, FPS)))
+        states.append(w.started)
+    w.close()
+    first = states.index(True)
+    assert 0 < first < RATE_HOLD_FRAMES and all(states[first:])
+    decoded = 0
+    for seg in sorted(tmp_path.glob("*.ts")):  # the playlist is live (no end tag): read its segments
+        with av.open(str(seg)) as c:
+            decoded += sum(1 for _ in c.decode(video=0))
+    assert decoded == RATE_HOLD_FRAMES + 4
