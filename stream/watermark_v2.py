@@ -91,6 +91,12 @@ MAX_ROTATION_DEG = 7.0
 """Lattice directions searched around the axes: +-5 degrees and some margin."""
 MIN_DETECT_SIDE = 120
 """Shorter side (pixels) under which no detection is tried: the tile would span most of the frame."""
+BAR_STD = 3.0
+"""Luma spread (standard deviation, levels) under which an edge row or column of a frame is a bar
+(letterbox, pillarbox, a player's border) rather than picture: re-encoded black bars stay under 1-2
+levels, picture rows over 3 almost always."""
+BAR_MAX_FRACTION = 0.3
+"""Most of a frame's height (or width) that bars on one side may take; more is a dark scene, not a bar."""
 
 
 # -- layout -----------------------------------------------------------------------------------------
@@ -212,6 +218,33 @@ def _residual(luma: np.ndarray) -> np.ndarray:
     # larger, do not outvote flat ones, and an edge's ringing is clipped.
     spread = np.sqrt(cv2.GaussianBlur(r * r, (0, 0), 6.0)) + 0.5
     return np.clip(r / spread, -2.5, 2.5).astype(np.float32)
+
+
+def picture_box(luma: np.ndarray) -> tuple[slice, slice]:
+    """The frame less the flat bars along its edges (letterbox or pillarbox bars, a player's border):
+    rows and columns from each edge inwards whose luma varies by less than BAR_STD, up to
+    BAR_MAX_FRACTION of the frame on each side.
+
+    The bars hold no mark, their edge is the strongest line in the residual, and they make the
+    working frame's scale that of the bars plus the picture: cut off, a letterboxed picture is read
+    at the scale it was marked at."""
+    h, w = luma.shape
+    f = luma.astype(np.float32)
+    row_flat = f.std(axis=1) < BAR_STD
+    col_flat = f.std(axis=0) < BAR_STD
+
+    def run(flat: np.ndarray, limit: int) -> int:
+        n = 0
+        while n < limit and flat[n]:
+            n += 1
+        return n
+
+    if row_flat.all():  # a flat frame (a fade to black): no bars to tell from the picture
+        return slice(0, h), slice(0, w)
+    my, mx = int(h * BAR_MAX_FRACTION), int(w * BAR_MAX_FRACTION)
+    top, bottom = run(row_flat, my), run(row_flat[::-1], my)
+    left, right = run(col_flat, mx), run(col_flat[::-1], mx)
+    return slice(top, h - bottom), slice(left, w - right)
 
 
 def _autocorr(r: np.ndarray) -> np.ndarray:
@@ -598,6 +631,11 @@ class WindowDetector:
     frames: int = 0
     shape: tuple[int, int] | None = None
     motion: _Motion | None = None
+    box: tuple[slice, slice] | None = None
+    """The picture inside bars (`picture_box`), fixed by the window's first frame: every frame's
+    residual must have one size to be summed, and bars do not move within a clip."""
+    picture: tuple[int, int] | None = None
+    """The size of the picture inside the bars, which the detector reads."""
 
     def add(self, luma: np.ndarray) -> None:
         if luma.ndim != 2:
@@ -605,11 +643,15 @@ class WindowDetector:
         if self.shape is not None and luma.shape != self.shape:
             raise ValueError(f"every frame of a window must have one size: {self.shape}, then {luma.shape}")
         self.shape = (int(luma.shape[0]), int(luma.shape[1]))
+        if self.box is None:
+            self.box = picture_box(luma)
+        luma = luma[self.box]
+        self.picture = (int(luma.shape[0]), int(luma.shape[1]))
         r32 = _residual(luma)
         r = r32.astype(np.float64)
         self.total = r if self.total is None else self.total + r
         self.frames += 1
-        if min(self.shape) >= MIN_DETECT_SIDE:
+        if min(self.picture) >= MIN_DETECT_SIDE:
             if self.motion is None:
                 self.motion = _Motion((int(r32.shape[0]), int(r32.shape[1])))
             self.motion.add(r32)
@@ -621,9 +663,9 @@ class WindowDetector:
         def miss(why: str) -> DetectionV2:
             return DetectionV2(Detection(False, None, 0.0, np.zeros(CODED_BITS), why), None, None, self.frames)
 
-        if self.total is None or self.shape is None:
+        if self.total is None or self.picture is None:
             return miss("no frames")
-        if min(self.shape) < MIN_DETECT_SIDE:
+        if min(self.picture) < MIN_DETECT_SIDE:
             return miss("frame too small")
         plain = self._decode_sum(self.total)
         if plain.found or self.motion is None:
