@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..config import Config
-from ..io.background import BackgroundCalls
+from ..io.background import BackgroundCalls, ReadAhead
 from ..kernels.nv12 import rgb_to_i420
 from ..io.video import AudioPacket, AudioPackets, VideoInfo, VideoReader, is_null_output, open_writer, probe
 from ..pipeline import FileJob, JobStats, ProgressFn, expected_frames
@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 # Three slots for the upload side: a host slot is refilled once its upload has finished, a device
 # slot once its frame's download has (the download ring adds the encoder's queue, below).
 RING_SLOTS = 3
+DECODE_AHEAD = 2
+"""Frames the reader thread decodes ahead of the loop (`ReadAhead`)."""
 WRITER_MATRIX = "bt709"
 """The matrix (limited range) of the yuv420p frames handed to the writer: the one `VideoWriter`
 converts RGB with and tags its files with, so the GPU and CPU jobs write the same colours."""
@@ -215,7 +217,9 @@ class GpuFileJob(FileJob):
         upload = cupy.cuda.Stream(non_blocking=True)
         compute = cupy.cuda.Stream(non_blocking=True)
         download = cupy.cuda.Stream(non_blocking=True)
-        dev: Ring[Any] = Ring(RING_SLOTS, lambda _i: cupy.empty(shape, cupy.uint8))
+        # Decoding runs DECODE_AHEAD frames ahead on its own thread, each frame in a device slot:
+        # the slots in flight are those frames, the one computed and the one the decoder holds.
+        dev: Ring[Any] = Ring(DECODE_AHEAD + 2, lambda _i: cupy.empty(shape, cupy.uint8))
         null = is_null_output(out)
         # The encoder's input format made on the device: half the bytes of RGB to copy back, and no
         # RGB -> YUV pass on the host (x264 takes yuv420p as it is). Odd sizes go back as RGB (the
@@ -244,10 +248,12 @@ class GpuFileJob(FileJob):
         self._warm_swap()
         # The input's audio stream, known once the decoding side opened the file (`_frames`).
         audio_stream: list[Any] = []
-        frames = self._frames(inp, info, upload, dev, audio_stream)
-        first = next(frames, None)  # opens the input (and its decoder) before the writer
-
+        # NVDEC's decode call (1.6 ms of host time a 1080p frame, the GIL released) or PyAV's decode
+        # and upload run on the reader thread while this one analyses and swaps the frame before.
+        frames = ReadAhead(lambda: self._frames(inp, info, upload, dev, audio_stream),
+                           depth=DECODE_AHEAD, name="gpu-file-decoder")
         try:
+            first = next(frames, None)  # opens the input (and its decoder) before the writer
             with open_writer(
                     out, width=info.width, height=info.height, time_base=info.time_base,
                     rate=info.avg_rate, crf=enc.crf, preset=enc.preset, codec=enc.codec,
@@ -343,7 +349,7 @@ class GpuFileJob(FileJob):
                     raise InputError(f"input '{inp}' has no decodable video frames. Check that it is "
                                      f"a complete video file.")
         finally:
-            frames.close()  # the decoder and the input file, also after an error
+            frames.close()  # the reader thread, its decoder and the input file, also after an error
         stats.decoder = self.decoder_used
         self.ring_stalls.update(device=dev.stalls, pinned_out=pin_out.stalls if pin_out else 0)
         if sign:

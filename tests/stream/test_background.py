@@ -4,6 +4,7 @@ bounds what waits, and hands its errors back to the loop."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 import time
 
 import pytest
@@ -68,3 +69,63 @@ def test_leaving_with_an_error_drops_queued_calls() -> None:
             threading.Timer(0.2, gate.set).start()
             raise KeyError("the loop failed")
     assert ran == []
+
+
+def test_read_ahead_keeps_order_and_bounds_how_far_it_runs() -> None:
+    from swapstream.io.background import ReadAhead
+
+    produced: list[int] = []
+    consumed: list[int] = []
+    threads: set[str] = set()
+
+    def source() -> Iterator[int]:
+        threads.add(threading.current_thread().name)
+        for i in range(50):
+            produced.append(i)
+            yield i
+
+    ahead = ReadAhead(source, depth=2, name="reader")
+    for item in ahead:
+        time.sleep(0.002)  # a consumer slower than its producer
+        # Queued (2) and the one the producer holds while it waits: never more ahead than that.
+        assert len(produced) - 1 - item <= 3
+        consumed.append(item)
+    ahead.close()
+    assert consumed == list(range(50)) and threads == {"reader"}
+
+
+def test_read_ahead_raises_the_sources_error_where_it_happened() -> None:
+    from swapstream.io.background import ReadAhead
+
+    def source() -> Iterator[int]:
+        yield 1
+        yield 2
+        raise ValueError("corrupt packet")
+
+    ahead = ReadAhead(source)
+    got = []
+    with pytest.raises(ValueError, match="corrupt packet"):
+        for item in ahead:
+            got.append(item)
+    ahead.close()
+    assert got == [1, 2]
+
+
+def test_read_ahead_stopped_early_closes_its_source_in_its_thread() -> None:
+    from swapstream.io.background import ReadAhead
+
+    closed_in: list[str] = []
+
+    def source() -> Iterator[int]:
+        try:
+            for i in range(10_000):
+                yield i
+        finally:  # the decoder and the file are released by the thread that used them
+            closed_in.append(threading.current_thread().name)
+
+    ahead = ReadAhead(source, depth=2, name="reader")
+    assert next(ahead) == 0
+    ahead.close()
+    assert closed_in == ["reader"]
+    with pytest.raises(StopIteration):
+        next(ahead)
