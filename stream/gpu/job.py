@@ -250,8 +250,13 @@ class GpuFileJob(FileJob):
         audio_stream: list[Any] = []
         # NVDEC's decode call (1.6 ms of host time a 1080p frame, the GIL released) or PyAV's decode
         # and upload run on the reader thread while this one analyses and swaps the frame before.
-        frames = ReadAhead(lambda: self._frames(inp, info, upload, dev, audio_stream),
-                           depth=DECODE_AHEAD, name="gpu-file-decoder")
+        device = cupy.cuda.Device()
+
+        def reader() -> Iterator[AudioPacket | tuple[Slot[Any], Any, Frame]]:
+            device.use()  # a new thread starts on device 0: the job's device, as in this thread
+            return self._frames(inp, info, upload, dev, audio_stream)
+
+        frames = ReadAhead(reader, depth=DECODE_AHEAD, name="gpu-file-decoder")
         try:
             first = next(frames, None)  # opens the input (and its decoder) before the writer
             with open_writer(
