@@ -434,6 +434,8 @@ def main_v2(args: argparse.Namespace) -> None:
                 encode(frames, up, "crf")                    # the upload: CRF 23 capped at 2 Mbit/s
                 uploaded = decode(up, "rgb24")
                 for attack, (fn, mode, kbps) in ATTACKS.items():
+                    if args.attacks and attack not in args.attacks:
+                        continue
                     if mode == "none":
                         lumas = decode(up)
                     else:
@@ -505,6 +507,8 @@ if __name__ == "__main__":
         ap.add_argument("--fp-frames", type=int, default=10_000)
         ap.add_argument("--clips", nargs="*", default=list(CLIPS), choices=CLIPS,
                         help="clips to attack (none: the false-positive count alone)")
+        ap.add_argument("--attacks", nargs="*", default=None, choices=list(ATTACKS),
+                        help="attacks to run (default: all); a partial run is a check, not the record")
         ap.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
         main_v2(ap.parse_args())
     else:
