@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from swapstream.kernels.watermark_v2 import (MASK_BLOCK, MaskParams, block_scale_ref, embed_masked,
-                                             embed_masked_ref, integer_luma, masked_delta_ref)
+                                             embed_masked_cpu, embed_masked_ref, integer_luma,
+                                             masked_delta_ref)
 
 SIZES = [(37, 53), (8, 8), (16, 24), (9, 17), (1, 1), (64, 40)]
 
@@ -86,6 +87,27 @@ def test_embed_matches_its_definition_on_every_element(size: tuple[int, int]) ->
     again = frame.copy()
     embed_masked_ref(again, pattern, p)
     np.testing.assert_array_equal(again, want)
+
+
+@pytest.mark.parametrize("size", [(8, 8), (48, 8), (64, 96), (720, 1280)])
+def test_cpu_path_is_the_reference_bit_for_bit(size: tuple[int, int]) -> None:
+    """The OpenCV path the CPU pipeline runs against the reference, on fresh random frames: noise
+    (busy blocks, clipping at 0 and 255), a smooth half (flat blocks at m_lo) and random params."""
+    import cv2
+
+    rng = np.random.default_rng()
+    h, w = size
+    frame = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+    small = rng.integers(0, 256, (max(1, h // 16), max(1, w // 16), 3), dtype=np.uint8)
+    frame[h // 2:] = cv2.resize(small, (w, h), interpolation=cv2.INTER_CUBIC)[h // 2:]
+    pattern = rng.uniform(-40.0, 40.0, (h, w)).astype(np.float32)
+    pattern[0, :4] = [0.5, 1.5, -0.5, -2.5]  # ties, where rounding modes differ
+    for _ in range(3):
+        p = _params(rng)
+        want, got = frame.copy(), frame.copy()
+        embed_masked_ref(want, pattern, p)
+        embed_masked_cpu(got, pattern, p)
+        np.testing.assert_array_equal(got, want)
 
 
 def test_rounding_is_half_to_even() -> None:
