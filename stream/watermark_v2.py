@@ -52,13 +52,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 import cv2
 import numpy as np
 
-from .kernels.watermark_v2 import MaskParams, embed_masked
+from .kernels.watermark_v2 import CpuScratch, MaskParams, embed_masked
 from .watermark import CODED_BITS, Detection, Payload, decode_soft, encode_payload
 
 SCHEME = "swapstream-tile-v2"
@@ -180,6 +181,9 @@ class WatermarkerV2:
         self.strength = strength
         self._host: dict[tuple[int, int], np.ndarray] = {}
         self._device: dict[tuple[int, int, int], Any] = {}
+        # The CPU path's working arrays for the last frame size, one set per thread: a job's
+        # disclosure may mark frames of several sessions (serve's WHIP) from their own threads.
+        self._local = threading.local()
 
     def pattern(self, h: int, w: int) -> np.ndarray:
         p = self._host.get((h, w))
@@ -199,7 +203,10 @@ class WatermarkerV2:
                 dev = self._device.setdefault(key, cupy.asarray(self.pattern(h, w)))
             embed_masked(frame, dev, MASK)
             return
-        embed_masked(frame, self.pattern(h, w), MASK)
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None or scratch.shape != (h, w):
+            scratch = self._local.scratch = CpuScratch(h, w)
+        embed_masked(frame, self.pattern(h, w), MASK, scratch)
 
 
 # -- detection --------------------------------------------------------------------------------------

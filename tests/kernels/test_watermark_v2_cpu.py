@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from swapstream.kernels.watermark_v2 import (MASK_BLOCK, MaskParams, block_scale_ref, embed_masked,
+from swapstream.kernels.watermark_v2 import (MASK_BLOCK, CpuScratch, MaskParams, block_scale_ref, embed_masked,
                                              embed_masked_cpu, embed_masked_ref, integer_luma,
                                              masked_delta_ref)
 
@@ -102,12 +102,14 @@ def test_cpu_path_is_the_reference_bit_for_bit(size: tuple[int, int]) -> None:
     frame[h // 2:] = cv2.resize(small, (w, h), interpolation=cv2.INTER_CUBIC)[h // 2:]
     pattern = rng.uniform(-40.0, 40.0, (h, w)).astype(np.float32)
     pattern[0, :4] = [0.5, 1.5, -0.5, -2.5]  # ties, where rounding modes differ
-    for _ in range(3):
+    scratch = CpuScratch(h, w)  # kept between frames, as WatermarkerV2 keeps it
+    for i in range(3):
         p = _params(rng)
         want, got = frame.copy(), frame.copy()
         embed_masked_ref(want, pattern, p)
-        embed_masked_cpu(got, pattern, p)
+        embed_masked_cpu(got, pattern, p, scratch if i else None)
         np.testing.assert_array_equal(got, want)
+        frame = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)  # the next frame: nothing carried over
 
 
 def test_rounding_is_half_to_even() -> None:
