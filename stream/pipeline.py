@@ -6,7 +6,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -199,6 +199,33 @@ class FileJob:
         if sign:
             self.sign_output(out)
         return stats
+
+    def warm_swap(self) -> None:
+        """Swap the source face on a copy of the source image before the first frame, so that the
+        first frames do not wait for one-time work: the neural swap model's CUDA graph (captured,
+        then replayed), the mesh swapper's workspaces and the occlusion mask's first model (on the
+        CPU a live input's buffer dropped 4-5 of its first frames for them). The face is untracked
+        (no colour state is kept) and the occlusion mask's per-track state is cleared after."""
+        if self.source_image is None or self.source_face is None:
+            return
+        face = replace(self.source_face, track_id=-1)
+        frame = self._working_copy(self.source_image)
+        if self.neural is not None:
+            ident = self.swapper.identity(self.source_image, face)
+            for _ in range(2):  # a CUDA graph is captured by the first call, replayed by the second
+                self.swapper.swap_many([(frame, face)], [ident])
+        else:
+            self.swapper.swap(frame, [face])
+            if self.swapper.occlusion is not None:
+                self.swapper.occlusion.reset()
+        self._finish_warm_up()
+
+    def _working_copy(self, image: np.ndarray) -> Any:
+        """`image` as an array of the frames this job swaps (host here; device in the GPU job)."""
+        return image.copy()
+
+    def _finish_warm_up(self) -> None:
+        """Wait for the warm-up's work (the GPU job's queued kernels); nothing to wait for here."""
 
     def plan_output(self, out: Path) -> bool:
         """Whether `out` will be signed (C2PA), known before the first frame; never the null output."""

@@ -623,6 +623,7 @@ class _Motion:
             out[wild > 0] = 0.0
         return out
 
+
 @dataclass
 class WindowDetector:
     """Accumulates frames (luma planes of one size) and decodes them together.

@@ -35,7 +35,8 @@ import numpy as np
 from ..config import Config
 from ..io.background import BackgroundCalls, ReadAhead
 from ..kernels.nv12 import rgb_to_i420
-from ..io.video import AudioPacket, AudioPackets, VideoInfo, VideoReader, is_null_output, open_writer, probe
+from ..io.video import (AudioPacket, AudioPackets, VideoInfo, VideoReader, is_null_output, open_writer,
+                        probe, pts_step)
 from ..pipeline import FileJob, JobStats, ProgressFn, expected_frames
 from ..types import Frame
 from .loop import nvtx
@@ -87,19 +88,14 @@ class GpuFileJob(FileJob):
         analyser.prepare(most_faces=1)
         return analyser
 
-    def _warm_swap(self) -> None:
-        """Two swaps of the source image's own face at batch 1 before the first frame: the swap
-        model's CUDA graph is captured then, not inside the loop. The job's trackers are not used
-        (the source face found by `set_source_image`), so its tracks and colour state start clean."""
-        if self.neural is None or self.source_image is None or self.source_face is None:
-            return  # the mesh swapper has no graphs to capture
+    def _working_copy(self, image: np.ndarray) -> Any:
         import cupy
 
-        image, face = self.source_image, self.source_face
-        ident = self.swapper.identity(image, face)
-        frame = cupy.asarray(image)
-        for _ in range(2):  # capture, then a replay
-            self.swapper.swap_many([(frame, face)], [ident])
+        return cupy.asarray(image)
+
+    def _finish_warm_up(self) -> None:
+        import cupy
+
         cupy.cuda.get_current_stream().synchronize()
 
     def _nvdec_reason(self, info: VideoInfo) -> str | None:
@@ -135,13 +131,22 @@ class GpuFileJob(FileJob):
 
         why_not = self._nvdec_reason(info)
         if why_not is None:
+            import cupy
+
+            from ..errors import InputError
+            from .nvdemux import NvdecSource
+
             try:
-                yield from self._nvdec_frames(inp, info, dev, audio_out)
-                return
-            except _NvdecUnusable as e:  # an input NVDEC refused at open, before any frame
+                # NATIVE latency: files may have B-frames, which need NVDEC's reordering.
+                source = NvdecSource(inp, gpu_id=cupy.cuda.Device().id, low_latency=False,
+                                     time_base=info.time_base)
+            except InputError as e:  # a codec or size this NVDEC refuses, known at open
                 if self.config.decoder == "nvdec":
-                    raise e.error from None
-                why_not = str(e.error)
+                    raise
+                why_not = str(e)
+            else:
+                yield from self._nvdec_frames(source, inp, info, dev, audio_out)
+                return
         log.info("'%s': decoding with PyAV on the host (%s)", inp, why_not)
         self.decoder_used = "pyav"
         shape = (info.height, info.width, 3)
@@ -163,22 +168,13 @@ class GpuFileJob(FileJob):
                 yield dslot, uploaded, Frame(dslot.buffer, item.pts, item.time_base, item.index)
         self.ring_stalls["pinned_in"] = pin_in.stalls
 
-    def _nvdec_frames(self, inp: Path, info: VideoInfo, dev: Ring[Any],
+    def _nvdec_frames(self, source: Any, inp: Path, info: VideoInfo, dev: Ring[Any],
                       audio_out: list[Any]) -> Iterator[AudioPacket | tuple[Slot[Any], Any, Frame]]:
-        import cupy
-
-        from ..errors import InputError
-        from .nvdemux import NvdecSource
-
-        try:
-            # NATIVE latency: files may have B-frames, which need NVDEC's reordering.
-            source = NvdecSource(inp, gpu_id=cupy.cuda.Device().id, low_latency=False,
-                                 time_base=info.time_base)
-        except InputError as e:
-            raise _NvdecUnusable(e) from e
+        """`_frames` for an opened `NvdecSource`: frames decoded into device slots, with the audio
+        that PyAV's demuxer reads beside them, interleaved by time."""
         self.decoder_used = "nvdec"
         log.info("'%s': decoding with NVDEC (%s)", inp, source.capabilities().get("codec", "?"))
-        step = max(1, round(1 / (info.avg_rate * info.time_base))) if info.avg_rate else 1
+        step = pts_step(info.avg_rate, info.time_base)
         with source, AudioPackets(inp) as audio:
             audio_out.append(audio.audio_stream)
             sounds = iter(audio)
@@ -245,7 +241,7 @@ class GpuFileJob(FileJob):
         self.stage_seconds = {"analyse": 0.0, "submit": 0.0, "encode": 0.0}
         self.ring_stalls = {"pinned_in": 0, "device": 0, "pinned_out": 0}
         self.decoder_used = ""
-        self._warm_swap()
+        self.warm_swap()  # the swap model's graph and the kernels, before the loop's clock
         # The input's audio stream, known once the decoding side opened the file (`_frames`).
         audio_stream: list[Any] = []
         # NVDEC's decode call (1.6 ms of host time a 1080p frame, the GIL released) or PyAV's decode
@@ -361,10 +357,3 @@ class GpuFileJob(FileJob):
             self.sign_output(out)
         return stats
 
-
-class _NvdecUnusable(Exception):
-    """NVDEC refused the input when it was opened (a codec or size it cannot decode)."""
-
-    def __init__(self, error: Exception) -> None:
-        super().__init__(str(error))
-        self.error = error

@@ -50,6 +50,7 @@ __all__ = [
     "is_null_output",
     "open_writer",
     "probe",
+    "pts_step",
 ]
 
 log = logging.getLogger(__name__)
@@ -261,6 +262,14 @@ def _upright(info: VideoInfo, rotation: int) -> VideoInfo:
     return replace(info, rotation=rotation)
 
 
+def pts_step(rate: Fraction | float | None, time_base: Fraction) -> int:
+    """Ticks of `time_base` between frames at `rate` (at least 1; 1 when the rate is unknown): where
+    a frame without a pts goes after the one before it."""
+    if not rate:
+        return 1
+    return max(1, round(1 / (Fraction(rate) * time_base)))
+
+
 def probe(path: str | os.PathLike[str]) -> VideoInfo:
     """Read a video file's header. Raises `InputNotFoundError` or `InputError`."""
     name = os.fspath(path)
@@ -330,10 +339,7 @@ class VideoReader:
 
     def _pts_step(self) -> int:
         """Ticks between frames at the nominal rate, for frames that arrive without a pts."""
-        rate = self.info.avg_rate or self._video.guessed_rate
-        if not rate:
-            return 1
-        return max(1, round(1 / (rate * self.info.time_base)))
+        return pts_step(self.info.avg_rate or self._video.guessed_rate, self.info.time_base)
 
     def __iter__(self) -> Iterator[Frame | AudioPacket]:
         if self._closed:
@@ -606,7 +612,7 @@ class VideoWriter:
         self._pending: av.VideoFrame | None = None
         self._durations: dict[int, int] = {}
         self._last_gap: int | None = None
-        self._step = max(1, round(1 / (self.rate * self.time_base))) if self.rate else 1
+        self._step = pts_step(self.rate, self.time_base)
         self._to_yuv = VideoReformatter()
         self._audio_in: AudioStream | None = audio_from
         self._audio_out: AudioStream | None = None

@@ -242,21 +242,8 @@ class LiveJob(FileJob):
 
     def _live_warm_up(self, reader: LiveReader) -> None:
         """Before the first frame is read: get the models ready at the input's size (the GPU job's
-        graph captures take seconds, which the first frames would otherwise wait for).
-
-        On the CPU the mesh swapper's first call builds its workspaces and the occlusion mask's
-        first model: a live input's first frames waited for it and the 2-frame buffer dropped 4 of
-        them in the first 0.2 s (720p, 2 cores). One swap of the source face on a copy of the
-        source image, untracked (no colour state kept), does it; the occlusion mask's per-track
-        state is cleared after it."""
-        if self.neural is not None or self.source_image is None or self.source_face is None:
-            return
-        from dataclasses import replace
-
-        face = replace(self.source_face, track_id=-1)
-        self.swapper.swap(self.source_image.copy(), [face])
-        if self.swapper.occlusion is not None:
-            self.swapper.occlusion.reset()
+        graph captures take seconds, which the first frames would otherwise wait for)."""
+        self.warm_swap()
 
     def _live_end(self, stats: LiveStats) -> list[LiveFrame]:
         """At the end of the input, the frames still held back (a decoder's reordering)."""

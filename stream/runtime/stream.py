@@ -55,6 +55,7 @@ LATENCY_WINDOW_S = 10.0
 as the stream's latency now."""
 LATENCY_WINDOW_FRAMES = 1200
 """Output frames kept for that window: 10 s at up to 120 fps."""
+
 State = Literal["starting", "running", "stopping", "stopped", "ended", "failed"]
 
 
@@ -388,9 +389,7 @@ class StreamPipeline:
             self.source_image = image
             self._identities = {self.backend_name: ident}
             self.source_version += 1
-            self.changed_mono = time.monotonic()
-            self.latency_since_change.clear()
-            self._changed_at = time.monotonic()
+            self._after_one_time_work(time.monotonic())  # frames of the old face judge nothing
 
     async def _identity(self, backend: str) -> Any:
         """This stream's identity for `backend`, computed on first use (after a switch to mesh)."""
