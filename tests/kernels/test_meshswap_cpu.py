@@ -141,12 +141,19 @@ def test_transfer_blend_fast(rng: np.random.Generator, space: str, grey: bool) -
     transfer_blend(ref, warped, mask, stats, (20, 30), space, 0.9)
     transfer_blend_fast(out, warped, mask, stats, (20, 30), space, 0.9)
     d = np.abs(out.astype(int) - ref.astype(int))
-    # L*a*b*: OpenCV's conversion error (< 0.6 units, 0.1 on average), scaled by the transfer's gain
-    # and by up to ~3 RGB levels per unit in dark colours, then rounding: at most 3 levels, 0.3 on
-    # average. Otherwise the same float32 mix without the select and clip: a .5 may round the other
-    # way (1 level).
-    assert d.max() <= (3 if space == "lab" else 1)
-    assert d.mean() < 0.3
+    if space == "lab":
+        # OpenCV's conversion error (< 0.6 units, 0.1 on average) is scaled by the transfer's gain
+        # (up to ~35x on a greyscale source's near-zero a*, b*, of which 10% is kept at strength
+        # 0.9) and, in RGB, by the steep end of a channel near 0 beside a saturated one: 7 levels
+        # were seen there in 3,000 random cases. So the bound is perceptual: no pixel differs
+        # visibly, CIE76 dE below 2.3, the just noticeable difference (worst seen: 1.84).
+        to_lab = lambda a: rgb_to_lab(a, np.empty(a.shape, np.float32)).astype(np.float64)  # noqa: E731
+        de = np.sqrt(((to_lab(out) - to_lab(ref)) ** 2).sum(axis=-1))
+        assert de.max() < 2.3
+    else:
+        # The same float32 mix without the select and clip: a .5 may round the other way.
+        assert d.max() <= 1
+    assert d.mean() < 0.3   # 0.06 at most in the random cases above
     untouched = np.ones(frame.shape[:2], bool)
     untouched[30:90, 20:90] = mask == 0
     assert np.array_equal(out[untouched], frame[untouched])   # mask 0 and outside keep exact values
