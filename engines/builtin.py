@@ -1,4 +1,4 @@
-"""The built-in face models: MediaPipe's BlazeFace detectors and Face Mesh (Apache-2.0 `.tflite`).
+"""The built-in face models: MediaPipe's BlazeFace detectors, Face Mesh and Hands (Apache-2.0 `.tflite`).
 
 They come from the pinned `mediapipe` wheel, the last release that ships them. We take the files out of
 the wheel at setup and never import `mediapipe` itself: it pins numpy<2, pulls in jax and installs
@@ -35,6 +35,8 @@ class BuiltinModel:
     """Expected SHA-256 of the file."""
     description: str
     """What the model does, for listings."""
+    feature: str = ""
+    """The option that needs it (e.g. `mask.hands`), or "" for a model every job needs."""
 
 
 BUILTIN_MODELS: dict[str, BuiltinModel] = {
@@ -52,8 +54,31 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
                      "mediapipe/modules/face_landmark/face_landmark.tflite",
                      "1055cb9d4a9ca8b8c688902a3a5194311138ba256bcc94e336d8373a5f30c814",
                      "Face Mesh, 468 landmarks from a 192x192 face crop"),
+        # MediaPipe Hands, for mask.hands: lite and full (complexity 0 and 1) of both stages.
+        BuiltinModel("palm_detection_lite.tflite",
+                     "mediapipe/modules/palm_detection/palm_detection_lite.tflite",
+                     "e9a4aaddf90dda56a87235303cf00e4c2d3fb28725f68fd88772997dac905c18",
+                     "Palm detector (lite), 192x192, finds hands for mask.hands", "mask.hands"),
+        BuiltinModel("palm_detection_full.tflite",
+                     "mediapipe/modules/palm_detection/palm_detection_full.tflite",
+                     "1b14e9422c6ad006cde6581a46c8b90dd573c07ab7f3934b5589e7cea3f89a54",
+                     "Palm detector (full), 192x192, finds hands for mask.hands", "mask.hands"),
+        BuiltinModel("hand_landmark_lite.tflite",
+                     "mediapipe/modules/hand_landmark/hand_landmark_lite.tflite",
+                     "048edd3645c9bf7397d19a9f6e3a42957d6e414c9bea6598030a2e9b624156e6",
+                     "Hand landmarks (lite), 21 points from a 224x224 hand crop", "mask.hands"),
+        BuiltinModel("hand_landmark_full.tflite",
+                     "mediapipe/modules/hand_landmark/hand_landmark_full.tflite",
+                     "11c272b891e1a99ab034208e23937a8008388cf11ed2a9d776ed3d01d0ba00e3",
+                     "Hand landmarks (full), 21 points from a 224x224 hand crop", "mask.hands"),
     )
 }
+
+
+def required_models() -> list[str]:
+    """The built-in models every job needs (what a serve worker checks before it takes streams);
+    the others are needed only with their option on, and their absence is reported then."""
+    return [m.name for m in BUILTIN_MODELS.values() if not m.feature]
 
 
 def default_models_dir() -> Path:

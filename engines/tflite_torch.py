@@ -11,7 +11,8 @@ operators whose meaning depends on the axis order (PAD, CONCATENATION, RESHAPE, 
 Inputs and outputs are NHWC, as in the file.
 
 Supported operators: DEQUANTIZE (fp16 weights, folded at load), CONV_2D, DEPTHWISE_CONV_2D, ADD,
-RELU, PRELU, MAX_POOL_2D, PAD, RESHAPE, CONCATENATION. Anything else is refused when the file is read,
+RELU, PRELU, MAX_POOL_2D, PAD, RESHAPE, CONCATENATION, and for MediaPipe Hands RESIZE_BILINEAR
+(half-pixel), MEAN, FULLY_CONNECTED and LOGISTIC. Anything else is refused when the file is read,
 naming the operator. The full-range BlazeFace model uses sparse weights (DENSIFY), which are not.
 """
 
@@ -37,7 +38,8 @@ _NP_TYPES = {0: np.float32, 1: np.float16, 2: np.int32, 4: np.int64}
 """tflite.TensorType -> NumPy (FLOAT32, FLOAT16, INT32, INT64: all these models use)."""
 _NHWC_TO_NCHW_AXIS = {0: 0, 1: 2, 2: 3, 3: 1}
 _SUPPORTED = ("DEQUANTIZE", "CONV_2D", "DEPTHWISE_CONV_2D", "ADD", "RELU", "PRELU", "MAX_POOL_2D",
-              "PAD", "RESHAPE", "CONCATENATION")
+              "PAD", "RESHAPE", "CONCATENATION", "RESIZE_BILINEAR", "MEAN", "FULLY_CONNECTED",
+              "LOGISTIC")
 
 
 @dataclass
@@ -94,6 +96,19 @@ def _options(op: Any, kind: str) -> dict[str, Any]:
         o = tflite.ConcatenationOptions()
         o.Init(table.Bytes, table.Pos)
         return {"axis": o.Axis(), "act": o.FusedActivationFunction()}
+    if kind == "RESIZE_BILINEAR":
+        o = tflite.ResizeBilinearOptions()
+        o.Init(table.Bytes, table.Pos)
+        return {"align_corners": bool(o.AlignCorners()), "half_pixel": bool(o.HalfPixelCenters())}
+    if kind == "MEAN":
+        o = tflite.ReducerOptions()
+        o.Init(table.Bytes, table.Pos)
+        return {"keep_dims": bool(o.KeepDims())}
+    if kind == "FULLY_CONNECTED":
+        o = tflite.FullyConnectedOptions()
+        o.Init(table.Bytes, table.Pos)
+        return {"act": o.FusedActivationFunction(), "keep_dims": bool(o.KeepNumDims()),
+                "weights_format": o.WeightsFormat()}
     if kind == "RESHAPE":
         o = tflite.ReshapeOptions()
         o.Init(table.Bytes, table.Pos)
@@ -207,6 +222,23 @@ def build_module(graph: TfliteGraph) -> Any:
                                 params[f"c{j}"] = self._to_internal(consts[j])
                 elif op.kind == "PAD":
                     o["pads"] = consts[op.inputs[1]].astype(np.int64).tolist()
+                elif op.kind == "RESIZE_BILINEAR":
+                    # TF's half-pixel mode is torch's align_corners=False; TF's legacy mode (neither
+                    # flag: source = destination * scale, no half-pixel offset) has no torch twin.
+                    if not (o["half_pixel"] or o["align_corners"]):
+                        raise RunnerError(f"{graph.name}: RESIZE_BILINEAR without half_pixel_centers "
+                                          f"or align_corners is not supported")
+                    o["size"] = [int(v) for v in consts[op.inputs[1]].reshape(-1)]
+                elif op.kind == "MEAN":
+                    o["axes"] = [int(v) for v in consts[op.inputs[1]].reshape(-1)]
+                elif op.kind == "FULLY_CONNECTED":
+                    if o["weights_format"] != 0 or o["keep_dims"]:
+                        raise RunnerError(f"{graph.name}: FULLY_CONNECTED with shuffled weights or "
+                                          f"keep_num_dims is not supported")
+                    params[f"w{len(steps)}"] = consts[op.inputs[1]].astype(np.float32)  # out, in
+                    if len(op.inputs) > 2 and op.inputs[2] >= 0:
+                        params[f"b{len(steps)}"] = consts[op.inputs[2]].astype(np.float32)
+                    o["act_fn"] = act(o["act"], op.kind)
                 elif op.kind == "RESHAPE":
                     if "new_shape" not in o:
                         o["new_shape"] = consts[op.inputs[1]].astype(np.int64).tolist()
@@ -280,6 +312,21 @@ def build_module(graph: TfliteGraph) -> Any:
                     y = a.reshape(shape)
                     if y.dim() == 4:
                         y = y.permute(0, 3, 1, 2)
+                elif kind == "RESIZE_BILINEAR":
+                    y = F.interpolate(a, size=tuple(o["size"]), mode="bilinear",
+                                      align_corners=o["align_corners"])
+                elif kind == "MEAN":
+                    axes = [ax % a.dim() for ax in o["axes"]]
+                    if a.dim() == 4:
+                        axes = [_NHWC_TO_NCHW_AXIS[ax] for ax in axes]
+                    y = a.mean(dim=axes, keepdim=o["keep_dims"])
+                elif kind == "FULLY_CONNECTED":
+                    if a.dim() == 4:  # TFLite flattens in NHWC order
+                        a = a.permute(0, 2, 3, 1)
+                    y = o["act_fn"](F.linear(a.reshape(a.shape[0], -1), getattr(self, f"w{n}"),
+                                             getattr(self, f"b{n}", None)))
+                elif kind == "LOGISTIC":
+                    y = torch.sigmoid(a)
                 elif kind == "CONCATENATION":
                     parts = [env[i] for i in ins]
                     axis = o["axis"] % parts[0].dim()

@@ -88,6 +88,14 @@ class MaskConfig(_Section):
     """Colour distance from the learned skin, in standard deviations, at which a pixel starts to count as an occluder (lower keeps more of the target)."""
     occlusion_smoothing: float = Field(0.5, gt=0.0, le=1.0)
     """Weight of the newest frame in each face's moving average of the mask: lower is steadier on a still head and slower to follow a hand (1: no smoothing)."""
+    hands: bool = False
+    """Keep the target where a hand is in front of the face, found by MediaPipe's hand models (built-in mesh swapper). The colour model of `mask.occlusion` misses a hand of the face's own skin tone; this does not. Off by default: on the CPU it costs about 15-25 ms a frame (docs/quality.md)."""
+    hands_model: Literal["lite", "full"] = "lite"
+    """MediaPipe's hand models: `lite` (about half the CPU time) or `full` (complexity 1)."""
+    hands_detect_every: int = Field(3, ge=1, le=30)
+    """Run the palm detector every N frames to find new hands (found hands are followed every frame)."""
+    max_hands: int = Field(2, ge=1, le=4)
+    """The most hands followed per stream."""
     types: list[Literal["box", "occlusion", "region", "area"]] = ["box"]
     """Zoo swappers: FaceFusion's face_mask_types, e.g. `box,occlusion,region`: `box` the blurred box (neural.blur), `occlusion` the occluder model, `region` the parser model limited to mask.regions, `area` the landmark areas of mask.areas (needs the built-in analyser's face mesh)."""
     areas: list[Literal["upper-face", "lower-face", "mouth"]] = ["upper-face", "lower-face", "mouth"]

@@ -15,6 +15,7 @@ from ..engines.builtin import builtin_model_path
 from ..types import Face, Frame
 from .blazeface import FULL_RANGE, SHORT_RANGE, BlazeFaceDetector, Detection, iou
 from .facemesh import FaceMesh, Roi, roi_from_detection, roi_from_landmarks
+from .hands import PALM_KEYPOINTS, PALM_SPEC, HandLandmarker, HandTracker, hands_near
 from .smoothing import OneEuroFilter
 from .topology import Topology, five_points, load_topology
 
@@ -45,7 +46,9 @@ class FaceAnalyser:
 
     def __init__(self, config: Config, models_dir: Path | None = None) -> None:
         self.config = config
-        self._short, self._full, self._mesh = self._build_models(models_dir or config.models_dir)
+        folder = models_dir or config.models_dir
+        self._short, self._full, self._mesh = self._build_models(folder)
+        self._hands: HandTracker | None = self._build_hands(folder) if config.mask.hands else None
         self.topology: Topology = load_topology()
         self._tracks: list[_Track] = []
         self._next_id = 0
@@ -64,6 +67,7 @@ class FaceAnalyser:
         other._frames_seen = 0
         other._owns_models = False
         other._in_flight = False
+        other._hands = self._hands.tracker() if self._hands is not None else None
         return other
 
     def _build_models(self, folder: Path) -> tuple[BlazeFaceDetector, BlazeFaceDetector | None, FaceMesh]:
@@ -76,6 +80,16 @@ class FaceAnalyser:
             builtin_model_path("face_detection_full_range_sparse.tflite", folder), FULL_RANGE,
             min_score=max(dc.min_score, 0.6), nms_iou=dc.nms_iou, threads=dc.threads)
         return short, full, FaceMesh(builtin_model_path("face_landmark.tflite", folder), threads=dc.threads)
+
+    def _build_hands(self, folder: Path) -> HandTracker:
+        """MediaPipe Hands for `mask.hands`, run by LiteRT on the CPU."""
+        mc, dc = self.config.mask, self.config.detector
+        palm = BlazeFaceDetector(builtin_model_path(f"palm_detection_{mc.hands_model}.tflite", folder),
+                                 PALM_SPEC, min_score=0.5, nms_iou=0.3, threads=dc.threads,
+                                 keypoints=PALM_KEYPOINTS, unit_input=True)
+        marker = HandLandmarker(builtin_model_path(f"hand_landmark_{mc.hands_model}.tflite", folder),
+                                threads=dc.threads)
+        return HandTracker(palm, marker, max_hands=mc.max_hands, detect_every=mc.hands_detect_every)
 
     # -- still images ---------------------------------------------------------------------------
 
@@ -136,6 +150,8 @@ class FaceAnalyser:
         self._tracks = []
         self._frames_seen = 0
         self._in_flight = False
+        if self._hands is not None:
+            self._hands.reset()
 
     def track(self, frame: Frame) -> list[Face]:
         """Faces of the next video frame, with stable track ids and smoothed landmarks."""
@@ -193,12 +209,18 @@ class FaceAnalyser:
                 size = float(np.ptp(lm[:, :2], axis=0).max())
                 lm = tr.smoother(lm, t, size)
             faces.append(self._face(lm, tr.presence, tr.track_id))
+        if self._hands is not None:
+            # Hands are followed in every frame, faces or not, so that a hand is already known
+            # when a face appears behind it; each face gets the hands that meet its box.
+            hands = self._hands.track(rgb)
+            for f in faces:
+                f.extras["hands"] = hands_near(hands, f.box)
         return faces
 
     def close(self) -> None:
         if not self._owns_models:
             return
-        for r in (self._short, self._full, self._mesh):
+        for r in (self._short, self._full, self._mesh, self._hands):
             if r is not None:
                 r.close()
 

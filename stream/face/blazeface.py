@@ -71,7 +71,9 @@ class Detection:
     """(4,) x1, y1, x2, y2."""
     score: float
     keypoints: np.ndarray
-    """(6, 2): subject's right eye, left eye, nose tip, mouth centre, right ear, left ear."""
+    """(6, 2) for a face: subject's right eye, left eye, nose tip, mouth centre, right ear, left
+    ear; (7, 2) for a palm: wrist centre, index, middle, ring and pinky finger bases, thumb base
+    and thumb joint (MediaPipe's palm detector)."""
 
 
 def iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -112,7 +114,8 @@ class BlazeFaceDetector:
     """Finds faces in an RGB uint8 frame."""
 
     def __init__(self, model: Path | ModelRunner, spec: AnchorSpec, *, min_score: float = 0.5,
-                 nms_iou: float = 0.3, threads: int = 1, reference: bool = False) -> None:
+                 nms_iou: float = 0.3, threads: int = 1, reference: bool = False,
+                 keypoints: int = 6, unit_input: bool = False) -> None:
         # A path runs the model with LiteRT on the CPU; the GPU analyser passes a runner of its own
         # (engines.tflite_torch) with the same interface, and CuPy frames.
         self.reference = reference
@@ -125,6 +128,11 @@ class BlazeFaceDetector:
             raise ValueError(f"{self.runner.path.name}: expected input 1x{self.size}x{self.size}x3, "
                              f"got {self.runner.input_shape}")
         self.anchors = ssd_anchor_centres(spec)
+        self.keypoints = keypoints
+        """Keypoints per box: BlazeFace's 6; the palm detector (same SSD head, stage 1 of MediaPipe
+        Hands) gives 7."""
+        self.unit_input = unit_input
+        """Input values in [0, 1] (the palm detector) instead of BlazeFace's [-1, 1]."""
         self.min_score = min_score
         self.nms_iou = nms_iou
         # Work buffers, per array module (NumPy on the CPU path, CuPy on the GPU path).
@@ -138,9 +146,12 @@ class BlazeFaceDetector:
         return buf
 
     def _model_input(self, rgb: Any) -> tuple[Any, float, float, float]:
-        """The (1, S, S, 3) float32 input in [-1, 1] and the (scale, pad_x, pad_y) of its letterbox."""
+        """The (1, S, S, 3) float32 input in [-1, 1] (or [0, 1]: `unit_input`) and the
+        (scale, pad_x, pad_y) of its letterbox."""
         if not type(rgb).__module__.startswith("cupy"):
             canvas, scale, pad_x, pad_y = self._letterbox(rgb)
+            if self.unit_input:
+                return (canvas.astype(np.float32) / np.float32(255.0))[None], scale, pad_x, pad_y
             return (canvas.astype(np.float32) / np.float32(127.5) - np.float32(1.0))[None], scale, pad_x, pad_y
         return self._letterbox_gpu(rgb)
 
@@ -165,7 +176,9 @@ class BlazeFaceDetector:
         out = self._buffers.get(key)
         if out is None:
             out = self._buffers.setdefault(key, cupy.empty((1, 3, s, s), cupy.float32))
-        crop_batch(src, m, out, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+        # [0, 1] is x/255 (mean 0, std 1), black 0; [-1, 1] is (x/255 - 0.5)/0.5, black -1.
+        mean, std, black = ((0.0,) * 3, (1.0,) * 3, 0.0) if self.unit_input else ((0.5,) * 3, (0.5,) * 3, -1.0)
+        crop_batch(src, m, out, mean=mean, std=std)
         g = np.arange(s, dtype=np.float64)
         hs, ws = src.shape[:2]
         rows = np.nonzero((g * k + m[0, 1, 2] <= -1.0) | (g * k + m[0, 1, 2] >= hs))[0]
@@ -176,7 +189,7 @@ class BlazeFaceDetector:
                 if part.size:
                     sl = [slice(None)] * 4
                     sl[axis] = slice(int(part.min()), int(part.max()) + 1)
-                    out[tuple(sl)] = -1.0
+                    out[tuple(sl)] = black
         return out.transpose(0, 2, 3, 1), scale, pad_x, pad_y
 
     def _reduce(self, rgb: Any, xp: Any) -> tuple[Any, float, float, float, np.ndarray]:
@@ -231,7 +244,8 @@ class BlazeFaceDetector:
         bw = r[:, 2] / s
         bh = r[:, 3] / s
         boxes = np.stack([cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2], axis=1)
-        kps = r[:, 4:16].reshape(-1, 6, 2) / s + a[:, None, :]
+        k = self.keypoints
+        kps = r[:, 4:4 + 2 * k].reshape(-1, k, 2) / s + a[:, None, :]
         dets = []
         for box, kp, score in weighted_nms(boxes, kps, scores[sel], self.nms_iou, max_faces):
             # Normalised canvas coordinates (continuous) -> frame pixel-centre coordinates.

@@ -23,6 +23,7 @@ from ..engines.tflite_torch import TfliteTorchRunner
 from ..face.analyser import FaceAnalyser
 from ..face.blazeface import SHORT_RANGE, BlazeFaceDetector
 from ..face.facemesh import FaceMesh
+from ..face.hands import PALM_KEYPOINTS, PALM_SPEC, HandLandmarker, HandTracker
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,17 @@ class GpuFaceAnalyser(FaceAnalyser):
                                           device=self._device, max_batch=self._mesh_batch, compile=compiled))
         return short, None, mesh
 
+    def _build_hands(self, folder: Path) -> HandTracker:
+        """MediaPipe Hands for `mask.hands` on the GPU: both networks through the same executor
+        (one hand per landmark call), the palm letterbox and the hand crop as CuPy launches."""
+        mc, compiled = self.config.mask, self.config.landmarks.compile
+        runner = lambda name: TfliteTorchRunner(builtin_model_path(name, folder), device=self._device,  # noqa: E731
+                                                max_batch=1, compile=compiled)
+        palm = BlazeFaceDetector(runner(f"palm_detection_{mc.hands_model}.tflite"), PALM_SPEC,
+                                 keypoints=PALM_KEYPOINTS, unit_input=True)
+        marker = HandLandmarker(runner(f"hand_landmark_{mc.hands_model}.tflite"))
+        return HandTracker(palm, marker, max_hands=mc.max_hands, detect_every=mc.hands_detect_every)
+
     def prepare(self, most_faces: int | None = None) -> dict[str, list[int]]:
         """Capture every CUDA graph this analyser may use (the detector at batch 1, the landmark
         model at 1..`mesh_batch`, or its buckets with `landmarks.compile`) before the first live
@@ -70,4 +82,9 @@ class GpuFaceAnalyser(FaceAnalyser):
         mesh, det = self._mesh.runner, self._short.runner
         assert isinstance(mesh, TfliteTorchRunner) and isinstance(det, TfliteTorchRunner)  # _build_models
         most = self._mesh_batch if most_faces is None else max(1, min(most_faces, self._mesh_batch))
-        return {"landmarks": mesh.prepare(range(1, most + 1)), "detector": det.prepare([1])}
+        built = {"landmarks": mesh.prepare(range(1, most + 1)), "detector": det.prepare([1])}
+        if self._hands is not None:
+            for key, r in (("palms", self._hands.palm.runner), ("hands", self._hands.landmarker.runner)):
+                assert isinstance(r, TfliteTorchRunner)  # _build_hands
+                built[key] = r.prepare([1])
+        return built

@@ -51,11 +51,11 @@ class ModelCheck:
         self._answer: str | None = None
 
     def _stamp(self) -> tuple[Any, ...]:
-        from ..engines.builtin import BUILTIN_MODELS, default_models_dir
+        from ..engines.builtin import default_models_dir, required_models
 
         folder = self.models_dir or default_models_dir()
         out: list[Any] = [str(folder)]
-        for name in BUILTIN_MODELS:
+        for name in required_models():
             try:
                 st = (folder / name).stat()
                 out.append((name, st.st_size, st.st_mtime_ns))
@@ -65,13 +65,13 @@ class ModelCheck:
 
     def __call__(self) -> str | None:
         """None when every built-in model verifies, else why not (with the fix)."""
-        from ..engines.builtin import BUILTIN_MODELS, builtin_model_path
+        from ..engines.builtin import builtin_model_path, required_models
         from ..errors import ModelMissingError
 
         stamp = self._stamp()
         if stamp != self._seen:
             self._seen, self._answer = stamp, None
-            for name in BUILTIN_MODELS:
+            for name in required_models():
                 try:
                     builtin_model_path(name, self.models_dir)
                 except ModelMissingError as e:

@@ -44,6 +44,7 @@ import cv2
 import numpy as np
 
 from ..config import MaskConfig
+from ..face.hands import hand_mask
 from ..face.topology import Topology
 from ..kernels._xp import get_xp
 from ..kernels.occlusion import clean_occluder, ema_update, occluder_score
@@ -317,6 +318,17 @@ class OcclusionMasker:
         tr = self._track(face.track_id)
         xy = face.landmarks[:, :2].astype(np.float64)
         m = canvas_transform(xy, self.topo)
+        # Hands in front of the face (mask.hands): their outlines from the hand landmarks, which
+        # find a hand of the face's own skin tone that the colour model cannot.
+        hands = (face.extras.get("hands") or []) if self.config.hands else []
+        hand = hand_mask(hands, m, (CANVAS, CANVAS)) if hands else None
+        if not self.config.occlusion:
+            if hand is None and tr.occluded is None:
+                return xp.ones((h, w), xp.float32)
+            score = xp.zeros((CANVAS, CANVAS), xp.float32)
+            if hand is not None:
+                score[...] = xp.asarray(hand, xp.float32)
+            return self._smoothed(tr, score, m, x0, y0, w, h, xp)
         patch = self._canvas(frame, m, xp)
         q = xy @ m[:, :2].T + m[:, 2]
 
@@ -328,9 +340,11 @@ class OcclusionMasker:
         brows = [_grown(q[b], _GROW["brow"]) for b in self._brows]
         allow = outline * (1.0 - _soft(fixed))
 
-        self._learn(tr, patch, q, xp)
-        if tr.skin is None:
+        self._learn(tr, patch, q, xp, hand)
+        if tr.skin is None and hand is None:
             return xp.ones((h, w), xp.float32)
+        if tr.skin is None:
+            return self._smoothed(tr, xp.asarray(hand, xp.float32), m, x0, y0, w, h, xp)
         lo = self.config.occlusion_threshold
         score = occluder_score(patch, xp.asarray(allow), tr.skin.whitening, tr.skin.mean, lo,
                                lo + _RAMP, xp.empty((CANVAS, CANVAS), xp.float32))
@@ -350,6 +364,14 @@ class OcclusionMasker:
             # The box is padded by the blur's reach, so blurring inside it loses nothing.
             w_part = xp.asarray(_soft(part))
             score[box] -= w_part * xp.maximum(score[box] - sub, 0.0)
+        if hand is not None:
+            # A hand is an occluder wherever it lies, over the eyes and lips too.
+            score = xp.maximum(score, xp.asarray(hand, xp.float32))
+        return self._smoothed(tr, score, m, x0, y0, w, h, xp)
+
+    def _smoothed(self, tr: _Track, score: Any, m: np.ndarray, x0: int, y0: int, w: int, h: int,
+                  xp: Any) -> Any:
+        """The score cleaned, averaged into the track's mask over time, and sampled at the region."""
         cleaned = self._clean(score, xp)
         if tr.occluded is None or get_xp(tr.occluded) is not xp:
             tr.occluded = cleaned
@@ -393,8 +415,9 @@ class OcclusionMasker:
         return warp_affine(xp.ascontiguousarray(small), a, xp.empty((CANVAS, CANVAS, 3), xp.uint8),
                            border="replicate")
 
-    def _learn(self, tr: _Track, patch: Any, q: np.ndarray, xp: Any) -> None:
-        """Update the track's skin, lip and brow models from this frame (see `update_model`)."""
+    def _learn(self, tr: _Track, patch: Any, q: np.ndarray, xp: Any, hand: np.ndarray | None = None) -> None:
+        """Update the track's skin, lip and brow models from this frame (see `update_model`),
+        leaving out the pixels a hand covers (`hand`, a canvas mask)."""
         # The sample regions as labels of one image (they do not overlap): skin samples 1-3, the
         # lip band (outer ring grown, minus the mouth opening) 4, the brows 5.
         label = np.zeros((CANVAS, CANVAS), np.uint8)
@@ -407,6 +430,8 @@ class OcclusionMasker:
             cv2.fillConvexPoly(label, hull, k + 1, cv2.LINE_8, shift=4)
         cv2.fillPoly(label, [np.round(q[b] * 16).astype(np.int32) for b in self._brows], 5,
                      cv2.LINE_8, shift=4)
+        if hand is not None:
+            label[hand > 0] = 0
         idx = np.flatnonzero(label)
         idx = idx[np.argsort(label.ravel()[idx], kind="stable")]
         counts = np.bincount(label.ravel()[idx], minlength=6)[1:]
@@ -451,5 +476,6 @@ class OcclusionMasker:
 
 
 def occlusion_masker(config: MaskConfig, topology: Topology) -> OcclusionMasker | None:
-    """The masker a swapper of one stream (or one identity) gets: None when `mask.occlusion` is off."""
-    return OcclusionMasker(config, topology) if config.occlusion else None
+    """The masker a swapper of one stream (or one identity) gets: None when neither `mask.occlusion`
+    nor `mask.hands` is on."""
+    return OcclusionMasker(config, topology) if config.occlusion or config.hands else None

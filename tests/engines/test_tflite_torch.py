@@ -21,6 +21,11 @@ from swapstream.engines.tflite_torch import TfliteTorchRunner  # noqa: E402
 from swapstream.gpu.analyser import GpuFaceAnalyser  # noqa: E402
 
 MODELS = ["face_detection_short_range.tflite", "face_landmark.tflite"]
+# MediaPipe Hands (mask.hands): RESIZE_BILINEAR in the palm detectors, MEAN, FULLY_CONNECTED and
+# LOGISTIC in the landmark models. Their inputs are in [0, 1]; the comparison below feeds [-1, 1],
+# which exercises the same operators over a wider range.
+HAND_MODELS = ["palm_detection_lite.tflite", "palm_detection_full.tflite", "hand_landmark_lite.tflite",
+               "hand_landmark_full.tflite"]
 
 
 @pytest.fixture
@@ -31,7 +36,7 @@ def cuda(cp: ModuleType) -> ModuleType:
     return cp
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", MODELS + HAND_MODELS)
 def test_cpu_executor_matches_litert(name: str) -> None:
     path = builtin_model_path(name, load_config().models_dir)
     ref = LiteRTRunner(path)
@@ -110,7 +115,7 @@ def test_gpu_analyser_on_cupy_frames_matches_cpu(cuda: ModuleType) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", MODELS + HAND_MODELS)
 def test_gpu_executor_matches_litert(cuda: ModuleType, name: str) -> None:
     cupy = cuda
 

@@ -121,3 +121,42 @@ def hand(frame: np.ndarray, lm: np.ndarray, topo: Topology, rng: np.random.Gener
 
 
 PAINTERS = {"fringe": hair_fringe, "mouth_bar": mouth_bar, "glasses": glasses, "hand": hand}
+
+
+def open_hand(frame: np.ndarray, lm: np.ndarray, topo: Topology, rng: np.random.Generator,
+              tilt_deg: float = 0.0, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """An open hand (palm, four spread fingers and a thumb) raised in front of the mouth and chin,
+    in the target's own skin tone: the median colour of its cheeks, shaded darker towards the
+    hand's outline as a rounded hand is lit. The colour model cannot tell it from the face (see
+    stream/swap/occlusion.py); the hand models of `mask.hands` must."""
+    from swapstream.swap.occlusion import CHEEK_IMAGE_LEFT, CHEEK_IMAGE_RIGHT
+
+    eyes, oval, size = _face_geometry(lm, topo)
+    xy = lm[:, :2].astype(np.float64)
+    cheeks = np.zeros(frame.shape[:2], np.uint8)
+    for g in (CHEEK_IMAGE_LEFT, CHEEK_IMAGE_RIGHT):
+        cv2.fillConvexPoly(cheeks, cv2.convexHull(np.round(xy[list(g)]).astype(np.int32)), 1)
+    tone = np.median(frame[cheeks > 0].reshape(-1, 3).astype(np.float64), axis=0)
+    s = 0.62 * size * scale                              # the hand's length, wrist to middle tip
+    c = np.array([xy[topo.lips_outer, 0].mean(), oval[:, 1].max() - 0.02 * size])
+    a = math.radians(tilt_deg)
+    rot = np.array([[math.cos(a), -math.sin(a)], [math.sin(a), math.cos(a)]])
+
+    def p(x: float, y: float) -> tuple[int, int]:
+        q = c + rot @ np.array([x * s, y * s])
+        return int(round(q[0])), int(round(q[1]))
+
+    m = np.zeros(frame.shape[:2], np.float32)
+    palm = np.array([p(-0.21, -0.08), p(0.21, -0.09), p(0.20, 0.18), p(0.13, 0.30), p(-0.11, 0.30),
+                     p(-0.20, 0.18)], np.int32)
+    cv2.fillConvexPoly(m, palm, 1.0, cv2.LINE_AA)
+    for x0, y0, x1, y1, t in ((-0.155, -0.06, -0.20, -0.39, 0.085), (-0.05, -0.085, -0.06, -0.475, 0.09),
+                              (0.055, -0.085, 0.07, -0.46, 0.09), (0.155, -0.07, 0.20, -0.35, 0.08)):
+        cv2.line(m, p(x0, y0), p(x1, y1), 1.0, max(2, int(t * s)), cv2.LINE_AA)
+        cv2.circle(m, p(x1, y1), max(1, int(t * s / 2)), 1.0, -1, cv2.LINE_AA)
+    cv2.line(m, p(0.19, 0.18), p(0.375, -0.025), 1.0, max(2, int(0.1 * s)), cv2.LINE_AA)   # thumb
+    cv2.circle(m, p(0.375, -0.025), max(1, int(0.05 * s)), 1.0, -1, cv2.LINE_AA)
+    shade = 0.72 + 0.28 * np.clip(cv2.GaussianBlur(m, (0, 0), 0.03 * s), 0.0, 1.0)
+    col = tone[None, None] * shade[..., None] + rng.normal(0.0, 2.0, frame.shape)
+    out = frame.astype(np.float64) * (1.0 - m[..., None]) + col * m[..., None]
+    return np.clip(np.rint(out), 0, 255).astype(np.uint8), m > 0.5
