@@ -89,7 +89,7 @@ class MaskConfig(_Section):
     occlusion_smoothing: float = Field(0.5, gt=0.0, le=1.0)
     """Weight of the newest frame in each face's moving average of the mask: lower is steadier on a still head and slower to follow a hand (1: no smoothing)."""
     hands: bool = False
-    """Keep the target where a hand is in front of the face, found by MediaPipe's hand models (built-in mesh swapper). The colour model of `mask.occlusion` misses a hand of the face's own skin tone; this does not. Off by default: on the CPU it costs about 15-25 ms a frame (docs/quality.md)."""
+    """Keep the target where a hand is in front of the face, found by MediaPipe's hand models (built-in mesh swapper). The colour model of `mask.occlusion` misses a hand of the face's own skin tone; this does not. Off by default: on 2 CPU cores the lite models cost about 14 ms a frame per followed hand, plus 27 ms for the palm detector every `mask.hands_detect_every` frames (README, "Hands")."""
     hands_model: Literal["lite", "full"] = "lite"
     """MediaPipe's hand models: `lite` (about half the CPU time) or `full` (complexity 1)."""
     hands_detect_every: int = Field(3, ge=1, le=30)

@@ -11,6 +11,10 @@ the mouth, a hair fringe, glasses frames, painted on the target from its landmar
 `occluder_<name>.png`, target with the occluder | swap without the occlusion mask (`--set
 mask.occlusion=false`) | swap with it (the default), with the occluder's pixels' PSNR against the
 target under each result (the tests ask >= 35 dB with the mask).
+
+`occluder_own_skin_hand.png`: an open hand painted in the target's own skin tone (the hands tests'
+case, tests/stream/test_hands.py), which the colour model cannot find: target with the hand | swap
+with the default occlusion mask | swap with `--set mask.hands=true` as well.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import cv2
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.stream.occluders import PAINTERS  # noqa: E402
+from tests.stream.occluders import PAINTERS, open_hand  # noqa: E402
 from tests.stream.quality_cases import cases, first_face  # noqa: E402
 
 from swapstream.config import MaskConfig, MeshConfig, load_config  # noqa: E402
@@ -33,6 +37,7 @@ from swapstream.face.analyser import FaceAnalyser  # noqa: E402
 from swapstream.demo import render_target_frame  # noqa: E402
 from swapstream.swap.mesh import MeshSwapper  # noqa: E402
 from swapstream.swap.occlusion import OcclusionMasker  # noqa: E402
+from swapstream.types import Frame  # noqa: E402
 
 
 def tile(img: np.ndarray, box: tuple[int, int, int, int], height: int, label: str) -> np.ndarray:
@@ -80,6 +85,36 @@ def occluder_sheets(analyser: FaceAnalyser, out_dir: Path, height: int) -> None:
         print(f"{path} ({path.stat().st_size // 1024} KB)")
 
 
+def own_skin_hand_sheet(analyser: FaceAnalyser, out_dir: Path, height: int) -> None:
+    """A hand of the target's own skin tone: the default mask, then with `mask.hands`."""
+    from fractions import Fraction
+
+    base = load_config()
+    hands_cfg = base.model_copy(update={"mask": base.mask.model_copy(update={"hands": True})})
+    tracker = FaceAnalyser(hands_cfg)
+    target = render_target_frame(grace_hopper(), 0.0)
+    source = astronaut()
+    clean = first_face(analyser, target)
+    assert clean.landmarks is not None
+    frame, mask = open_hand(target, clean.landmarks, analyser.topology, np.random.default_rng(31), 15.0)
+    for i in range(3):   # found by the palm detector, then followed, as in a stream
+        (face,) = tracker.track(Frame(frame, i, Fraction(1, 25), index=i))
+    face.track_id = 1
+    tiles = [tile(frame, around(frame, analyser), height, "target + own-skin hand")]
+    for label, cfg in (("occlusion mask", MaskConfig()), ("+ mask.hands", MaskConfig(hands=True))):
+        sw = MeshSwapper(MeshConfig(), analyser.topology, occlusion=OcclusionMasker(cfg, analyser.topology))
+        sw.set_source(source, first_face(analyser, source))
+        for _ in range(4):   # the mask's moving average settles, as in a stream
+            out = frame.copy()
+            sw.swap(out, [face])
+        db = psnr(out[mask], frame[mask])
+        tiles.append(tile(out, around(frame, analyser), height, f"{label}: {db:.1f} dB"))
+    tracker.close()
+    path = out_dir / "occluder_own_skin_hand.png"
+    cv2.imwrite(str(path), cv2.cvtColor(np.hstack(tiles), cv2.COLOR_RGB2BGR), [cv2.IMWRITE_PNG_COMPRESSION, 9])
+    print(f"{path} ({path.stat().st_size // 1024} KB)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("docs/quality"))
@@ -103,6 +138,7 @@ def main() -> None:
         cv2.imwrite(str(path), cv2.cvtColor(row, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_PNG_COMPRESSION, 9])
         print(f"{path} ({path.stat().st_size // 1024} KB)")
     occluder_sheets(analyser, args.out, args.height)
+    own_skin_hand_sheet(analyser, args.out, args.height)
     analyser.close()
 
 

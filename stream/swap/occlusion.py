@@ -29,7 +29,12 @@ canvas pixel while the head moves:
 The model's colour space: Mahalanobis distance is the same in any linear colour space, so YCrCb
 matters only through the variance floors added to the fitted covariance, which are larger for luma
 than for chroma: shading moves skin along luma far more than a hand, hair or a frame changes it in
-chroma. A hand of the target's own skin tone is therefore the hard case and is not reliably found.
+chroma. A hand of the target's own skin tone is therefore the hard case and is not reliably found
+by colour. `mask.hands` finds it another way: MediaPipe's hand models (face/hands.py) give each
+hand's landmarks, the analyser hands them to the faces they meet (`Face.extras["hands"]`), and
+their outline is drawn onto the canvas as an occluder score of 1, before the clean-up and the
+moving average, so a hand fades in and out of the mask like any occluder. A hand also takes its
+pixels out of the skin samples. With `mask.occlusion` off and `mask.hands` on, only hands count.
 """
 
 from __future__ import annotations
