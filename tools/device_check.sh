@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the `device` tool), from the repository root:
-#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|serve|live|all|none]
+#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|serve|live|hands|all|none]
 #     (default: all; bench = kernels + swap + pipeline; none = install the carried wheels only)
 #   tools/device_check.sh pytest ARGS...    (pytest with ARGS, in the same environment)
 # Installs the carried wheels (.whl/, ignored by git), makes `swapstream` importable from this tree,
@@ -102,6 +102,13 @@ if [[ "$what" == run || "$what" == all ]]; then
     --name run_gpu 2>&1 | tee "$OUT/bench_run.log" || rc=1
   python3 tools/bench_run.py --clip .bench/streams_1080p30.mp4 --repeat 3 --synthetic-models --out "$OUT" \
     --config live --name run_gpu_live 2>&1 | tee "$OUT/bench_run_live.log" || rc=1
+fi
+if [[ "$what" == hands || "$what" == all ]]; then
+  # mask.hands on the GPU: the hand models through the torch executor against LiteRT, then what the
+  # option costs `swapstream run` (needs the four hand .tflite files in .models and the av wheel).
+  python3 -m pytest -m gpu -rs -v -p no:cacheprovider tests/stream/test_hands.py \
+    "tests/engines/test_tflite_torch.py::test_gpu_executor_matches_litert" 2>&1 | tee "$OUT/pytest_gpu_hands.log" || rc=1
+  python3 tools/bench_hands.py --repeat 3 --out "$OUT" --name hands_gpu 2>&1 | tee "$OUT/bench_hands.log" || rc=1
 fi
 if [[ "$what" == serve || "$what" == all ]]; then
   # The stream benchmark: a load generator driving `swapstream serve --workers` (MPS on with 2 or
