@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the `device` tool), from the repository root:
-#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|serve|live|hands|all|none]
+#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|serve|live|hands|mesh|all|none]
 #     (default: all; bench = kernels + swap + pipeline; none = install the carried wheels only)
 #   tools/device_check.sh pytest ARGS...    (pytest with ARGS, in the same environment)
 # Installs the carried wheels (.whl/, ignored by git), makes `swapstream` importable from this tree,
@@ -102,6 +102,11 @@ if [[ "$what" == run || "$what" == all ]]; then
     --name run_gpu 2>&1 | tee "$OUT/bench_run.log" || rc=1
   python3 tools/bench_run.py --clip .bench/streams_1080p30.mp4 --repeat 3 --synthetic-models --out "$OUT" \
     --config live --name run_gpu_live 2>&1 | tee "$OUT/bench_run_live.log" || rc=1
+fi
+if [[ "$what" == mesh || "$what" == all ]]; then
+  # The mesh swap's wall and GPU time per 1080p face, with and without the occlusion mask (issue 20:
+  # <= 150 us of GPU time with the mask).
+  python3 tools/profile_mesh_gpu.py --clip .bench/streams_1080p30.mp4 --out "$OUT" 2>&1 | tee "$OUT/profile_mesh_gpu.log" || rc=1
 fi
 if [[ "$what" == hands || "$what" == all ]]; then
   # mask.hands on the GPU: the hand models through the torch executor against LiteRT, then what the

@@ -1,6 +1,7 @@
 """Where the runtime's `mesh` swap spends a frame on the GPU: the wall time of one `MeshBackend.swap`
-call (what the device thread waits for), with and without the occlusion mask, and the host
-functions that take it (cProfile).
+call (what the device thread waits for), with and without the occlusion mask, the GPU time of its
+kernels and copies (CUPTI, through torch.profiler: every kernel of the process, CuPy's included,
+summed per call), and the host functions that take the wall time (cProfile).
 
     python tools/profile_mesh_gpu.py --clip .bench/streams_720p30.mp4 [--reps 60] [--out DIR]
 
@@ -43,6 +44,26 @@ def timed(fn: Any, reps: int) -> list[float]:
         cupy.cuda.get_current_stream().synchronize()
         out.append((time.perf_counter() - t) * 1e3)
     return out
+
+
+def gpu_time(fn: Any, reps: int) -> dict[str, float]:
+    """GPU time per call of `fn`: the summed durations of the kernels, copies and memsets CUPTI
+    records over `reps` calls, divided by `reps` (what the GPU itself spends, whatever the host
+    does between launches), and the number of those per call."""
+    import cupy
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cupy.cuda.get_current_stream().synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        cupy.cuda.get_current_stream().synchronize()
+    ops = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    if not ops:
+        raise SystemExit("error: the profiler recorded no GPU work (CUPTI unavailable?)")
+    total_us = sum(e.time_range.elapsed_us() for e in ops)
+    return {"gpu_us_per_call": round(total_us / reps, 1), "gpu_ops_per_call": round(len(ops) / reps, 1)}
 
 
 def main() -> None:
@@ -95,10 +116,17 @@ def main() -> None:
         prof.disable()
         text = io.StringIO()
         pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+        g = gpu_time(run, 20)
+        # Less the copy that resets the frame before each call.
+        reset = gpu_time(lambda: cupy.copyto(work, frame), 20)
+        g = {"gpu_us_per_call": round(g["gpu_us_per_call"] - reset["gpu_us_per_call"], 1),
+             "gpu_ops_per_call": round(g["gpu_ops_per_call"] - reset["gpu_ops_per_call"], 1)}
         result[name] = {"p50_ms": round(statistics.median(ms), 3), "min_ms": round(min(ms), 3),
-                        "max_ms": round(max(ms), 3)}
+                        "max_ms": round(max(ms), 3), **g,
+                        "gpu_us_per_face": round(g["gpu_us_per_call"] / len(faces), 1)}
         print(f"== {name}: p50 {statistics.median(ms):.3f} ms, min {min(ms):.3f}, max {max(ms):.3f} "
-              f"(wall per call, synchronised)")
+              f"(wall per call, synchronised); GPU time {g['gpu_us_per_call']:.1f} us per call in "
+              f"{g['gpu_ops_per_call']:.0f} kernels and copies")
         print(text.getvalue())
         backend.close()
     analyser.close()
