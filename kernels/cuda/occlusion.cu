@@ -21,3 +21,103 @@ extern "C" __global__ void occluder_score_u8(
     s = fminf(fmaxf(s, 0.0f), 1.0f);
     out[i] = __fmul_rn(s, allow[i]);
 }
+
+// ---- The rest of the mask's per-face GPU work, fused (issue 20: GPU time per face) --------------
+// Each kernel below is the CUDA twin of a composition of reference ops named in
+// kernels/occlusion.py, with every float operation rounded in the reference's order, so that the
+// results are the same bits. Before these, the generic CuPy array code of those references took
+// about 230 launches per face.
+
+__device__ __forceinline__ int clampi(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+// One channel of the box-averaged image (kernels/warp.py:box_downsample) at block (bx, by):
+// rint(float32 sum / (k * k)); the sum of at most 64 * 64 bytes is exact in float32 in any order.
+__device__ __forceinline__ float box_tap(const unsigned char* __restrict__ frame, int W, int bx0, int by0,
+                                         int k, int bx, int by, int c)
+{
+    if (k == 1) return (float)frame[((by0 + by) * W + (bx0 + bx)) * 3 + c];
+    float s = 0.0f;
+    for (int i = 0; i < k; ++i) {
+        const unsigned char* row = frame + ((by0 + by * k + i) * W + (bx0 + bx * k)) * 3 + c;
+        for (int j = 0; j < k; ++j) s = __fadd_rn(s, (float)row[3 * j]);
+    }
+    return rintf(__fdiv_rn(s, (float)(k * k)));
+}
+
+// canvas_sample: the face's frame area, box-averaged by k (bw x bh blocks from (bx0, by0)), then
+// warped onto the (ch, cw) canvas through a (canvas pixel -> block) 2x3 matrix with bilinear
+// sampling and a replicated border (kernels/warp.py:warp_affine), rounded to uint8.
+extern "C" __global__ void occl_canvas_u8(
+    const unsigned char* __restrict__ frame, int W, int bx0, int by0, int bw, int bh, int k,
+    double a00, double a01, double a02, double a10, double a11, double a12,
+    int ch, int cw, unsigned char* __restrict__ out)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= ch * cw) return;
+    double gx = (double)(i % cw), gy = (double)(i / cw);
+    double x = __dadd_rn(__dadd_rn(__dmul_rn(a00, gx), __dmul_rn(a01, gy)), a02);
+    double y = __dadd_rn(__dadd_rn(__dmul_rn(a10, gx), __dmul_rn(a11, gy)), a12);
+    double x0f = floor(x), y0f = floor(y);
+    float fx = (float)(x - x0f), fy = (float)(y - y0f);
+    // Clamped in double first: a coordinate far off the image must not overflow the int.
+    int x0 = (int)fmax(fmin(x0f, 1e9), -1e9), y0 = (int)fmax(fmin(y0f, 1e9), -1e9);
+    int xa = clampi(x0, 0, bw - 1), xb = clampi(x0 + 1, 0, bw - 1);
+    int ya = clampi(y0, 0, bh - 1), yb = clampi(y0 + 1, 0, bh - 1);
+    for (int c = 0; c < 3; ++c) {
+        float p00 = box_tap(frame, W, bx0, by0, k, xa, ya, c), p01 = box_tap(frame, W, bx0, by0, k, xb, ya, c);
+        float p10 = box_tap(frame, W, bx0, by0, k, xa, yb, c), p11 = box_tap(frame, W, bx0, by0, k, xb, yb, c);
+        float top = __fadd_rn(p00, __fmul_rn(__fsub_rn(p01, p00), fx));
+        float bot = __fadd_rn(p10, __fmul_rn(__fsub_rn(p11, p10), fx));
+        float v = rintf(__fadd_rn(top, __fmul_rn(__fsub_rn(bot, top), fy)));
+        out[3 * i + c] = (unsigned char)fminf(fmaxf(v, 0.0f), 255.0f);
+    }
+}
+
+// occluder_part: inside a box of the canvas, a pixel is an occluder only if it is unlike the part's
+// own model too: sub = occluder_score(patch, allow) with the part's model; score -= weight *
+// max(score - sub, 0). `weight` is the box's (bh, bw) soft part mask.
+extern "C" __global__ void occl_part_u8(
+    const unsigned char* __restrict__ patch, const float* __restrict__ allow, int width,
+    int y0, int x0, int bh, int bw, const float* __restrict__ weight,
+    float w00, float w01, float w02, float w10, float w11, float w12, float w20, float w21, float w22,
+    float m0, float m1, float m2, float lo, float inv, float* __restrict__ score)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= bh * bw) return;
+    int p = (y0 + i / bw) * width + (x0 + i % bw);
+    float v0 = __fsub_rn((float)patch[3 * p], m0);
+    float v1 = __fsub_rn((float)patch[3 * p + 1], m1);
+    float v2 = __fsub_rn((float)patch[3 * p + 2], m2);
+    float z0 = __fadd_rn(__fadd_rn(__fmul_rn(w00, v0), __fmul_rn(w01, v1)), __fmul_rn(w02, v2));
+    float z1 = __fadd_rn(__fadd_rn(__fmul_rn(w10, v0), __fmul_rn(w11, v1)), __fmul_rn(w12, v2));
+    float z2 = __fadd_rn(__fadd_rn(__fmul_rn(w20, v0), __fmul_rn(w21, v1)), __fmul_rn(w22, v2));
+    float d = __fsqrt_rn(__fadd_rn(__fadd_rn(__fmul_rn(z0, z0), __fmul_rn(z1, z1)), __fmul_rn(z2, z2)));
+    float sub = __fmul_rn(fminf(fmaxf(__fmul_rn(__fsub_rn(d, lo), inv), 0.0f), 1.0f), allow[p]);
+    float s = score[p];
+    score[p] = __fsub_rn(s, __fmul_rn(weight[i], fmaxf(__fsub_rn(s, sub), 0.0f)));
+}
+
+// visible_region: 1 - the canvas mask sampled at the swap region's pixels through a (region pixel
+// -> canvas) 2x3 matrix, bilinear with a constant 0 border (warp_affine(border="constant")).
+extern "C" __global__ void occl_to_region(const float* __restrict__ occ, int ch, int cw,
+                                          double a00, double a01, double a02, double a10, double a11,
+                                          double a12, int h, int w, float* __restrict__ out)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= h * w) return;
+    double gx = (double)(i % w), gy = (double)(i / w);
+    double x = __dadd_rn(__dadd_rn(__dmul_rn(a00, gx), __dmul_rn(a01, gy)), a02);
+    double y = __dadd_rn(__dadd_rn(__dmul_rn(a10, gx), __dmul_rn(a11, gy)), a12);
+    double x0f = floor(x), y0f = floor(y);
+    float fx = (float)(x - x0f), fy = (float)(y - y0f);
+    // Far outside the canvas the int conversion must not overflow: clamp in double first.
+    int x0 = (int)fmax(fmin(x0f, 1e9), -1e9), y0 = (int)fmax(fmin(y0f, 1e9), -1e9);
+    float p[4];
+    for (int t = 0; t < 4; ++t) {
+        int xx = x0 + (t & 1), yy = y0 + (t >> 1);
+        p[t] = (xx >= 0 && xx < cw && yy >= 0 && yy < ch) ? occ[yy * cw + xx] : 0.0f;
+    }
+    float top = __fadd_rn(p[0], __fmul_rn(__fsub_rn(p[1], p[0]), fx));
+    float bot = __fadd_rn(p[2], __fmul_rn(__fsub_rn(p[3], p[2]), fx));
+    out[i] = __fsub_rn(1.0f, __fadd_rn(top, __fmul_rn(__fsub_rn(bot, top), fy)));
+}

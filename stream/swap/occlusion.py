@@ -52,7 +52,8 @@ from ..config import MaskConfig
 from ..face.hands import hand_mask
 from ..face.topology import Topology
 from ..kernels._xp import get_xp
-from ..kernels.occlusion import clean_occluder, ema_update, occluder_score
+from ..kernels.occlusion import (canvas_sample, clean_and_average, ema_update, occluder_part, occluder_score,
+                                 visible_region)
 from ..types import Face
 
 # Face Mesh landmark groups (MediaPipe indices; "image left" is the subject's right, as in topology).
@@ -351,7 +352,8 @@ class OcclusionMasker:
         if tr.skin is None:
             return self._smoothed(tr, xp.asarray(hand, xp.float32), m, x0, y0, w, h, xp)
         lo = self.config.occlusion_threshold
-        score = occluder_score(patch, xp.asarray(allow), tr.skin.whitening, tr.skin.mean, lo,
+        allow_x = xp.asarray(allow, xp.float32)   # one upload on the GPU, for the parts too
+        score = occluder_score(patch, allow_x, tr.skin.whitening, tr.skin.mean, lo,
                                lo + _RAMP, xp.empty((CANVAS, CANVAS), xp.float32))
         lip_model = tr.lips if tr.lips is not None and _lips_plausible(tr.lips, tr.skin) else None
         for polys, model in ((lips, lip_model), (brows, tr.brows)):
@@ -363,12 +365,10 @@ class OcclusionMasker:
             origin = np.array([box[1].start, box[0].start], np.float64)
             part = _fill([p - origin for p in polys], CANVAS)[:box[0].stop - box[0].start,
                                                              :box[1].stop - box[1].start]
-            sub = occluder_score(xp.ascontiguousarray(patch[box]), xp.asarray(allow[box]),
-                                 model.whitening, model.mean, lo, lo + _RAMP,
-                                 xp.empty(part.shape, xp.float32))
             # The box is padded by the blur's reach, so blurring inside it loses nothing.
-            w_part = xp.asarray(_soft(part))
-            score[box] -= w_part * xp.maximum(score[box] - sub, 0.0)
+            w_part = xp.asarray(_soft(part), xp.float32)
+            occluder_part(patch, allow_x, model.whitening, model.mean, lo, lo + _RAMP, w_part,
+                          (box[1].start, box[0].start), score)
         if hand is not None:
             # A hand is an occluder wherever it lies, over the eyes and lips too.
             score = xp.maximum(score, xp.asarray(hand, xp.float32))
@@ -377,6 +377,12 @@ class OcclusionMasker:
     def _smoothed(self, tr: _Track, score: Any, m: np.ndarray, x0: int, y0: int, w: int, h: int,
                   xp: Any) -> Any:
         """The score cleaned, averaged into the track's mask over time, and sampled at the region."""
+        if xp is not np:   # three fused launches (kernels/occlusion.py)
+            fresh = tr.occluded is None or get_xp(tr.occluded) is not xp
+            if fresh:
+                tr.occluded = xp.empty((CANVAS, CANVAS), xp.float32)
+            clean_and_average(score, _GROW_PX, _CLEAN_SIGMA, tr.occluded, self.config.occlusion_smoothing, fresh)
+            return self._to_region(tr.occluded, m, x0, y0, w, h, xp)
         cleaned = self._clean(score, xp)
         if tr.occluded is None or get_xp(tr.occluded) is not xp:
             tr.occluded = cleaned
@@ -413,12 +419,9 @@ class OcclusionMasker:
             return cv2.warpAffine(small, a, (CANVAS, CANVAS),
                                   flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
                                   borderMode=cv2.BORDER_REPLICATE)
-        from ..kernels.warp import box_downsample, warp_affine
-
-        small = crop if k == 1 else box_downsample(xp.ascontiguousarray(crop), k,
-                                                   xp.empty((bh, bw, 3), xp.uint8))
-        return warp_affine(xp.ascontiguousarray(small), a, xp.empty((CANVAS, CANVAS, 3), xp.uint8),
-                           border="replicate")
+        # One launch on the GPU (the box average and the warp fused, kernels/occlusion.py).
+        return canvas_sample(xp.ascontiguousarray(frame), (bx0, by0), (bw, bh), k, a,
+                             xp.empty((CANVAS, CANVAS, 3), xp.uint8))
 
     def _learn(self, tr: _Track, patch: Any, q: np.ndarray, xp: Any, hand: np.ndarray | None = None) -> None:
         """Update the track's skin, lip and brow models from this frame (see `update_model`),
@@ -452,9 +455,7 @@ class OcclusionMasker:
         tr.brows, tr.misfits["brows"] = update_model(tr.brows, tr.misfits["brows"], parts[4])
 
     @staticmethod
-    def _clean(score: Any, xp: Any) -> Any:
-        if xp is not np:
-            return clean_occluder(score, _GROW_PX, _CLEAN_SIGMA, xp.empty_like(score))
+    def _clean(score: np.ndarray, xp: Any) -> np.ndarray:
         # OpenCV's versions of the reference's steps (tests/stream/test_occlusion.py compares them):
         # the same median and dilation, and a blur with the reference's taps (radius ceil(3 sigma)).
         r = max(1, int(math.ceil(3.0 * _CLEAN_SIGMA)))
@@ -473,11 +474,7 @@ class OcclusionMasker:
             occ = cv2.warpAffine(occluded, a, (w, h), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
                                  borderMode=cv2.BORDER_CONSTANT, borderValue=0.0)
             return np.subtract(1.0, occ, out=occ)
-        from ..kernels.warp import warp_affine
-
-        occ = warp_affine(occluded[..., None], a, xp.empty((h, w, 1), xp.float32), border="constant",
-                          fill=0.0)[..., 0]
-        return 1.0 - occ
+        return visible_region(occluded, a, xp.empty((h, w), xp.float32))
 
 
 def occlusion_masker(config: MaskConfig, topology: Topology) -> OcclusionMasker | None:
