@@ -128,7 +128,7 @@ def test_clean_and_average_matches_reference(cp: ModuleType, fresh: bool) -> Non
 def test_visible_region_matches_reference(cp: ModuleType) -> None:
     rng = np.random.default_rng()
     occ = rng.uniform(0, 1, (160, 160)).astype(np.float32)
-    a = random_similarity(rng, rng.uniform(0.2, 0.6), (80.0, 80.0))
+    a = random_similarity(rng, rng.uniform(0.6, 0.8), (80.0, 80.0))   # corners >= 115 px out: past the canvas
     a[:, 2] -= a[:, :2] @ np.array([150.0, 120.0])   # the region reaches past the canvas
     ref = visible_region(occ, a, np.empty((240, 300), np.float32))
     out = cp.full((240, 300), cp.nan, cp.float32)
