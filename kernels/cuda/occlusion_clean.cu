@@ -29,7 +29,7 @@ extern "C" __global__ void occl_median_dilate(const float* __restrict__ src, int
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= h * w) return;
     int y = i / w, x = i % w;
-    float m = -INFINITY;
+    float m = -3.40282347e+38f;   // -FLT_MAX: NVRTC has no <cmath> for INFINITY
     for (int dy = -r; dy <= r; ++dy)
         for (int dx = -r; dx <= r; ++dx)
             m = fmaxf(m, median9(src, h, w, clampi(y + dy, 0, h - 1), clampi(x + dx, 0, w - 1)));
