@@ -32,6 +32,10 @@ ln -sfn "$PWD/engines" stream/engines
 ln -sfn "$PWD/stream" /tmp/shim/swapstream
 export PYTHONPATH="/tmp/shim:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 export SWAPSTREAM_MODELS_DIR="$PWD/.models"
+# MediaPipe Hands' models travel apart (tools/device_prepare.sh): link them in when carried.
+if compgen -G ".models-hands/*.tflite" >/dev/null; then
+  mkdir -p .models && ln -sf "$PWD"/.models-hands/*.tflite .models/
+fi
 # nginx-rtmp for the RTMP tests and benchmarks: the machine has no Debian packages, so Debian's
 # nginx, its RTMP module and its libraries are carried in .devtools/nginx (see docs/performance.md).
 if [[ -x .devtools/nginx/nginx ]]; then

@@ -9,7 +9,8 @@
 #   .whl-rtc  aiortc and its needs (it also needs PyAV: carry .whl-av in the same or an earlier call)
 # PyAV and LiteRT are apart because .whl-av + .models + .bench + the tree must stay under 64 MiB;
 # .whl-nvc (trimmed, below) fits beside them.
-#   .models   the built-in .tflite files (`swapstream setup` put them in the cache)
+#   .models   the built-in .tflite files every job needs (`swapstream setup` put them in the cache)
+#   .models-hands  MediaPipe Hands' four files, for mask.hands (12 MB: carry them only when needed)
 #   .bench    the 720p30 and 1080p30 clips of tools/bench_streams.py and bench_pipeline.py
 #   .devtools/nginx  Debian's nginx and its RTMP module with the libraries they load, unpacked from
 #             the .deb files (the GPU machine has no Debian packages): the RTMP publishers and sinks
@@ -84,8 +85,15 @@ fetch .whl-rtc "$(pin aiortc)" "$(pin aioice)" "$(pin pyee)" "$(pin pylibsrtp)" 
   "$(pin cryptography)" "$(pin google-crc32c)" "$(pin dnspython)" "$(pin ifaddr)" "$(pin cffi)" "$(pin pycparser)"
 
 models=$($PY -c "from swapstream.engines.builtin import builtin_model_path as p; print(p('face_landmark.tflite', None).parent)")
-mkdir -p .models
-cp "$models"/*.tflite .models/
+# The models every job needs in .models (1.4 MB); MediaPipe Hands' four (12 MB, mask.hands only)
+# apart in .models-hands, carried only by the calls that need them (device_check.sh links them in).
+mkdir -p .models .models-hands
+for m in $($PY -c "from swapstream.engines.builtin import BUILTIN_MODELS as B; print(' '.join(n for n, m in B.items() if not m.feature))"); do
+  cp "$models/$m" .models/
+done
+for m in $($PY -c "from swapstream.engines.builtin import BUILTIN_MODELS as B; print(' '.join(n for n, m in B.items() if m.feature))"); do
+  cp "$models/$m" .models-hands/
+done
 
 if [[ ! -f .bench/streams_1080p30.mp4 || ! -f .bench/streams_720p30.mp4 ]]; then
   $PY tools/make_bench_clips.py
@@ -108,4 +116,4 @@ if [[ ! -x .devtools/nginx/nginx ]]; then
   chmod +x .devtools/nginx/nginx
   rm -rf "$debs"
 fi
-du -sh .whl-nvc .whl-av .whl-litert .whl-rtc .models .bench .devtools/nginx
+du -sh .whl-nvc .whl-av .whl-litert .whl-rtc .models .models-hands .bench .devtools/nginx
