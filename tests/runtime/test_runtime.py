@@ -468,10 +468,16 @@ def test_streams_carry_on_unswapped_through_failing_batches(clip: tuple[Path, An
         backends[name] = FlakyBackend(config) if name == "flaky" else MeshBackend(config)  # type: ignore[assignment]
         return backends[name]
 
-    def face_diff(p: StreamPipeline) -> float:
+    def changed(p: StreamPipeline) -> float:
+        """The share of the head's pixels that the output changed by more than 24 levels. Swapped
+        frames: 0.08-0.25 as the portrait moves through the clip; passed through unswapped: about
+        0.01 (the mark and the encoder's noise). The mean difference was no good: 7-17 swapped
+        against 4 unswapped, so that whether a fixed threshold held depended on which frame the
+        check landed on."""
         img = p.latest
         assert img is not None
-        return float(np.abs(img[face].astype(int) - frames[read_stamp(img, CELL) % len(frames)][face]).mean())
+        ref = frames[read_stamp(img, CELL) % len(frames)]
+        return float((np.abs(img[face].astype(int) - ref[face]).max(axis=2) > 24).mean())
 
     async def main() -> None:
         rt = StreamRuntime(runtime_config("runtime.max_wait_ms=40"), devices=["cpu"], backend_factory=factory,
@@ -482,7 +488,7 @@ def test_streams_carry_on_unswapped_through_failing_batches(clip: tuple[Path, An
             for p in ps:
                 await p.set_source(astronaut())
             await until(lambda: all(p.faces_swapped >= 3 for p in ps), 20, "both streams swapping")
-            assert all(face_diff(p) > 15 for p in ps)
+            assert all(changed(p) > 0.05 for p in ps), [changed(p) for p in ps]
             backends["flaky"].fail = True
             await until(lambda: all(p.frames_swap_failed >= 5 for p in ps), 20, "failed batches on both")
             out = [p.frames_out for p in ps]
@@ -490,7 +496,7 @@ def test_streams_carry_on_unswapped_through_failing_batches(clip: tuple[Path, An
             for p, n in zip(ps, out):
                 # Still running, still putting frames out, and those frames are the input's.
                 assert p.state == "running" and p.error is None and p.frames_out > n
-                assert face_diff(p) < 6, face_diff(p)
+                assert changed(p) < 0.03, changed(p)
             swapped = [p.faces_swapped for p in ps]
             backends["flaky"].fail = False
             await until(lambda: all(p.faces_swapped > s + 2 for p, s in zip(ps, swapped)), 20, "swapping again")

@@ -111,8 +111,9 @@ def test_late_video_frames_are_dropped_not_queued(run: Run) -> None:
     # 15 fps in, about 3 fps swapped: most frames must have been skipped ...
     assert s.dropped > 0.5 * s.frames_in
     # ... so that the receive queue never holds more than one swap's worth of frames (0.33 s at
-    # 15 fps is 5; 10 allows for a stalled machine) ...
-    assert s.max_backlog <= 10 and run.max_queue <= 10
+    # 15 fps is 5; 15, a second of frames, allows for a stalled machine: 11 were seen once with the
+    # whole suite running on 2 cores, where queued frames would pile up to ~40 in this run) ...
+    assert s.max_backlog <= 15 and run.max_queue <= 15
     # ... and the delay does not grow. Queued frames would fall behind by 0.8 s every second, the
     # second half of the run ~2.5 s more than the first (measured: 3.5 s behind at the end). A
     # loaded machine adds single frames of up to ~1.1 s.
