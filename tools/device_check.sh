@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the `device` tool), from the repository root:
-#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|serve|live|hands|mesh|all|none]
+#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|serve|live|hands|mesh|pending|all|none]
 #     (default: all; bench = kernels + swap + pipeline; none = install the carried wheels only)
 #   tools/device_check.sh pytest ARGS...    (pytest with ARGS, in the same environment)
 # Installs the carried wheels (.whl/, ignored by git), makes `swapstream` importable from this tree,
@@ -106,6 +106,20 @@ if [[ "$what" == run || "$what" == all ]]; then
     --name run_gpu 2>&1 | tee "$OUT/bench_run.log" || rc=1
   python3 tools/bench_run.py --clip .bench/streams_1080p30.mp4 --repeat 3 --synthetic-models --out "$OUT" \
     --config live --name run_gpu_live 2>&1 | tee "$OUT/bench_run_live.log" || rc=1
+fi
+if [[ "$what" == pending ]]; then
+  # What was written on the dev machine and has not yet run on a GPU, in one call: the fused
+  # occlusion kernels and the masker on them, MediaPipe Hands through the torch executor, the file
+  # job's decode-ahead and shared warm-up; then the GPU time of the mesh swap with its mask, what
+  # mask.hands costs `run`, and watermark v2's kernel cost. Needs LiteRT installed by an earlier
+  # call (`none` with .whl-litert), then .whl-nvc, .whl-av, .models, .models-hands and
+  # .bench/streams_1080p30.mp4.
+  python3 -m pytest -m gpu -rs -v -p no:cacheprovider tests/kernels/test_occlusion_gpu.py tests/stream/test_occlusion.py \
+    tests/stream/test_hands.py tests/engines/test_tflite_torch.py tests/stream/test_gpu_job.py \
+    tests/kernels/test_watermark_v2_gpu.py 2>&1 | tee "$OUT/pytest_gpu_pending.log" || rc=1
+  python3 tools/profile_mesh_gpu.py --clip .bench/streams_1080p30.mp4 --out "$OUT" 2>&1 | tee "$OUT/profile_mesh_gpu.log" || rc=1
+  python3 tools/bench_hands.py --repeat 3 --out "$OUT" --name hands_gpu 2>&1 | tee "$OUT/bench_hands.log" || rc=1
+  python3 tools/bench_watermark_v2.py --out "$OUT" 2>&1 | tee "$OUT/bench_watermark_v2.log" || rc=1
 fi
 if [[ "$what" == mesh || "$what" == all ]]; then
   # The mesh swap's wall and GPU time per 1080p face, with and without the occlusion mask (issue 20:
