@@ -17,7 +17,7 @@ from swapstream.kernels.cuda_loader import CUDA_DIR
 from swapstream.kernels.occlusion import (_taps_defines, canvas_sample, clean_and_average, occluder_part,
                                           occluder_score, visible_region)
 
-from .test_occlusion_cpu import random_model
+from .test_occlusion_cpu import part_inputs, random_similarity
 
 HERE = Path(__file__).resolve().parent
 f32 = np.float32
@@ -77,12 +77,6 @@ def ptr(a: np.ndarray) -> ctypes.c_void_p:
     return a.ctypes.data_as(ctypes.c_void_p)
 
 
-def similarity(rng: np.random.Generator, scale: float, shift: tuple[float, float]) -> np.ndarray:
-    a = rng.uniform(-np.pi, np.pi)
-    c, s = np.cos(a) * scale, np.sin(a) * scale
-    return np.array([[c, -s, shift[0] + rng.uniform(0, 1)], [s, c, shift[1] + rng.uniform(0, 1)]])
-
-
 I, F = ctypes.c_int, ctypes.c_float
 
 
@@ -92,7 +86,7 @@ def test_canvas_kernel(lib: ctypes.CDLL, k: int) -> None:
     frame = rng.integers(0, 256, (181, 243, 3), dtype=np.uint8)
     bw, bh = 200 // k, 170 // k
     x0, y0 = int(rng.integers(0, 243 - bw * k + 1)), int(rng.integers(0, 181 - bh * k + 1))
-    a = similarity(rng, rng.uniform(0.3, 1.3), (bw / 2, bh / 2))
+    a = random_similarity(rng, rng.uniform(0.3, 1.3), (bw / 2, bh / 2))
     a[:, 2] -= a[:, :2] @ np.array([30.0, 30.0])   # some canvas pixels fall past the blocks' edge
     ref = canvas_sample(frame, (x0, y0), (bw, bh), k, a, np.zeros((60, 60, 3), np.uint8))
     for poison in (0, 255):
@@ -103,18 +97,12 @@ def test_canvas_kernel(lib: ctypes.CDLL, k: int) -> None:
 
 
 def test_score_and_part_kernels(lib: ctypes.CDLL) -> None:
-    rng = np.random.default_rng()
-    patch = rng.integers(0, 256, (160, 160, 3), dtype=np.uint8)
-    allow = rng.uniform(0, 1, (160, 160)).astype(f32)
-    w, m = random_model(rng)
-    w, m = np.ascontiguousarray(w, f32), np.ascontiguousarray(m, f32)
+    patch, allow, score, weight, w, m = part_inputs(np.random.default_rng(), (160, 160), (37, 61))
     inv = f32(1.0) / (f32(5.0) - f32(2.0))
     ref = occluder_score(patch, allow, w, m, 2.0, 5.0, np.empty((160, 160), f32))
     got = np.full((160, 160), np.nan, f32)
     lib.score(ptr(patch), ptr(allow), ptr(w), ptr(m), F(2.0), F(inv), I(160 * 160), ptr(got))
     np.testing.assert_array_equal(got, ref)
-    score = rng.uniform(0, 1, (160, 160)).astype(f32)
-    weight = rng.uniform(0, 1, (37, 61)).astype(f32)
     ref = occluder_part(patch, allow, w, m, 2.0, 5.0, weight, (83, 101), score.copy())
     lib.part(ptr(patch), ptr(allow), I(160), I(101), I(83), I(37), I(61), ptr(weight), ptr(w), ptr(m), F(2.0),
              F(inv), ptr(score))
@@ -137,7 +125,7 @@ def test_clean_kernels(lib: ctypes.CDLL, fresh: bool) -> None:
 def test_region_kernel(lib: ctypes.CDLL) -> None:
     rng = np.random.default_rng()
     occ = rng.uniform(0, 1, (160, 160)).astype(f32)
-    a = similarity(rng, rng.uniform(0.6, 0.8), (80.0, 80.0))   # corners >= 115 px out: past the canvas
+    a = random_similarity(rng, rng.uniform(0.6, 0.8), (80.0, 80.0))   # corners >= 115 px out: past the canvas
     a[:, 2] -= a[:, :2] @ np.array([150.0, 120.0])   # the region reaches past the canvas
     ref = visible_region(occ, a, np.empty((240, 300), f32))
     got = np.full((240, 300), np.nan, f32)

@@ -18,6 +18,23 @@ def random_model(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     return w.astype(np.float32), rng.uniform(60, 200, 3).astype(np.float32)
 
 
+def random_similarity(rng: np.random.Generator, scale: float, shift: tuple[float, float]) -> np.ndarray:
+    """A 2x3 rotation by a random angle, scaled, moved to `shift` plus a random sub-pixel offset."""
+    a = rng.uniform(-np.pi, np.pi)
+    c, s = np.cos(a) * scale, np.sin(a) * scale
+    return np.array([[c, -s, shift[0] + rng.uniform(0, 1)], [s, c, shift[1] + rng.uniform(0, 1)]])
+
+
+def part_inputs(rng: np.random.Generator, size: tuple[int, int], box: tuple[int, int]) -> tuple[np.ndarray, ...]:
+    """Random inputs of `occluder_part`: patch, allow, score (size), weight (box), whiten, mean."""
+    patch = rng.integers(0, 256, size + (3,), dtype=np.uint8)
+    allow = rng.uniform(0, 1, size).astype(np.float32)
+    score = rng.uniform(0, 1, size).astype(np.float32)
+    weight = rng.uniform(0, 1, box).astype(np.float32)
+    w, m = random_model(rng)
+    return patch, allow, score, weight, np.ascontiguousarray(w, np.float32), np.ascontiguousarray(m, np.float32)
+
+
 def test_occluder_score_is_the_ramped_mahalanobis_distance() -> None:
     rng = np.random.default_rng()
     patch = rng.integers(0, 256, (37, 53, 3), dtype=np.uint8)
@@ -138,12 +155,7 @@ def test_fused_ops_validate_arguments() -> None:
 def test_occluder_part_only_lowers_and_only_in_its_box() -> None:
     from swapstream.kernels.occlusion import occluder_part
 
-    rng = np.random.default_rng()
-    patch = rng.integers(0, 256, (30, 40, 3), dtype=np.uint8)
-    allow = rng.uniform(0, 1, (30, 40)).astype(np.float32)
-    score = rng.uniform(0, 1, (30, 40)).astype(np.float32)
-    weight = rng.uniform(0, 1, (10, 12)).astype(np.float32)
-    w, m = random_model(rng)
+    patch, allow, score, weight, w, m = part_inputs(np.random.default_rng(), (30, 40), (10, 12))
     before = score.copy()
     occluder_part(patch, allow, w, m, 2.0, 5.0, weight, (7, 11), score)
     box = (slice(11, 21), slice(7, 19))

@@ -13,7 +13,7 @@ import pytest
 from swapstream.kernels.occlusion import (canvas_sample, clean_and_average, clean_occluder, ema_update,
                                           occluder_part, occluder_score, visible_region)
 
-from .test_occlusion_cpu import random_model
+from .test_occlusion_cpu import part_inputs, random_model, random_similarity
 
 pytestmark = pytest.mark.gpu
 
@@ -72,12 +72,6 @@ def test_occluder_score_rejects_host_arrays(cp: ModuleType) -> None:
 
 # -- the fused per-face ops: the same bits as their NumPy paths -----------------------------------
 
-def random_similarity(rng: np.random.Generator, scale: float, shift: tuple[float, float]) -> np.ndarray:
-    a = rng.uniform(-np.pi, np.pi)
-    c, s = np.cos(a) * scale, np.sin(a) * scale
-    return np.array([[c, -s, shift[0] + rng.uniform(0, 1)], [s, c, shift[1] + rng.uniform(0, 1)]])
-
-
 @pytest.mark.parametrize("k", [1, 2, 3, 5])
 def test_canvas_sample_matches_reference(cp: ModuleType, k: int) -> None:
     rng = np.random.default_rng()
@@ -98,12 +92,7 @@ def test_canvas_sample_matches_reference(cp: ModuleType, k: int) -> None:
 
 
 def test_occluder_part_matches_reference(cp: ModuleType) -> None:
-    rng = np.random.default_rng()
-    patch = rng.integers(0, 256, (160, 160, 3), dtype=np.uint8)
-    allow = rng.uniform(0, 1, (160, 160)).astype(np.float32)
-    score = rng.uniform(0, 1, (160, 160)).astype(np.float32)
-    weight = rng.uniform(0, 1, (37, 61)).astype(np.float32)
-    w, m = random_model(rng)
+    patch, allow, score, weight, w, m = part_inputs(np.random.default_rng(), (160, 160), (37, 61))
     ref = occluder_part(patch, allow, w, m, 2.0, 5.0, weight, (83, 101), score.copy())
     out = cp.asarray(score)
     occluder_part(cp.asarray(patch), cp.asarray(allow), w, m, 2.0, 5.0, cp.asarray(weight), (83, 101), out)

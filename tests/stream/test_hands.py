@@ -13,17 +13,17 @@ import numpy as np
 import pytest
 
 from swapstream.config import Config, MaskConfig, MeshConfig, load_config
-from swapstream.demo import render_target_frame
 from swapstream.face.analyser import FaceAnalyser
 from swapstream.face.blazeface import Detection
 from swapstream.face.hands import (FINGERS, MIDDLE_BASE, WRIST, finger_width, hand_mask, hands_near,
                                    roi_from_hand, roi_from_palm, upright_angle)
 from swapstream.swap.mesh import MeshSwapper
 from swapstream.swap.occlusion import OcclusionMasker, occlusion_masker
-from swapstream.types import Face, Frame
+from swapstream.types import Frame
 
 from .measures import psnr
 from .occluders import open_hand
+from .test_occlusion import swap_frame
 
 TILTS = (0.0, 15.0, -20.0)
 
@@ -37,17 +37,6 @@ def hands_analyser(config: Config) -> FaceAnalyser:
     a = FaceAnalyser(with_hands(config, hands_detect_every=1))
     yield a
     a.close()
-
-
-@pytest.fixture(scope="module")
-def target(portraits: dict[str, np.ndarray]) -> np.ndarray:
-    return render_target_frame(portraits["grace_hopper"], 0.0)
-
-
-@pytest.fixture(scope="module")
-def source(portraits: dict[str, np.ndarray], analyser: FaceAnalyser) -> tuple[np.ndarray, Face]:
-    img = portraits["astronaut"]
-    return img, analyser.analyse_image(img)[0]
 
 
 def upright_hand(rng: np.random.Generator, angle: float, centre: tuple[float, float] = (300.0, 200.0),
@@ -190,20 +179,6 @@ def test_hands_stay_off_by_default(config: Config, analyser: FaceAnalyser, targe
 
 # -- the swap -----------------------------------------------------------------------------------
 
-def _swap(frame: np.ndarray, face: Face, source, masker: OcclusionMasker | None,
-          frames: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    sw = MeshSwapper(MeshConfig(), occlusion=masker)
-    sw.set_source(*source)
-    for _ in range(frames):   # the mask's moving average settles over a few frames
-        out = frame.copy()
-        (r,) = sw.swap(out, [face])
-    full = np.zeros(frame.shape[:2], np.float32)
-    x0, y0 = r.origin
-    h, w = r.mask.shape
-    full[y0:y0 + h, x0:x0 + w] = r.mask
-    return out, full
-
-
 @pytest.mark.parametrize("tilt", TILTS)
 @pytest.mark.parametrize("colour", [True, False])
 def test_swap_keeps_a_hand_of_the_faces_own_skin_tone(tilt: float, colour: bool, target, source,
@@ -215,15 +190,15 @@ def test_swap_keeps_a_hand_of_the_faces_own_skin_tone(tilt: float, colour: bool,
     for i in range(3):
         (face,) = hands_analyser.track(Frame(frame, i, Fraction(1, 25), index=i))
     face.track_id = 3
-    _, paste = _swap(frame, face, source, None)
+    _, paste = swap_frame(frame, face, source, None)
     # Two frame pixels in from the painted outline (the mask's soft edge, as in test_occlusion).
     inner = cv2.erode(painted.astype(np.uint8), np.ones((5, 5), np.uint8)).astype(bool) & (paste > 0.5)
     assert inner.sum() > 3000                   # the hand is where the swap paints
-    colour_only, _ = _swap(frame, face, source, OcclusionMasker(MaskConfig(), hands_analyser.topology), 4)
+    colour_only, _ = swap_frame(frame, face, source, OcclusionMasker(MaskConfig(), hands_analyser.topology), 4)
     # The colour model alone cannot tell this hand from the face: it is painted over.
     assert psnr(colour_only[inner], frame[inner]) < 25.0
     masker = occlusion_masker(MaskConfig(occlusion=colour, hands=True), hands_analyser.topology)
-    out, _ = _swap(frame, face, source, masker, 4)
+    out, _ = swap_frame(frame, face, source, masker, 4)
     assert psnr(out[inner], frame[inner]) >= 35.0
     face_px = (paste > 0.5) & ~cv2.dilate(painted.astype(np.uint8), np.ones((9, 9), np.uint8)).astype(bool)
     assert np.abs(out[face_px].astype(float) - frame[face_px]).mean() > 8.0   # the face still changed

@@ -16,8 +16,6 @@ import numpy as np
 import pytest
 
 from swapstream.config import Config, ConfigError, MaskConfig, MeshConfig, load_config
-from swapstream.demo import render_target_frame
-from swapstream.face.analyser import FaceAnalyser
 from swapstream.swap import occlusion as occ
 from swapstream.swap.mesh import MeshSwapper
 from swapstream.swap.occlusion import OcclusionMasker, SkinModel, fit_skin, fit_skin_robust, update_model
@@ -32,30 +30,21 @@ from .occluders import PAINTERS, hand
 _EDGE = 2
 
 
-@pytest.fixture(scope="module")
-def target(portraits: dict[str, np.ndarray]) -> np.ndarray:
-    return render_target_frame(portraits["grace_hopper"], 0.0)
-
-
-@pytest.fixture(scope="module")
-def source(portraits: dict[str, np.ndarray], analyser: FaceAnalyser) -> tuple[np.ndarray, Face]:
-    img = portraits["astronaut"]
-    return img, analyser.analyse_image(img)[0]
-
-
 def interior(mask: np.ndarray) -> np.ndarray:
     k = np.ones((2 * _EDGE + 1, 2 * _EDGE + 1), np.uint8)
     return cv2.erode(mask.astype(np.uint8), k).astype(bool)
 
 
 def swap_frame(frame: np.ndarray, face: Face, source: tuple[np.ndarray, Face],
-               masker: OcclusionMasker | None) -> tuple[np.ndarray, np.ndarray]:
+               masker: OcclusionMasker | None, frames: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """The mesh swap of one face with the occlusion mask applied as the swapper applies it
-    (its paste mask times `visible`); returns the output frame and the frame-sized paste mask."""
+    (its paste mask times `visible`), `frames` times over (the mask's moving average settles);
+    returns the last output frame and the frame-sized paste mask."""
     sw = MeshSwapper(MeshConfig(), occlusion=masker)
     sw.set_source(*source)
-    out = frame.copy()
-    (r,) = sw.swap(out, [face])
+    for _ in range(frames):
+        out = frame.copy()
+        (r,) = sw.swap(out, [face])
     full = np.zeros(frame.shape[:2], np.float32)
     x0, y0 = r.origin
     h, w = r.mask.shape
