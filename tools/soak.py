@@ -97,14 +97,28 @@ class Publishers:
             if line.startswith("publishing"):
                 self.publishing[name] = time.time()
 
-    def wait_publishing(self, since: float, timeout: float = 30.0) -> float:
+    def wait_publishing(self, since: float, timeout: float = 30.0, nudge_after: float = 6.0) -> float:
         """When every publisher was publishing again after `since` (the end of a fault's cause: a
-        streamer's encoder is back); `time.time()` if that took longer than `timeout`."""
+        streamer's encoder is back); `time.time()` if that took longer than `timeout`.
+
+        A publisher that has not published again `nudge_after` seconds after `since` is stuck on
+        its dead connection (its write neither failed nor went through): it is killed once and so
+        started again, as OBS drops a connection that stopped moving and reconnects. Without that
+        the whole fault window passed now and then with a publisher hung, and the product's
+        recovery was never measured."""
         deadline = time.time() + timeout
+        nudged = False
         while time.time() < deadline:
             times = [self.publishing.get(n, 0.0) for n in self.urls]
             if min(times) > since:
                 return max(times)
+            if not nudged and time.time() > since + nudge_after:
+                nudged = True
+                with self._lock:
+                    for n in self.urls:
+                        p = self.procs.get(n)
+                        if self.publishing.get(n, 0.0) <= since and p is not None and p.poll() is None:
+                            p.kill()
             time.sleep(0.05)
         return time.time()
 
