@@ -198,6 +198,16 @@ class _Hand:
     presence: float
 
 
+def _same_hand(det: Detection, landmarks: np.ndarray) -> bool:
+    """Whether a palm detection is a hand already followed: its wrist and middle-finger base
+    keypoints both within half a palm length of that hand's (boxes would not do: a spread thumb
+    reaches over a neighbouring hand's palm)."""
+    xy = landmarks[:, :2].astype(np.float64)
+    reach = 0.5 * float(np.hypot(*(xy[MIDDLE_BASE] - xy[WRIST])))
+    kp = det.keypoints.astype(np.float64)
+    return bool(np.hypot(*(kp[0] - xy[WRIST])) < reach and np.hypot(*(kp[2] - xy[MIDDLE_BASE])) < reach)
+
+
 class HandTracker:
     """Hands in the frames of one stream: followed from frame to frame by the landmark model,
     found by the palm detector every `detect_every` frames."""
@@ -248,17 +258,15 @@ class HandTracker:
                 kept.append(_Hand(lm, p))
         self._hands = kept
         if self._frames % self.detect_every == 0 and len(kept) < self.max_hands:
-            boxes = np.array([hand_box(h.landmarks) for h in kept]).reshape(-1, 4)
-            for det in self.palm(rgb, self.max_hands):
+            for det in self.palm(rgb, self.max_hands + len(kept)):
                 if len(self._hands) >= self.max_hands:
                     break
-                if boxes.size and iou(det.box, boxes).max() > 0.0:
-                    continue  # a palm inside a tracked hand is that hand
+                if any(_same_hand(det, h.landmarks) for h in self._hands):
+                    continue
                 lm, p = self.landmarker(rgb, roi_from_palm(det))
                 if p < self.min_presence:
                     continue
                 self._hands.append(_Hand(lm, p))
-                boxes = np.vstack([boxes, hand_box(lm)[None]])
         self._frames += 1
         return [h.landmarks for h in self._hands]
 

@@ -161,6 +161,21 @@ def test_models_find_a_hand_of_the_faces_own_skin_tone(tilt: float, target, hand
     assert abs(math.degrees(math.atan2(d[0], -d[1])) - tilt) < 12.0
 
 
+def test_a_palm_on_a_followed_hand_is_that_hand() -> None:
+    """New palms are matched to followed hands by the wrist and middle-finger base keypoints (a
+    box test fails when a spread thumb reaches over the neighbouring hand's palm)."""
+    from swapstream.face.hands import _same_hand
+
+    rng = np.random.default_rng()
+    lm = upright_hand(rng, 0.3, centre=(300.0, 300.0), size=100.0)
+    kp = np.zeros((7, 2), np.float32)
+    kp[0], kp[2] = lm[WRIST, :2] + 5.0, lm[MIDDLE_BASE, :2] - 5.0
+    assert _same_hand(Detection(np.array([250, 200, 350, 300], np.float32), 0.9, kp), lm)
+    other = kp.copy()
+    other[:, 0] += 90.0   # the neighbouring hand: its palm inside this hand's spread fingers' box
+    assert not _same_hand(Detection(np.array([340, 200, 440, 300], np.float32), 0.9, other), lm)
+
+
 def test_no_hand_in_the_clean_portraits(portraits, hands_analyser) -> None:
     for name, img in portraits.items():
         hands_analyser.reset()
