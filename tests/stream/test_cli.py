@@ -360,8 +360,10 @@ def test_missing_input_is_found_before_models_load(assets: Assets, tmp_path: Pat
     assert res.returncode == 2, _show(res)
     assert "model" not in line and "setup" not in res.stderr, _show(res)
     assert not (tmp_path / "out.mp4").exists() and not (tmp_path / "hls").exists()
-    # Python and the command line's imports, not the models (about 3 s more here): well under 2 s.
-    assert took < 2.0, took
+    # Python and the command line's imports, not the models (about 3 s more): 1.9-2.3 s on this
+    # 2-core machine when it ran slow (the same before and after the change that measured it), so
+    # the bound is 3 s, still short of what loading the models would add.
+    assert took < 3.0, took
 
 
 # --------------------------------------------------------------------------------------------------
