@@ -328,13 +328,21 @@ class OcclusionMasker:
         # find a hand of the face's own skin tone that the colour model cannot.
         hands = (face.extras.get("hands") or []) if self.config.hands else []
         hand = hand_mask(hands, m, (CANVAS, CANVAS)) if hands else None
-        if not self.config.occlusion:
-            if hand is None and tr.occluded is None:
-                return xp.ones((h, w), xp.float32)
-            score = xp.zeros((CANVAS, CANVAS), xp.float32)
-            if hand is not None:
-                score[...] = xp.asarray(hand, xp.float32)
-            return self._smoothed(tr, score, m, x0, y0, w, h, xp)
+        score = self._colour_score(frame, tr, xy, m, hand, xp) if self.config.occlusion else None
+        if hand is not None:
+            # A hand is an occluder wherever it lies, over the eyes and lips too.
+            hand_x = xp.asarray(hand, xp.float32)
+            score = hand_x if score is None else xp.maximum(score, hand_x)
+        if score is None:
+            if tr.occluded is None:
+                return xp.ones((h, w), xp.float32)   # nothing seen yet: the whole face is visible
+            score = xp.zeros((CANVAS, CANVAS), xp.float32)   # what was seen fades out
+        return self._smoothed(tr, score, m, x0, y0, w, h, xp)
+
+    def _colour_score(self, frame: Any, tr: _Track, xy: np.ndarray, m: np.ndarray, hand: np.ndarray | None,
+                      xp: Any) -> Any:
+        """The canvas's occluder score from the track's colour models (learned from this frame
+        first, a hand's pixels left out), or None before the skin model exists."""
         patch = self._canvas(frame, m, xp)
         q = xy @ m[:, :2].T + m[:, 2]
 
@@ -347,10 +355,8 @@ class OcclusionMasker:
         allow = outline * (1.0 - _soft(fixed))
 
         self._learn(tr, patch, q, xp, hand)
-        if tr.skin is None and hand is None:
-            return xp.ones((h, w), xp.float32)
         if tr.skin is None:
-            return self._smoothed(tr, xp.asarray(hand, xp.float32), m, x0, y0, w, h, xp)
+            return None
         lo = self.config.occlusion_threshold
         allow_x = xp.asarray(allow, xp.float32)   # one upload on the GPU, for the parts too
         score = occluder_score(patch, allow_x, tr.skin.whitening, tr.skin.mean, lo,
@@ -369,25 +375,21 @@ class OcclusionMasker:
             w_part = xp.asarray(_soft(part), xp.float32)
             occluder_part(patch, allow_x, model.whitening, model.mean, lo, lo + _RAMP, w_part,
                           (box[1].start, box[0].start), score)
-        if hand is not None:
-            # A hand is an occluder wherever it lies, over the eyes and lips too.
-            score = xp.maximum(score, xp.asarray(hand, xp.float32))
-        return self._smoothed(tr, score, m, x0, y0, w, h, xp)
+        return score
 
     def _smoothed(self, tr: _Track, score: Any, m: np.ndarray, x0: int, y0: int, w: int, h: int,
                   xp: Any) -> Any:
         """The score cleaned, averaged into the track's mask over time, and sampled at the region."""
+        fresh = tr.occluded is None or get_xp(tr.occluded) is not xp
+        alpha = self.config.occlusion_smoothing
         if xp is not np:   # three fused launches (kernels/occlusion.py)
-            fresh = tr.occluded is None or get_xp(tr.occluded) is not xp
             if fresh:
                 tr.occluded = xp.empty((CANVAS, CANVAS), xp.float32)
-            clean_and_average(score, _GROW_PX, _CLEAN_SIGMA, tr.occluded, self.config.occlusion_smoothing, fresh)
-            return self._to_region(tr.occluded, m, x0, y0, w, h, xp)
-        cleaned = self._clean(score, xp)
-        if tr.occluded is None or get_xp(tr.occluded) is not xp:
-            tr.occluded = cleaned
+            clean_and_average(score, _GROW_PX, _CLEAN_SIGMA, tr.occluded, alpha, fresh)
+        elif fresh:
+            tr.occluded = self._clean(score)
         else:
-            ema_update(tr.occluded, cleaned, self.config.occlusion_smoothing)
+            ema_update(tr.occluded, self._clean(score), alpha)
         return self._to_region(tr.occluded, m, x0, y0, w, h, xp)
 
     # -- steps ----------------------------------------------------------------------------------
@@ -455,7 +457,7 @@ class OcclusionMasker:
         tr.brows, tr.misfits["brows"] = update_model(tr.brows, tr.misfits["brows"], parts[4])
 
     @staticmethod
-    def _clean(score: np.ndarray, xp: Any) -> np.ndarray:
+    def _clean(score: np.ndarray) -> np.ndarray:
         # OpenCV's versions of the reference's steps (tests/stream/test_occlusion.py compares them):
         # the same median and dilation, and a blur with the reference's taps (radius ceil(3 sigma)).
         r = max(1, int(math.ceil(3.0 * _CLEAN_SIGMA)))

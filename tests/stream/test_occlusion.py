@@ -125,7 +125,7 @@ def test_cv2_clean_matches_the_reference() -> None:
     score = (rng.uniform(0, 1, (160, 160)) * (rng.random((160, 160)) < 0.4)).astype(np.float32)
     ref = clean_occluder(score, occ._GROW_PX, occ._CLEAN_SIGMA, np.empty_like(score))
     # Same median and dilation; the blur has the same taps summed in another order.
-    np.testing.assert_allclose(OcclusionMasker._clean(score, np), ref, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(OcclusionMasker._clean(score), ref, atol=1e-6, rtol=0)
 
 
 def test_clean_face_is_mostly_visible(target, analyser) -> None:
