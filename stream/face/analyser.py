@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 
 import logging
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,12 +49,6 @@ class FaceAnalyser:
         folder = models_dir or config.models_dir
         self._short, self._full, self._mesh = self._build_models(folder)
         self._hands: HandTracker | None = self._build_hands(folder) if config.mask.hands else None
-        # On the CPU the hand models run on a thread of their own while the face models run
-        # (LiteRT lets go of the GIL inside a model): on 2 cores a frame's hands cost about half as
-        # much wall time. One worker, shared by the trackers, so hand rounds never overlap.
-        self._hand_pool: ThreadPoolExecutor | None = (
-            ThreadPoolExecutor(1, thread_name_prefix="hands") if self._hands is not None else None)
-        self._hands_pending: Future[list[np.ndarray]] | None = None
         self.topology: Topology = load_topology()
         self._tracks: list[_Track] = []
         self._next_id = 0
@@ -75,7 +68,6 @@ class FaceAnalyser:
         other._owns_models = False
         other._in_flight = False
         other._hands = self._hands.tracker() if self._hands is not None else None
-        other._hands_pending = None
         return other
 
     def _build_models(self, folder: Path) -> tuple[BlazeFaceDetector, BlazeFaceDetector | None, FaceMesh]:
@@ -159,7 +151,6 @@ class FaceAnalyser:
         self._frames_seen = 0
         self._in_flight = False
         if self._hands is not None:
-            self._wait_hands()
             self._hands.reset()
 
     def track(self, frame: Frame) -> list[Face]:
@@ -221,36 +212,14 @@ class FaceAnalyser:
         if self._hands is not None:
             # Hands are followed in every frame, faces or not, so that a hand is already known
             # when a face appears behind it; each face gets the hands that meet its box.
-            pending, self._hands_pending = self._hands_pending, None
-            hands = pending.result() if pending is not None else self._hands.track(rgb)
+            hands = self._hands.track(rgb)
             for f in faces:
                 f.extras["hands"] = hands_near(hands, f.box)
         return faces
 
-    def _start_hands(self, rgb: np.ndarray) -> None:
-        """Start this frame's hand round on the hand thread (NumPy frames: CuPy work stays on the
-        caller's stream); `_track_rest` takes its result."""
-        if self._hands is None or self._hand_pool is None or not isinstance(rgb, np.ndarray):
-            return
-        self._wait_hands()
-        self._hands_pending = self._hand_pool.submit(self._hands.track, rgb)
-
-    def _wait_hands(self) -> None:
-        """Let a hand round that nobody will collect (a round abandoned after an error) finish, so
-        that the tracker's state is not touched by two threads."""
-        pending, self._hands_pending = self._hands_pending, None
-        if pending is not None:
-            try:
-                pending.result()
-            except Exception:  # its error belongs to the abandoned round, which already failed
-                log.debug("an abandoned hand round failed", exc_info=True)
-
     def close(self) -> None:
-        self._wait_hands()
         if not self._owns_models:
             return
-        if self._hand_pool is not None:
-            self._hand_pool.shutdown(wait=True)
         for r in (self._short, self._full, self._mesh, self._hands):
             if r is not None:
                 r.close()
@@ -288,8 +257,6 @@ class PendingTracks:
         if len({id(a) for a, _f in pairs}) != len(pairs) or any(a._in_flight for a, _f in pairs):
             raise ValueError("a tracker can follow one frame at a time: finish its last round first")
         rois = [a._follow_rois() for a, _f in pairs]
-        for a, f in pairs:   # the hand models run beside the face models (CPU frames)
-            a._start_hands(f.data)
         self._landmarks = mesh.start_frames([(f.data, r) for (_a, f), r in zip(pairs, rois)])
         # Only once the round is launched: a launch that fails leaves the trackers free.
         for a, _f in pairs:

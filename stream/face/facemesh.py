@@ -39,6 +39,22 @@ class Roi:
         t = np.array([self.cx, self.cy]) - a @ np.array([n / 2.0, n / 2.0])
         return np.hstack([a, t[:, None]])
 
+    def pixels_to_frame(self, n: int = INPUT_SIZE) -> np.ndarray:
+        """`crop_to_frame` for crop pixel *indices* (index u has continuous coordinate u + 0.5):
+        the matrix the crop warps take."""
+        m = self.crop_to_frame(n)
+        return np.hstack([m[:, :2], (m[:, 2] + m[:, :2] @ np.array([0.5, 0.5]))[:, None]])
+
+    def to_frame(self, coords: np.ndarray, n: int = INPUT_SIZE) -> np.ndarray:
+        """A landmark model's (K, 3) crop-space outputs (x, y in crop coordinates, z in crop
+        pixels) as float32 frame-space landmarks (z scaled to frame pixels)."""
+        m = self.crop_to_frame(n)
+        pts = coords.reshape(-1, 3).astype(np.float64)
+        lm = np.empty((pts.shape[0], 3), dtype=np.float32)
+        lm[:, :2] = pts[:, :2] @ m[:, :2].T + m[:, 2]
+        lm[:, 2] = pts[:, 2] * (self.size / n)
+        return lm
+
 
 def _roi_from_points(box: np.ndarray, p_from: np.ndarray, p_to: np.ndarray, scale: float) -> Roi:
     # Rotation that makes the eye-to-eye vector horizontal (MediaPipe's target angle 0).
@@ -121,13 +137,10 @@ class FaceMesh:
         On the GPU everything is queued on the current CuPy stream, and the model's CUDA graph
         and this mesh's input buffer are reused by the next call: make the calls of one mesh on
         one stream (stream order then keeps each call's outputs until they are copied)."""
-        mats = [[roi.crop_to_frame() for roi in rois] for _rgb, rois in items]
-        # Crop pixel index u has continuous coordinate u + 0.5.
-        idx = [[np.hstack([m[:, :2], (m[:, 2] + m[:, :2] @ np.array([0.5, 0.5]))[:, None]]) for m in ms]
-               for ms in mats]
+        idx = [[roi.pixels_to_frame() for roi in rois] for _rgb, rois in items]
         if items and all(type(rgb).__module__.startswith("cupy") for rgb, _r in items):
             chunks = self._launch_gpu([(rgb, i) for (rgb, _r), ii in zip(items, idx) for i in ii])
-            return PendingLandmarks(lambda: self._to_frames(mats, items, _split(_gather(chunks), idx)))
+            return PendingLandmarks(lambda: self._to_frames(items, _split(_gather(chunks), idx)))
         raws = []
         for (rgb, _r), ii in zip(items, idx):
             raw = []
@@ -137,25 +150,15 @@ class FaceMesh:
                 coords, flag = self.runner.run(self._input)
                 raw.append((coords.reshape(-1), float(flag.reshape(-1)[0])))
             raws.append(raw)
-        done = self._to_frames(mats, items, raws)
+        done = self._to_frames(items, raws)
         return PendingLandmarks(lambda: done)
 
     @staticmethod
-    def _to_frames(mats: list[list[np.ndarray]], items: list[tuple[Any, list[Roi]]],
+    def _to_frames(items: list[tuple[Any, list[Roi]]],
                    raws: list[list[tuple[np.ndarray, float]]]) -> list[list[tuple[np.ndarray, float]]]:
         """The model's crop-space outputs as frame-space landmarks and presence probabilities."""
-        results = []
-        for ms, (_rgb, rois), raw in zip(mats, items, raws):
-            out = []
-            for m, roi, (coords, flag) in zip(ms, rois, raw):
-                pts = coords.reshape(-1, 3).astype(np.float64)
-                lm = np.empty((pts.shape[0], 3), dtype=np.float32)
-                lm[:, :2] = pts[:, :2] @ m[:, :2].T + m[:, 2]
-                lm[:, 2] = pts[:, 2] * (roi.size / INPUT_SIZE)
-                presence = 1.0 / (1.0 + math.exp(-float(np.clip(flag, -80, 80))))
-                out.append((lm, presence))
-            results.append(out)
-        return results
+        return [[(roi.to_frame(coords), 1.0 / (1.0 + math.exp(-float(np.clip(flag, -80, 80)))))
+                 for roi, (coords, flag) in zip(rois, raw)] for (_rgb, rois), raw in zip(items, raws)]
 
     def _launch_gpu(self, crops: list[tuple[Any, np.ndarray]]) -> list[tuple[int, PendingOutputs]]:
         """(frame, crop matrix) pairs, possibly of different frames: crops in one buffer, then the

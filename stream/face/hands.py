@@ -42,7 +42,6 @@ PALM_SPEC = AnchorSpec(192, (8, 16, 16, 16), True)
 PALM_KEYPOINTS = 7
 INPUT_SIZE = 224
 """The hand landmark model's input side."""
-LANDMARKS = 21
 
 # Region of interest from a palm (MediaPipe's palm_detection_detection_to_roi) and from the last
 # frame's landmarks (hand_landmark_landmarks_to_roi).
@@ -159,9 +158,7 @@ class HandLandmarker:
     def __call__(self, rgb: Any, roi: Roi) -> tuple[np.ndarray, float]:
         """(21, 3) float32 landmarks in frame pixel-centre coordinates (z in pixels, relative to
         the wrist) and the hand-presence probability."""
-        m = roi.crop_to_frame(INPUT_SIZE)
-        # Crop pixel index u has continuous coordinate u + 0.5.
-        m_idx = np.hstack([m[:, :2], (m[:, 2] + m[:, :2] @ np.array([0.5, 0.5]))[:, None]])
+        m_idx = roi.pixels_to_frame(INPUT_SIZE)
         if type(rgb).__module__.startswith("cupy"):
             outs = self._run_gpu(rgb, m_idx)
         else:
@@ -169,12 +166,8 @@ class HandLandmarker:
             np.multiply(self._crop, np.float32(1.0 / 255.0), out=self._input[0], casting="unsafe")
             outs = self.runner.run(self._input)
         coords, presence = np.asarray(outs[0]), np.asarray(outs[1])
-        pts = coords.reshape(LANDMARKS, 3).astype(np.float64)
-        lm = np.empty((LANDMARKS, 3), np.float32)
-        lm[:, :2] = pts[:, :2] @ m[:, :2].T + m[:, 2]
-        lm[:, 2] = pts[:, 2] * (roi.size / INPUT_SIZE)
         # The model's flag is already a probability (MediaPipe thresholds it at 0.5 as it is).
-        return lm, float(presence.reshape(-1)[0])
+        return roi.to_frame(coords, INPUT_SIZE), float(presence.reshape(-1)[0])
 
     def _run_gpu(self, rgb: Any, m_idx: np.ndarray) -> list[np.ndarray]:
         import cupy
