@@ -259,49 +259,42 @@ def test_config_keys() -> None:
 
 # -- the torch executor (what the GPU analyser runs) --------------------------------------------
 
+def _torch_hands_against_litert(config: Config, target: np.ndarray, litert: FaceAnalyser, device: str,
+                                tilt: float, upload: ModuleType | None = None) -> float:
+    """The worst landmark distance between LiteRT's hand and GpuFaceAnalyser's (the hand models
+    through the PyTorch executor on `device`; `upload` CuPy to give it device frames)."""
+    from swapstream.gpu.analyser import GpuFaceAnalyser
+
+    clean = litert.analyse_image(target)[0]
+    frame, _ = open_hand(target, clean.landmarks, litert.topology, np.random.default_rng(33), tilt)
+    ours = GpuFaceAnalyser(with_hands(config, hands_detect_every=1), device=device)
+    try:
+        if upload is not None:
+            built = ours.prepare()
+            assert built["palms"] == [1] and built["hands"] == [1]
+        litert.reset()
+        theirs = upload.asarray(frame) if upload is not None else frame
+        for i in range(2):
+            (want,) = litert.track(Frame(frame, i, Fraction(1, 25), index=i))
+            (got,) = ours.track(Frame(theirs, i, Fraction(1, 25), index=i))
+        (a,), (b,) = want.extras["hands"], got.extras["hands"]
+        return float(np.abs(a[:, :2] - b[:, :2]).max())
+    finally:
+        ours.close()
+
+
 def test_torch_hand_models_find_the_same_hand(config: Config, target, hands_analyser) -> None:
     """GpuFaceAnalyser's hand models through the PyTorch executor, on the CPU with NumPy frames:
     the same hand as LiteRT's, within a pixel."""
     pytest.importorskip("torch")
-    from swapstream.gpu.analyser import GpuFaceAnalyser
-
-    rng = np.random.default_rng(33)
-    clean = hands_analyser.analyse_image(target)[0]
-    frame, _ = open_hand(target, clean.landmarks, hands_analyser.topology, rng, 15.0)
-    ours = GpuFaceAnalyser(with_hands(config, hands_detect_every=1), device="cpu")
-    try:
-        hands_analyser.reset()
-        for i in range(2):
-            (want,) = hands_analyser.track(Frame(frame, i, Fraction(1, 25), index=i))
-            (got,) = ours.track(Frame(frame, i, Fraction(1, 25), index=i))
-        (a,), (b,) = want.extras["hands"], got.extras["hands"]
-        # fp32 both, different convolution code (XNNPACK, oneDNN): sub-pixel differences.
-        assert np.abs(a[:, :2] - b[:, :2]).max() < 1.0
-    finally:
-        ours.close()
+    # fp32 both, different convolution code (XNNPACK, oneDNN): sub-pixel differences.
+    assert _torch_hands_against_litert(config, target, hands_analyser, "cpu", 15.0) < 1.0
 
 
 @pytest.mark.gpu
 def test_gpu_hand_models_on_cupy_frames(cp: ModuleType, config: Config, target, hands_analyser) -> None:
     """The same on the GPU: the palm letterbox and the hand crop as CuPy launches."""
     pytest.importorskip("torch")
-    from swapstream.gpu.analyser import GpuFaceAnalyser
-
-    rng = np.random.default_rng(34)
-    clean = hands_analyser.analyse_image(target)[0]
-    frame, _ = open_hand(target, clean.landmarks, hands_analyser.topology, rng, -20.0)
-    ours = GpuFaceAnalyser(with_hands(config, hands_detect_every=1), device="cuda")
-    try:
-        built = ours.prepare()
-        assert built["palms"] == [1] and built["hands"] == [1]
-        hands_analyser.reset()
-        dev = cp.asarray(frame)
-        for i in range(2):
-            (want,) = hands_analyser.track(Frame(frame, i, Fraction(1, 25), index=i))
-            (got,) = ours.track(Frame(dev, i, Fraction(1, 25), index=i))
-        (a,), (b,) = want.extras["hands"], got.extras["hands"]
-        # The GPU crops are not rounded to uint8 and sample edges differently (facemesh.py):
-        # within 1.5 pixels on a hand about 300 pixels long.
-        assert np.abs(a[:, :2] - b[:, :2]).max() < 1.5
-    finally:
-        ours.close()
+    # The GPU crops are not rounded to uint8 and sample edges differently (facemesh.py): within
+    # 1.5 pixels on a hand about 300 pixels long.
+    assert _torch_hands_against_litert(config, target, hands_analyser, "cuda", -20.0, upload=cp) < 1.5
