@@ -185,6 +185,11 @@ class Timeline:
         start a new epoch with their next packet."""
         if self._end:
             self._fresh = {"video", "audio"}
+        # What the last connection left half done goes with it: audio that waited for its video
+        # (the reader drops a connection's held audio), or an epoch its video opened for audio that
+        # never came. Kept, either would tie the next connection's audio to the wrong video.
+        self._waiting = None
+        self._audio_next = None
 
     def _jumped(self, kind: str, order: Fraction) -> bool:
         last = self._last.get(kind)

@@ -132,3 +132,41 @@ def test_an_audio_only_jump_does_not_hold_the_audio_for_ever() -> None:
     out = [o for _, o in f.audio]
     assert all(b > a for a, b in zip(out, out[1:]))
     assert max(b - a for a, b in zip(out, out[1:])) < Fraction(1, 10)  # it continued, no 50 s hole
+
+
+def test_a_connection_that_dropped_before_its_video_leaves_no_wait_behind() -> None:
+    # A reconnect whose connection drops again before its first video frame: its audio waited for
+    # that video, and went with the connection (the reader's held audio is per connection). The next
+    # connection starts afresh, even when its video comes first. (Seen live: the audio then waited
+    # 1 s for a video jump that had already happened and continued after its own end, 5 s off.)
+    f = Feed()
+    f.packets(Fraction(0), Fraction(0), Fraction(9))
+    f.tl.new_connection()
+    for k in range(10):
+        f.held.append((Fraction(11) + k * A, k * A))  # type: ignore[arg-type]
+        f._flush()
+    assert len(f.held) == 10  # all waiting for a video that never came
+    f.held.clear()
+    f.tl.new_connection()
+    f.packets(Fraction(14), Fraction(3), Fraction(5))
+    assert_one_clock(f, [(Fraction(0), Fraction(9)), (Fraction(14), Fraction(19))])
+    assert_video_runs_on(f)
+    assert not f.held
+
+
+def test_a_connection_that_dropped_before_its_audio_leaves_no_epoch_for_the_next_audio() -> None:
+    # The mirror case: a connection brings video only, then drops; the next one's audio comes
+    # first. That audio belongs to the new connection's video, not to the epoch the last one opened.
+    f = Feed()
+    f.packets(Fraction(0), Fraction(0), Fraction(9))
+    f.tl.new_connection()
+    for k in range(5):
+        t = k * V
+        off = f.tl.offset("video", t, t, V)
+        assert off is not None
+        f.video.append((Fraction(11) + t, t + off))
+    f.tl.new_connection()
+    f.packets(Fraction(14), Fraction(3), Fraction(5), audio_first=True)
+    assert_one_clock(f, [(Fraction(0), Fraction(9)), (Fraction(14), Fraction(19))])
+    assert_video_runs_on(f)
+    assert not f.held
