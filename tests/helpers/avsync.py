@@ -237,10 +237,40 @@ def unwrap16(n: int, near: float) -> int:
     return n + 65536 * round((near - n) / 65536)
 
 
+TONE_HELD_S = 0.96
+"""How long a tone must sound on after an onset for the onset to count. A source tone lasts 1 s; a
+splice into a tone less than 40 ms (the skew bound) after it began can pass, and misplaces the onset
+by less than that."""
+
+
+def _held(audio: list[tuple[np.ndarray, float]], i: int, first: int) -> bool:
+    """Whether the tone that starts at sample `first` of packet `i` sounds on, without a gap in the
+    audio, for TONE_HELD_S: loud samples in every 0.1 s of it."""
+    t_end = audio[i][1] + audio[i][0].size / RATE
+    parts = [audio[i][0][first:]]
+    for x, t in audio[i + 1:]:
+        if sum(p.size for p in parts) >= TONE_HELD_S * RATE:
+            break
+        if abs(t - t_end) > 0.05:
+            return False  # a gap: the tone's length is unknown
+        parts.append(x)
+        t_end = t + x.size / RATE
+    y = np.concatenate(parts)[:int(TONE_HELD_S * RATE)]
+    if y.size < TONE_HELD_S * RATE:
+        return False
+    step = RATE // 10
+    loud = np.abs(y) > 0.5 * LEVEL
+    return all(np.any(loud[k:k + step]) for k in range(0, y.size, step)) and bool(np.any(loud[-RATE // 200:]))
+
+
 def onsets(audio: list[tuple[np.ndarray, float]]) -> list[tuple[float, int]]:
     """(pts, k mod 16) of every tone onset: the first sample above half the tone's level after at
-    least 0.3 s of silence, with the tone's frequency over the 0.2 s after it. A gap in the audio (an
-    outage) is not silence: an onset right after one is not counted."""
+    least 0.3 s of silence, with the tone's frequency over the 0.2 s after it, and the tone sounding
+    on for TONE_HELD_S. A gap in the audio (an outage) is not silence: an onset right after one is
+    not counted. Nor is a splice: a reconnect's output audio goes on without a gap from the last
+    connection's silence into the new one's tone, caught mid-second, which looks like an onset but
+    does not last the tone's second (seen in CI: the old publisher stopped 0.4 s into a silent second,
+    the new audio began 20 ms before its tone ended, an "onset" 4.6 s off its video)."""
     out: list[tuple[float, int]] = []
     quiet_since: float | None = None
     end: float | None = None
@@ -254,7 +284,7 @@ def onsets(audio: list[tuple[np.ndarray, float]]) -> list[tuple[float, int]]:
                 quiet_since = t
             continue
         at = t + loud[0] / RATE
-        if quiet_since is not None and at - quiet_since >= 0.3:
+        if quiet_since is not None and at - quiet_since >= 0.3 and _held(audio, i, int(loud[0])):
             tail = np.concatenate([y for y, _ in audio[i:i + 12]])[loud[0]:loud[0] + RATE // 5]
             if tail.size >= RATE // 10:
                 spectrum = np.abs(np.fft.rfft(tail * np.hanning(tail.size)))
