@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cv2
 import numpy as np
@@ -23,7 +23,10 @@ from .io.video import AudioPacket, VideoInfo, VideoReader, is_null_output, open_
 from .provenance import Provenance
 from .swap.mesh import MeshSwapper, source_face
 from .swap.occlusion import occlusion_masker
-from .types import Face, Frame
+from .types import Face, FaceSwapper, Frame
+
+if TYPE_CHECKING:
+    from .neural.factory import NeuralStages
 
 log = logging.getLogger(__name__)
 
@@ -107,15 +110,17 @@ class FileJob:
         self.disclosure = Disclosure(config, live=self.live)
         self.consents = ConsentStore.for_config(config)
         self.consent: ConsentRecord | None = None
-        self.neural: Any = None
+        self.neural: NeuralStages | None = None
+        self.mesh: MeshSwapper | None = None
+        """The built-in swapper, when it is the one (`swapper` either way)."""
         self.source_image: np.ndarray | None = None
         self.source_face: Face | None = None
         self.analyser: Any
-        self.swapper: Any
+        self.swapper: FaceSwapper
         if config.swapper == "mesh":
             self.analyser = self._builtin_analyser(config)
-            self.swapper = MeshSwapper(config.mesh, self.analyser.topology,
-                                       occlusion=occlusion_masker(config.mask, self.analyser.topology))
+            self.swapper = self.mesh = MeshSwapper(config.mesh, self.analyser.topology,
+                                                   occlusion=occlusion_masker(config.mask, self.analyser.topology))
         else:
             # Imported here: the neural stages pull in ONNX and the runners, which the built-in
             # mesh path does not need.
@@ -186,8 +191,8 @@ class FileJob:
                 faces = self.analyser.track(item)
                 stats.tracks.update(f.track_id for f in faces)
                 pending.append((item, faces))
-                if self.neural is None or sum(len(f) for _, f in pending) >= self.swapper.max_batch \
-                        or len(pending) >= self.swapper.max_batch:
+                if self.neural is None or sum(len(f) for _, f in pending) >= self.neural.swapper.max_batch \
+                        or len(pending) >= self.neural.swapper.max_batch:
                     flush()
             flush()
             encoder.close()  # every frame encoded (and its error raised) before the time is taken
@@ -211,13 +216,13 @@ class FileJob:
         face = replace(self.source_face, track_id=-1)
         frame = self._working_copy(self.source_image)
         if self.neural is not None:
-            ident = self.swapper.identity(self.source_image, face)
+            ident = self.neural.swapper.identity(self.source_image, face)
             for _ in range(2):  # a CUDA graph is captured by the first call, replayed by the second
-                self.swapper.swap_many([(frame, face)], [ident])
+                self.neural.swapper.swap_many([(frame, face)], [ident])
         else:
             self.swapper.swap(frame, [face])
-            if self.swapper.occlusion is not None:
-                self.swapper.occlusion.reset()
+            if self.mesh is not None and self.mesh.occlusion is not None:
+                self.mesh.occlusion.reset()
         self._finish_warm_up()
 
     def _working_copy(self, image: np.ndarray) -> Any:
@@ -244,7 +249,7 @@ class FileJob:
     def _swap(self, pending: list[tuple[Frame, list[Any]]], stats: JobStats) -> None:
         if self.neural is not None:
             items = [(frame.data, face) for frame, faces in pending for face in faces]
-            stats.faces_swapped += self.swapper.swap_many(items)
+            stats.faces_swapped += self.neural.swapper.swap_many(items)
             stats.frames_swapped += sum(1 for _, faces in pending if faces)
             for frame, faces in pending:
                 self.disclosure.apply(frame.data, bool(faces))
@@ -260,12 +265,7 @@ class FileJob:
         Every frame of the CPU mesh, GPU and live paths passes here, with or without faces, so this
         is where the label and the watermark go in (`disclosure`); the neural file path, which swaps
         a batch of frames at once, applies it in `_swap`."""
-        n = 0
-        if faces:
-            done = self.swapper.swap(data, faces)
-            # The mesh swapper returns the regions it touched (tests inspect their masks); the
-            # neural one returns a count.
-            n = len(done) if isinstance(done, list) else int(done)
+        n = self.swapper.swap(data, faces) if faces else 0
         self.disclosure.apply(data, n > 0)
         return n
 

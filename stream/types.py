@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -76,3 +76,17 @@ class Face:
     @property
     def size(self) -> float:
         return float(max(self.box[2] - self.box[0], self.box[3] - self.box[1]))
+
+
+class FaceSwapper(Protocol):
+    """What every swapper of a frame is (the built-in mesh swapper, the neural swapper): one source
+    identity, then faces swapped into frames in place, on the host or on the device."""
+
+    def set_source(self, image: Any, face: Face) -> None:
+        """Take the identity to swap in from `face` in `image` (RGB)."""
+        ...
+
+    def swap(self, frame: Any, faces: list[Face]) -> int:
+        """Swap `faces` into `frame` (HxWx3 uint8 RGB, NumPy or CuPy) in place; returns how many were
+        swapped (a face without the landmarks the swapper needs is left as it is)."""
+        ...

@@ -151,7 +151,7 @@ def build_stages(variant: str, tmp: Path) -> tuple[Any, Any, Any, Any]:
         swapper = MeshSwapper(cfg.mesh, analyser.topology)
         src = astronaut()
         swapper.set_source(src, source_face(analyser.analyse_image(src), "astronaut"))
-        return cfg, analyser, lambda data, faces: len(swapper.swap(data, faces)), None
+        return cfg, analyser, swapper.swap, None
     from swapstream.neural.factory import NeuralStages
 
     cfg = neural_config(tmp / "models")

@@ -158,7 +158,7 @@ class MeshBackend:
         out = []
         for it in items:
             def one(frame: Any, faces: list[Face], s: Any = it.identity) -> int:
-                return len(s.swap(frame, faces))
+                return s.swap(frame, faces)
 
             if it.scale < 1.0 and isinstance(it.frame, np.ndarray):
                 out.append(swap_scaled(it.frame, it.faces, it.scale, one))

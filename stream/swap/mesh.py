@@ -169,10 +169,15 @@ class MeshSwapper:
         x1, y1 = min(int(hi[0]), W), min(int(hi[1]), H)
         return x0, y0, max(x1 - x0, 0), max(y1 - y0, 0)
 
-    def swap(self, frame: Any, faces: list[Face]) -> list[SwapRegion]:
+    def swap(self, frame: Any, faces: list[Face]) -> int:
+        """Swap every face in `frame` in place; returns the number swapped (`FaceSwapper`)."""
+        return len(self.swap_regions(frame, faces))
+
+    def swap_regions(self, frame: Any, faces: list[Face]) -> list[SwapRegion]:
         """Swap every face in `frame` (HxWx3 uint8 RGB, NumPy or CuPy, modified in place).
 
-        Returns what was touched. Landmarks stay on the host; a CuPy frame is swapped on the GPU.
+        Returns what was touched, with the masks used (for tests and the quality tools). Landmarks
+        stay on the host; a CuPy frame is swapped on the GPU.
         """
         if self._src_img is None or self._src_pts is None:
             raise RuntimeError("MeshSwapper.swap called before set_source")

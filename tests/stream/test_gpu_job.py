@@ -179,7 +179,7 @@ def test_gpu_loop_5000_frames_memory_flat(cp: ModuleType) -> None:
         buf = np.empty((h, w, 3), np.uint8)
         render_target_frame(grace_hopper(), i / 25, (w, h), buf)
         frames.append(cp.asarray(buf))
-    loop = GpuSwapLoop(analyser, lambda d, f: len(swapper.swap(d, f)), w, h)
+    loop = GpuSwapLoop(analyser, swapper.swap, w, h)
     upload = cp.cuda.Stream(non_blocking=True)
     pool = cp.get_default_memory_pool()
     samples: list[tuple[int, int, int, int]] = []

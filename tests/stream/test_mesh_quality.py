@@ -76,7 +76,7 @@ def run_swap(case: Case, analyser: FaceAnalyser, cfg: MeshConfig | None = None,
     sw = MeshSwapper(cfg or MeshConfig(), reference=reference)
     sw.set_source(case.source, first_face(analyser, case.source))
     out = case.target.copy()
-    regions = sw.swap(out, [first_face(analyser, case.target)])
+    regions = sw.swap_regions(out, [first_face(analyser, case.target)])
     assert len(regions) == 1
     return out, regions[0], sw
 
@@ -197,7 +197,7 @@ def test_a_still_head_does_not_flicker(portraits: dict[str, np.ndarray], analyse
     for i in range(8):
         frame = Frame(target.copy(), i, Fraction(1, 25), index=i)
         faces = tracker.track(frame)
-        regions = sw.swap(frame.data, faces)
+        regions = sw.swap_regions(frame.data, faces)
         assert len(regions) == 1
         x0, y0 = regions[0].origin
         h, w = regions[0].mask.shape

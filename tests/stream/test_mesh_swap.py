@@ -27,7 +27,7 @@ def swap(portraits: dict[str, np.ndarray], faces: dict[str, Face], src: str, dst
     sw.set_source(portraits[src], faces[src])
     target = portraits[dst]
     out = target.copy()
-    regions = sw.swap(out, [faces[dst]])
+    regions = sw.swap_regions(out, [faces[dst]])
     return target, out, sw, regions
 
 

@@ -35,7 +35,7 @@ def test_gpu_mesh_swap_matches_cpu_on_the_demo_clip(cp: ModuleType, mesh: MeshCo
         faces = analyser.track(Frame(img, pts=i, time_base=Fraction(1, 25), index=i))
         assert len(faces) == 1
         cpu = img.copy()
-        regions = sw_cpu.swap(cpu, faces)
+        regions = sw_cpu.swap_regions(cpu, faces)
         gpu = cp.asarray(img)
         sw_gpu.swap(gpu, faces)
         gpu_host = gpu.get()

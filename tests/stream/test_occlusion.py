@@ -44,7 +44,7 @@ def swap_frame(frame: np.ndarray, face: Face, source: tuple[np.ndarray, Face],
     sw.set_source(*source)
     for _ in range(frames):
         out = frame.copy()
-        (r,) = sw.swap(out, [face])
+        (r,) = sw.swap_regions(out, [face])
     full = np.zeros(frame.shape[:2], np.float32)
     x0, y0 = r.origin
     h, w = r.mask.shape
@@ -216,7 +216,7 @@ def test_a_still_head_does_not_flicker(target, source, analyser) -> None:
             noisy = np.clip(still + rng.normal(0, 2.0, still.shape), 0, 255).astype(np.uint8)
             (face,) = analyser.track(Frame(noisy, i, Fraction(1, 25), index=i))
             out = noisy.copy()
-            (r,) = sw.swap(out, [face])
+            (r,) = sw.swap_regions(out, [face])
             outs.append(out)
             masks.append(r)
             region = sw.region(face, noisy.shape)
