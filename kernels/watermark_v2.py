@@ -113,20 +113,34 @@ def embed_masked_ref(frame: Any, pattern: Any, params: MaskParams) -> None:
 
 class CpuScratch:
     """`embed_masked_cpu`'s working arrays for one frame size, kept between frames: allocated anew
-    for every 720p frame, their 30 MB of fresh pages cost more than the arithmetic (15-22 ms a frame
-    against 4 ms with them kept, on the 2-core machine)."""
+    for every 720p frame, their fresh pages cost more than the arithmetic (15-22 ms a frame against
+    4 ms with them kept, on the 2-core machine)."""
 
     def __init__(self, h: int, w: int) -> None:
         self.shape = (h, w)
-        self.f = np.empty((h, w, 3), np.float32)
-        self.luma = np.empty((h, w), np.float32)
         self.y = np.empty((h, w), np.uint8)
-        self.dx = np.empty((h, w - 1), np.uint8)
-        self.dy = np.empty((h - 1, w), np.uint8)
+        # Full-size difference planes whose last column (dx) and last row (dy) stay 0: the pairs
+        # they would hold cross the frame's edge, which is also a block's edge.
+        self.dx = np.zeros((h, w), np.uint8)
+        self.dy = np.zeros((h, w), np.uint8)
         self.act = np.empty((h, w), np.float32)
         self.scale = np.empty((h, w), np.float32)
         self.d = np.empty((h, w), np.int16)
         self.d3 = np.empty((h, w, 3), np.int16)
+
+
+_LUMA_ROUNDED = np.array([[77 / 256, 150 / 256, 29 / 256, 2.0 ** -10]], np.float64)
+"""`integer_luma` as one `cv2.transform` to uint8: it rounds (77 R + 150 G + 29 B) / 256 + 2^-10 to
+the nearest integer, which is floor((77 R + 150 G + 29 B + 128) / 256) for every colour: the
+quotient is a multiple of 1/256, so a value k + 1/2 + 2^-10 (the old ties) rounds up, and nothing
+else comes within 1/256 - 2^-10 of a rounding boundary. Checked on all 2^24 colours (tests)."""
+
+
+def luma_u8(frame: np.ndarray, dst: np.ndarray | None = None) -> np.ndarray:
+    """`integer_luma` of a host RGB uint8 frame as (H, W) uint8, with OpenCV (one pass)."""
+    import cv2
+
+    return cv2.transform(frame, _LUMA_ROUNDED, dst=dst)
 
 
 def embed_masked_cpu(frame: np.ndarray, pattern: np.ndarray, params: MaskParams,
@@ -136,35 +150,28 @@ def embed_masked_cpu(frame: np.ndarray, pattern: np.ndarray, params: MaskParams,
     whose sides are not multiples of 8, or that are not C-contiguous, take the reference.
     `scratch` (for this frame size) keeps the working arrays between frames.
 
-    Exact because: the luma sum (at most 256 * 255 + 128) is an integer a float32 holds exactly, and
-    / 256 and floor are exact; an 8x8 INTER_AREA resize of integer activities sums 64 values times
-    1/64, a power of two, so it gives sum / 64 exactly, the reference's float32(act) / float32(n);
-    INTER_NEAREST at a factor of 8 repeats each block; the product and np.rint are the reference's;
-    cv2.add into uint8 saturates, which is the reference's clip."""
+    Exact because: `luma_u8` is `integer_luma` (see `_LUMA_ROUNDED`); the activity (at most 510 a
+    pixel) is an integer that float32 holds; an 8x8 INTER_AREA resize of integer activities sums 64
+    values times 1/64, a power of two, so it gives sum / 64 exactly, the reference's float32(act) /
+    float32(n); INTER_NEAREST at a factor of 8 repeats each block; cv2.multiply of two float32
+    planes into int16 rounds their float32 product half to even, as np.rint does (its out-of-range
+    saturation only reaches deltas that clip the pixel anyway); cv2.add into uint8 saturates, which
+    is the reference's clip."""
     import cv2
 
     h, w = frame.shape[:2]
     s = scratch if scratch is not None and scratch.shape == (h, w) else CpuScratch(h, w)
-    np.copyto(s.f, frame, casting="unsafe")
-    cv2.transform(s.f, np.array([[77.0, 150.0, 29.0]], np.float32), dst=s.luma)
-    np.add(s.luma, np.float32(128), out=s.luma)
-    np.multiply(s.luma, np.float32(1.0 / 256.0), out=s.luma)
-    np.floor(s.luma, out=s.luma)
-    np.copyto(s.y, s.luma, casting="unsafe")
-    cv2.absdiff(s.y[:, 1:], s.y[:, :-1], dst=s.dx)
+    luma_u8(frame, s.y)
+    cv2.absdiff(s.y[:, 1:], s.y[:, :-1], dst=s.dx[:, :w - 1])
     s.dx[:, MASK_BLOCK - 1::MASK_BLOCK] = 0  # pairs across a block's edge do not count
-    cv2.absdiff(s.y[1:, :], s.y[:-1, :], dst=s.dy)
+    cv2.absdiff(s.y[1:, :], s.y[:-1, :], dst=s.dy[:h - 1, :])
     s.dy[MASK_BLOCK - 1::MASK_BLOCK, :] = 0
-    s.act.fill(0.0)
-    np.add(s.act[:, :w - 1], s.dx, out=s.act[:, :w - 1])
-    np.add(s.act[:h - 1, :], s.dy, out=s.act[:h - 1, :])
+    cv2.add(s.dx, s.dy, dst=s.act, dtype=cv2.CV_32F)
     mean = cv2.resize(s.act, (w // MASK_BLOCK, h // MASK_BLOCK), interpolation=cv2.INTER_AREA)
     m = np.minimum(np.maximum(mean * np.float32(params.inv_act), np.float32(params.m_lo)),
                    np.float32(params.m_hi))
     cv2.resize(m, (w, h), dst=s.scale, interpolation=cv2.INTER_NEAREST)
-    np.multiply(s.scale, pattern, out=s.scale)
-    np.rint(s.scale, out=s.scale)
-    np.copyto(s.d, s.scale, casting="unsafe")
+    cv2.multiply(s.scale, pattern, dst=s.d, dtype=cv2.CV_16S)
     cv2.merge([s.d, s.d, s.d], dst=s.d3)
     cv2.add(frame, s.d3, dst=frame, dtype=cv2.CV_8U)
 

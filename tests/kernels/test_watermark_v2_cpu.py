@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from swapstream.kernels.watermark_v2 import (MASK_BLOCK, CpuScratch, MaskParams, block_scale_ref, embed_masked,
-                                             embed_masked_cpu, embed_masked_ref, integer_luma,
+                                             embed_masked_cpu, embed_masked_ref, integer_luma, luma_u8,
                                              masked_delta_ref)
 
 SIZES = [(37, 53), (8, 8), (16, 24), (9, 17), (1, 1), (64, 40)]
@@ -53,6 +53,29 @@ def test_integer_luma_is_the_documented_formula() -> None:
     # The corners of the cube: black, white, and each primary at full scale.
     corners = np.array([[[0, 0, 0], [255, 255, 255], [255, 0, 0], [0, 255, 0], [0, 0, 255]]], np.uint8)
     np.testing.assert_array_equal(integer_luma(corners), [[0, 255, 77, 149, 29]])
+
+
+def test_opencv_luma_is_the_integer_luma_for_every_colour() -> None:
+    """The CPU path's one-pass luma (a rounding cv2.transform) against the integer formula, on all
+    2^24 colours: its exactness rests on OpenCV's arithmetic, so every input is checked."""
+    i = np.arange(1 << 24, dtype=np.uint32)
+    frame = np.stack([(i >> 16) & 255, (i >> 8) & 255, i & 255], axis=-1).astype(np.uint8).reshape(4096, 4096, 3)
+    got = luma_u8(frame)
+    assert got.dtype == np.uint8 and got.shape == (4096, 4096)
+    np.testing.assert_array_equal(got, integer_luma(frame))
+
+
+def test_cpu_path_rounds_ties_half_to_even() -> None:
+    """m fixed at 1 (inv_act = 0, m_lo = m_hi = 1): the delta is the pattern's rounding, ties
+    included, as np.rint and the CUDA kernel's rintf do."""
+    rng = np.random.default_rng()
+    frame = rng.integers(60, 196, (16, 16, 3), dtype=np.uint8)
+    pattern = (rng.integers(-60, 61, (16, 16)) / 2).astype(np.float32)   # every value a tie or whole
+    p = MaskParams(0.0, 1.0, 1.0)
+    want, got = frame.copy(), frame.copy()
+    embed_masked_ref(want, pattern, p)
+    embed_masked_cpu(got, pattern, p)
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("size", SIZES)
