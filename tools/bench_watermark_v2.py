@@ -1,7 +1,7 @@
 """Watermark v2 embedding cost on the GPU and the CPU, per frame (target on the GPU: 200 us at 1080p).
 
     tools/device_check.sh none; PYTHONPATH=/tmp/shim:/tmp/site python3 tools/bench_watermark_v2.py --out "$OUT"
-    python tools/bench_watermark_v2.py --cpu-only --out docs/benchmarks    (the CPU paths alone)
+    python tools/bench_watermark_v2.py --cpu-only [--baseline REV] --out docs/benchmarks    (the CPU paths alone)
 
 For 1080p and 720p: the median GPU time of `kernels/cuda/watermark_v2.cu` as a CUDA-graph replay (the
 GPU's own time) and per Python call (CUDA events around each call), and the CPU time of the NumPy
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,16 +29,39 @@ from benchlib import cpu_name, gpu_name, run_fields  # noqa: E402
 SIZES = {"1080p": (1080, 1920), "720p": (720, 1280)}
 
 
-def cpu_only(out: Path) -> None:
+def baseline_kernels(rev: str) -> Any:
+    """kernels/watermark_v2.py as it was at git revision `rev`, loaded as a module beside today's (its
+    relative imports resolve in today's package), to time its CPU path in the same run."""
+    import importlib.util
+    import subprocess
+
+    src = subprocess.run(["git", "show", f"{rev}:kernels/watermark_v2.py"], check=True, capture_output=True,
+                         text=True, cwd=Path(__file__).resolve().parents[1]).stdout
+    name = "swapstream.kernels._watermark_v2_baseline"
+    spec = importlib.util.spec_from_loader(name, loader=None)
+    assert spec is not None
+    mod = importlib.util.module_from_spec(spec)
+    mod.__package__ = "swapstream.kernels"
+    sys.modules[name] = mod
+    exec(compile(src, f"{rev}:kernels/watermark_v2.py", "exec"), mod.__dict__)
+    return mod
+
+
+def cpu_only(out: Path, baseline: str | None = None) -> None:
     """The CPU pipeline's embedder (`WatermarkerV2.embed` on host frames: the OpenCV path with its
     working arrays kept) against the NumPy reference, side by side, after checking that both give
-    the same frame. Writes watermark_v2_cpu.json and .md."""
+    the same frame; with `baseline`, also that revision's CPU path (same check). Timings alternate
+    between the paths, call by call, so that a machine whose speed drifts affects them alike.
+    Writes watermark_v2_cpu.json and .md."""
     from swapstream.kernels.watermark_v2 import embed_masked_ref
     from swapstream.watermark import PRODUCT_SWAPSTREAM, Payload
     from swapstream.watermark_v2 import MASK, WatermarkerV2
 
     rng = np.random.default_rng(0)
-    cpu = run_fields(cpu_name(), "python tools/bench_watermark_v2.py --cpu-only --out docs/benchmarks")
+    command = "python tools/bench_watermark_v2.py --cpu-only" + (f" --baseline {baseline}" if baseline else "") + \
+        " --out docs/benchmarks"
+    cpu = run_fields(cpu_name(), command)
+    old = baseline_kernels(baseline) if baseline else None
     wm = WatermarkerV2(Payload(PRODUCT_SWAPSTREAM, 0x5EC0A11D))
     records: list[dict[str, Any]] = []
     rows = []
@@ -48,21 +72,43 @@ def cpu_only(out: Path) -> None:
         wm.embed(got)
         if not np.array_equal(got, want):
             raise SystemExit(f"{name}: the CPU path's frame differs from the reference")
+        pattern = wm.pattern(h, w)
+        paths: dict[str, Any] = {"cpu": lambda f: wm.embed(f),
+                                 "cpu_reference": lambda f: embed_masked_ref(f, pattern, MASK)}
+        if old is not None:
+            scratch = old.CpuScratch(h, w)
+            then = host.copy()
+            old.embed_masked_cpu(then, pattern, old.MaskParams(MASK.inv_act, MASK.m_lo, MASK.m_hi), scratch)
+            if not np.array_equal(then, want):
+                raise SystemExit(f"{name}: {baseline}'s CPU path's frame differs from the reference")
+            params = old.MaskParams(MASK.inv_act, MASK.m_lo, MASK.m_hi)
+            paths[f"cpu_at_{baseline}"] = lambda f: old.embed_masked_cpu(f, pattern, params, scratch)
         frame = host.copy()
-        fast = cpu_time_us(lambda: wm.embed(frame), reps=40)
-        ref = cpu_time_us(lambda: embed_masked_ref(frame, wm.pattern(h, w), MASK), reps=40)
-        for kind, value in (("cpu", fast), ("cpu_reference", ref)):
+        times: dict[str, list[float]] = {k: [] for k in paths}
+        for fn in paths.values():
+            fn(frame)  # warm: first-call allocations and OpenCV's thread pool
+        for _ in range(40):
+            for kind, fn in paths.items():
+                t0 = time.perf_counter()
+                fn(frame)
+                times[kind].append((time.perf_counter() - t0) * 1e6)
+        p50 = {k: float(np.median(v)) for k, v in times.items()}
+        for kind, value in p50.items():
             records.append({"metric": f"watermark_v2_embed_{name}_{kind}", "value": round(value, 1), "unit": "us",
                             "stat": "p50", "config": {"size": f"{w}x{h}", "reps": 40}, **cpu})
-        rows.append(f"| {name} | {fast / 1e3:.2f} ms | {ref / 1e3:.2f} ms |")
-        print(f"{name}: CPU path {fast:.0f} us, reference {ref:.0f} us", flush=True)
+        then_cell = f" {p50[f'cpu_at_{baseline}'] / 1e3:.2f} ms |" if old is not None else ""
+        rows.append(f"| {name} | {p50['cpu'] / 1e3:.2f} ms |{then_cell} {p50['cpu_reference'] / 1e3:.2f} ms |")
+        print(f"{name}: " + ", ".join(f"{k} {v:.0f} us" for k, v in p50.items()), flush=True)
     out.mkdir(parents=True, exist_ok=True)
     (out / "watermark_v2_cpu.json").write_text(json.dumps(records, indent=2) + "\n")
     (out / "watermark_v2_cpu.md").write_text("\n".join([
         f"# Watermark v2 embedding on the CPU ({cpu['device']}, {cpu['commit']}, {cpu['date']})", "",
-        f"`{cpu['command']}`. Median of 40 calls per frame, one thread calling (OpenCV uses its own "
-        "threads), a smooth random frame; both paths checked equal, element by element, first.", "",
-        "| size | `WatermarkerV2.embed` (OpenCV, kept working arrays) | NumPy reference |", "|---|---|---|",
+        f"`{cpu['command']}`. Median of 40 calls per frame and path, the paths called in turn, one thread "
+        "calling (OpenCV uses its own threads), a smooth random frame; every path checked equal to the "
+        "reference, element by element, first.", "",
+        "| size | `WatermarkerV2.embed` (OpenCV, kept working arrays) |"
+        + (f" the same at {baseline} |" if old is not None else "") + " NumPy reference |",
+        "|---|---|---|" + ("---|" if old is not None else ""),
         *rows, ""]))
 
 
@@ -70,9 +116,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--cpu-only", action="store_true", help="the CPU paths alone (no GPU needed)")
+    ap.add_argument("--baseline", help="with --cpu-only: also time this git revision's CPU path")
     args = ap.parse_args()
     if args.cpu_only:
-        cpu_only(args.out)
+        cpu_only(args.out, args.baseline)
         return
     import cupy as cp
 
