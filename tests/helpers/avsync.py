@@ -244,23 +244,31 @@ by less than that."""
 
 
 def _held(audio: list[tuple[np.ndarray, float]], i: int, first: int) -> bool:
-    """Whether the tone that starts at sample `first` of packet `i` sounds on, without a gap in the
-    audio, for TONE_HELD_S: loud samples in every 0.1 s of it."""
+    """Whether the tone that starts at sample `first` of packet `i` sounds on for TONE_HELD_S: loud
+    samples in every 0.1 s of it and in its last 5 ms. Where a gap in the audio (a timestamp jump's
+    seam) or the end of the recording comes first, the tone's length is unknown: it counts if it
+    sounded on until then, for at least the 0.2 s whose frequency names it."""
     t_end = audio[i][1] + audio[i][0].size / RATE
     parts = [audio[i][0][first:]]
+    cut = True  # the recording ends before TONE_HELD_S, unless the loop below gets there
     for x, t in audio[i + 1:]:
         if sum(p.size for p in parts) >= TONE_HELD_S * RATE:
+            cut = False
             break
         if abs(t - t_end) > 0.05:
-            return False  # a gap: the tone's length is unknown
+            break  # a gap
         parts.append(x)
         t_end = t + x.size / RATE
     y = np.concatenate(parts)[:int(TONE_HELD_S * RATE)]
-    if y.size < TONE_HELD_S * RATE:
-        return False
+    if y.size >= TONE_HELD_S * RATE:
+        cut = False
     step = RATE // 10
     loud = np.abs(y) > 0.5 * LEVEL
-    return all(np.any(loud[k:k + step]) for k in range(0, y.size, step)) and bool(np.any(loud[-RATE // 200:]))
+    if not all(np.any(loud[k:k + step]) for k in range(0, y.size, step)):
+        return False
+    if cut:
+        return y.size >= RATE // 5
+    return bool(np.any(loud[-RATE // 200:]))
 
 
 def onsets(audio: list[tuple[np.ndarray, float]]) -> list[tuple[float, int]]:
