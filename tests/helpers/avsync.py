@@ -243,32 +243,30 @@ splice into a tone less than 40 ms (the skew bound) after it began can pass, and
 by less than that."""
 
 
-def _held(audio: list[tuple[np.ndarray, float]], i: int, first: int) -> bool:
-    """Whether the tone that starts at sample `first` of packet `i` sounds on for TONE_HELD_S: loud
-    samples in every 0.1 s of it and in its last 5 ms. Where a gap in the audio (a timestamp jump's
-    seam) or the end of the recording comes first, the tone's length is unknown: it counts if it
-    sounded on until then, for at least the 0.2 s whose frequency names it."""
-    t_end = audio[i][1] + audio[i][0].size / RATE
+def _held_tone(audio: list[tuple[np.ndarray, float]], i: int, first: int) -> np.ndarray | None:
+    """The samples of the tone that starts at sample `first` of packet `i`, up to TONE_HELD_S, if it
+    sounds on that long: loud samples in every 0.1 s of it and in its last 5 ms. Where a gap in the
+    audio (a timestamp jump's seam) or the end of the recording comes first, the tone's length is
+    unknown: it counts if it sounded on until then, for at least the 0.2 s whose frequency names it.
+    None: not a held tone."""
+    want = int(TONE_HELD_S * RATE)
     parts = [audio[i][0][first:]]
-    cut = True  # the recording ends before TONE_HELD_S, unless the loop below gets there
+    n = parts[0].size
+    t_end = audio[i][1] + audio[i][0].size / RATE
     for x, t in audio[i + 1:]:
-        if sum(p.size for p in parts) >= TONE_HELD_S * RATE:
-            cut = False
-            break
-        if abs(t - t_end) > 0.05:
-            break  # a gap
+        if n >= want or abs(t - t_end) > 0.05:
+            break  # long enough, or a gap
         parts.append(x)
+        n += x.size
         t_end = t + x.size / RATE
-    y = np.concatenate(parts)[:int(TONE_HELD_S * RATE)]
-    if y.size >= TONE_HELD_S * RATE:
-        cut = False
-    step = RATE // 10
+    y = np.concatenate(parts)[:want]
     loud = np.abs(y) > 0.5 * LEVEL
+    step = RATE // 10
     if not all(np.any(loud[k:k + step]) for k in range(0, y.size, step)):
-        return False
-    if cut:
-        return y.size >= RATE // 5
-    return bool(np.any(loud[-RATE // 200:]))
+        return None
+    if y.size < want:  # cut short by a gap or the end
+        return y if y.size >= RATE // 5 else None
+    return y if np.any(loud[-RATE // 200:]) else None
 
 
 def onsets(audio: list[tuple[np.ndarray, float]]) -> list[tuple[float, int]]:
@@ -292,12 +290,12 @@ def onsets(audio: list[tuple[np.ndarray, float]]) -> list[tuple[float, int]]:
                 quiet_since = t
             continue
         at = t + loud[0] / RATE
-        if quiet_since is not None and at - quiet_since >= 0.3 and _held(audio, i, int(loud[0])):
-            tail = np.concatenate([y for y, _ in audio[i:i + 12]])[loud[0]:loud[0] + RATE // 5]
-            if tail.size >= RATE // 10:
-                spectrum = np.abs(np.fft.rfft(tail * np.hanning(tail.size)))
-                hz = float(np.fft.rfftfreq(tail.size, 1 / RATE)[int(np.argmax(spectrum[1:])) + 1])
-                out.append((at, round((hz - 400.0) / 100.0) % 16))
+        tone = _held_tone(audio, i, int(loud[0])) if quiet_since is not None and at - quiet_since >= 0.3 else None
+        if tone is not None:
+            tail = tone[:RATE // 5]  # a held tone has at least 0.2 s
+            spectrum = np.abs(np.fft.rfft(tail * np.hanning(tail.size)))
+            hz = float(np.fft.rfftfreq(tail.size, 1 / RATE)[int(np.argmax(spectrum[1:])) + 1])
+            out.append((at, round((hz - 400.0) / 100.0) % 16))
         # Quiet from the last loud sample on, if the frame ends with more than 10 ms of it.
         quiet_since = t + (loud[-1] + 1) / RATE if loud[-1] < x.size - RATE // 100 else None
     return out

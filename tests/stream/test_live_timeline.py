@@ -44,12 +44,16 @@ class Feed:
         for t, kind in sorted(items, key=lambda x: (x[0], x[1] != ("audio" if audio_first else "video"))):
             raw = raw_start + t
             if kind == "video":
-                off = self.tl.offset("video", raw, raw, V)
-                assert off is not None
-                self.video.append((source_start + t, raw + off))
+                self.video_packet(source_start + t, raw)
             else:
                 self.held.append((source_start + t, raw))  # type: ignore[arg-type]
             self._flush()
+
+    def video_packet(self, source: Fraction, raw: Fraction) -> None:
+        """One video packet at raw time `raw` (source time `source`), placed as the reader does."""
+        off = self.tl.offset("video", raw, raw, V)
+        assert off is not None
+        self.video.append((source, raw + off))
 
     def _flush(self) -> None:
         while self.held:
@@ -120,9 +124,7 @@ def test_an_audio_only_jump_does_not_hold_the_audio_for_ever() -> None:
     # The audio's timestamps alone jump by 50 s; the video's go on.
     for k in range(40):
         t = Fraction(2) + k * V
-        off = f.tl.offset("video", t, t, V)
-        assert off is not None
-        f.video.append((t, t + off))
+        f.video_packet(t, t)
         for j in range(5):
             ta = t + j * A
             if ta < t + V:
@@ -137,8 +139,8 @@ def test_an_audio_only_jump_does_not_hold_the_audio_for_ever() -> None:
 def test_a_connection_that_dropped_before_its_video_leaves_no_wait_behind() -> None:
     # A reconnect whose connection drops again before its first video frame: its audio waited for
     # that video, and went with the connection (the reader's held audio is per connection). The next
-    # connection starts afresh, even when its video comes first. (Seen live: the audio then waited
-    # 1 s for a video jump that had already happened and continued after its own end, 5 s off.)
+    # connection starts afresh, even when its video comes first. (Without that, its audio waited 1 s
+    # for a video jump that had already happened, then continued after its own end, seconds off.)
     f = Feed()
     f.packets(Fraction(0), Fraction(0), Fraction(9))
     f.tl.new_connection()
@@ -161,10 +163,7 @@ def test_a_connection_that_dropped_before_its_audio_leaves_no_epoch_for_the_next
     f.packets(Fraction(0), Fraction(0), Fraction(9))
     f.tl.new_connection()
     for k in range(5):
-        t = k * V
-        off = f.tl.offset("video", t, t, V)
-        assert off is not None
-        f.video.append((Fraction(11) + t, t + off))
+        f.video_packet(Fraction(11) + k * V, k * V)
     f.tl.new_connection()
     f.packets(Fraction(14), Fraction(3), Fraction(5), audio_first=True)
     assert_one_clock(f, [(Fraction(0), Fraction(9)), (Fraction(14), Fraction(19))])
