@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the `device` tool), from the repository root:
-#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|serve|live|hands|mesh|pending|all|none]
+#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|run_live|serve|live|hands|mesh|pending|all|none][,...]
 #     (default: all; bench = kernels + swap + pipeline; none = install the carried wheels only)
 #   tools/device_check.sh pytest ARGS...    (pytest with ARGS, in the same environment)
 # Installs the carried wheels (.whl/, ignored by git), makes `swapstream` importable from this tree,
@@ -51,15 +51,22 @@ fi
   git rev-parse --short HEAD 2>/dev/null || true
 } 2>&1 | tee "$OUT/env.txt"
 
+# WHAT is one mode or several, comma-separated (e.g. pending,run_live), run in this file's order.
+want() {
+  local m
+  for m in "$@"; do [[ ",$what," == *",$m,"* ]] && return 0; done
+  return 1
+}
+
 rc=0
-if [[ "$what" == pytest ]]; then
+if want pytest; then
   python3 -m pytest -p no:cacheprovider "$@" 2>&1 | tee "$OUT/pytest_args.log"
   exit "${PIPESTATUS[0]}"
 fi
-if [[ "$what" == none ]]; then
+if want none; then
   exit 0
 fi
-if [[ "$what" == live || "$what" == all ]]; then
+if want live all; then
   # The GPU live path: its tests, then RTMP -> RTMP and the WebRTC round trip at 720p30.
   python3 -m pytest -m gpu -rs -v -s -p no:cacheprovider tests/stream/test_gpu_live.py \
     tests/stream/test_webrtc_h264.py "tests/stream/test_nvcodec.py" 2>&1 | tee "$OUT/pytest_gpu_live.log"
@@ -67,25 +74,25 @@ if [[ "$what" == live || "$what" == all ]]; then
   python3 tools/bench_live.py --device gpu --size 1280x720 --fps 30 --seconds 15 --out "$OUT" \
     2>&1 | tee "$OUT/bench_live_gpu.log" || rc=1
 fi
-if [[ "$what" == swap || "$what" == engines ]]; then
+if want swap engines; then
   # The runner's accuracy against ONNX Runtime goes with its benchmark.
   python3 -m pytest -m gpu -rs -v -p no:cacheprovider tests/engines 2>&1 | tee "$OUT/pytest_gpu_engines.log"
   rc=${PIPESTATUS[0]}
 fi
-if [[ "$what" == tests || "$what" == all ]]; then
+if want tests all; then
   # A CPU-only test module that cannot import here (its packages are not carried) must not stop
   # the GPU tests: report it and go on.
   python3 -m pytest -m gpu -rs -v -s -p no:cacheprovider --continue-on-collection-errors tests 2>&1 | tee "$OUT/pytest_gpu.log"
   rc=${PIPESTATUS[0]}
 fi
-if [[ "$what" == bench || "$what" == kernels || "$what" == all ]]; then
+if want bench kernels all; then
   python3 tools/bench_kernels.py --out "$OUT" 2>&1 | tee "$OUT/bench_kernels.log" || rc=1
   python3 tools/bench_watermark.py --out "$OUT" 2>&1 | tee "$OUT/bench_watermark.log" || rc=1
 fi
-if [[ "$what" == bench || "$what" == swap || "$what" == all ]]; then
+if want bench swap all; then
   python3 tools/bench_swap.py --out "$OUT" 2>&1 | tee "$OUT/bench_swap.log" || rc=1
 fi
-if [[ "$what" == bench || "$what" == pipeline || "$what" == all ]]; then
+if want bench pipeline all; then
   # The clips are made on the dev machine by tools/make_bench_clips.py (PyAV + x264) and carried in
   # .bench/, so the same clips serve the runs with and without PyAV.
   clip=".bench/streams_1080p30.mp4"
@@ -93,11 +100,16 @@ if [[ "$what" == bench || "$what" == pipeline || "$what" == all ]]; then
   python3 -c "import PyNvVideoCodec" 2>/dev/null && tag="_nvdec"
   python3 tools/bench_pipeline.py --clip "$clip" --out "$OUT" --tag "$tag" 2>&1 | tee "$OUT/bench_pipeline$tag.log" || rc=1
 fi
-if [[ "$what" == streams || "$what" == all ]]; then
+if want streams all; then
   # Each stage's GPU time per stream frame, on a quiet GPU (what a frame costs at most).
   python3 tools/bench_frame_gpu.py --clip720 .bench/streams_720p30.mp4 --clip1080 .bench/streams_1080p30.mp4 --out "$OUT" ${FRAME_GPU_ARGS---compiled} 2>&1 | tee "$OUT/bench_frame_gpu.log" || rc=1
 fi
-if [[ "$what" == run || "$what" == all ]]; then
+if want run_live; then
+  # The live preset alone (issue 18's >= 250 fps target), when the call has no time for both.
+  python3 tools/bench_run.py --clip .bench/streams_1080p30.mp4 --repeat 3 --synthetic-models --out "$OUT" \
+    --config live --name run_gpu_live 2>&1 | tee "$OUT/bench_run_live.log" || rc=1
+fi
+if want run all; then
   # `swapstream run` itself on the 1080p clip with the full-size inswapper architecture, with x264
   # (the H200 has no NVENC) and with encoding excluded, median of 3 runs each.
   # Each preset with and without the encoder (-o null:): the default preset (detector every frame)
@@ -107,7 +119,7 @@ if [[ "$what" == run || "$what" == all ]]; then
   python3 tools/bench_run.py --clip .bench/streams_1080p30.mp4 --repeat 3 --synthetic-models --out "$OUT" \
     --config live --name run_gpu_live 2>&1 | tee "$OUT/bench_run_live.log" || rc=1
 fi
-if [[ "$what" == pending ]]; then
+if want pending; then
   # What was written on the dev machine and has not yet run on a GPU, in one call: the fused
   # occlusion kernels and the masker on them, MediaPipe Hands through the torch executor, the file
   # job's decode-ahead and shared warm-up; then the GPU time of the mesh swap with its mask, what
@@ -121,19 +133,19 @@ if [[ "$what" == pending ]]; then
   python3 tools/bench_hands.py --repeat 3 --out "$OUT" --name hands_gpu 2>&1 | tee "$OUT/bench_hands.log" || rc=1
   python3 tools/bench_watermark_v2.py --out "$OUT" 2>&1 | tee "$OUT/bench_watermark_v2.log" || rc=1
 fi
-if [[ "$what" == mesh || "$what" == all ]]; then
+if want mesh all; then
   # The mesh swap's wall and GPU time per 1080p face, with and without the occlusion mask (issue 20:
   # <= 150 us of GPU time with the mask).
   python3 tools/profile_mesh_gpu.py --clip .bench/streams_1080p30.mp4 --out "$OUT" 2>&1 | tee "$OUT/profile_mesh_gpu.log" || rc=1
 fi
-if [[ "$what" == hands || "$what" == all ]]; then
+if want hands all; then
   # mask.hands on the GPU: the hand models through the torch executor against LiteRT, then what the
   # option costs `swapstream run` (needs the four hand .tflite files in .models and the av wheel).
   python3 -m pytest -m gpu -rs -v -p no:cacheprovider tests/stream/test_hands.py \
     "tests/engines/test_tflite_torch.py::test_gpu_executor_matches_litert" 2>&1 | tee "$OUT/pytest_gpu_hands.log" || rc=1
   python3 tools/bench_hands.py --repeat 3 --out "$OUT" --name hands_gpu 2>&1 | tee "$OUT/bench_hands.log" || rc=1
 fi
-if [[ "$what" == serve || "$what" == all ]]; then
+if want serve all; then
   # The stream benchmark: a load generator driving `swapstream serve --workers` (MPS on with 2 or
   # more workers), so the figures are the product's own. The defaults are the targets' setup: the
   # full-size inswapper architecture (random weights), one face per stream, random arrival phases,
