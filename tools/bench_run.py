@@ -47,6 +47,24 @@ def run_summary(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | N
             "decode": decode.group(1) if decode else "?", "summary": p.stdout.strip().splitlines()[-12:]}
 
 
+def baseline_env(tree: Path, work: Path) -> dict[str, str]:
+    """The environment that runs another revision's `swapstream`: its package laid out as pyproject
+    maps it (stream/ is the package, kernels/ and engines/ its subpackages), first on the path."""
+    tree = tree.resolve()
+    if not (tree / "stream" / "cli.py").is_file():
+        sys.exit(f"error: --baseline-tree {tree} holds no stream/cli.py: give a checkout of another revision")
+    for sub in ("kernels", "engines"):
+        link = tree / "stream" / sub
+        if not link.exists():
+            link.symlink_to(tree / sub, target_is_directory=True)
+    shim = work / "baseline-shim"
+    shim.mkdir()
+    (shim / "swapstream").symlink_to(tree / "stream", target_is_directory=True)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(shim), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clip", type=Path, required=True)
@@ -58,6 +76,10 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
     ap.add_argument("--name", default="run_gpu")
+    ap.add_argument("--baseline-tree", type=Path, default=None,
+                    help="a checkout (or `git archive` of stream/, kernels/, engines/) of another revision: "
+                         "its `swapstream run` is timed too, in the same rounds, with encoding excluded")
+    ap.add_argument("--baseline-label", default="baseline", help="what the record calls that revision")
     args = ap.parse_args()
     if not args.clip.is_file():
         sys.exit(f"error: no clip at '{args.clip}': make it with python tools/make_bench_clips.py")
@@ -82,13 +104,20 @@ def main() -> None:
     modes = {"file": "with x264 (the file written)", "null": "encoding excluded (-o null:)"}
     if args.only:
         modes = {args.only: modes[args.only]}
+    envs: dict[str, dict[str, str] | None] = {m: None for m in modes}
+    if args.baseline_tree is not None:
+        # The other revision runs in the same rounds, after this one's, with encoding excluded: the
+        # two figures then share the machine's state (a run-to-run drift shows in both).
+        base = f"null_{args.baseline_label}"
+        modes[base] = f"encoding excluded (-o null:), {args.baseline_label}"
+        envs[base] = baseline_env(args.baseline_tree, work)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     for i in range(args.repeat):
         for mode in modes:
             out = work / f"out{i}.mp4"
             cmd = [sys.executable, "-m", "swapstream.cli", "run", "-s", str(source), "-i", str(args.clip),
-                   "-o", "null:" if mode == "null" else str(out), "-q", *opts]
-            r = run_summary(cmd)
+                   "-o", str(out) if mode == "file" else "null:", "-q", *opts]
+            r = run_summary(cmd, env=envs[mode])
             if mode == "file":
                 with av.open(str(out)) as c:
                     r["frames_written"] = sum(1 for _ in c.decode(video=0))
@@ -111,7 +140,8 @@ def main() -> None:
                      + [o if " " not in o else repr(o) for o in opts]).replace(str(work), "WORK")
     command = "python tools/bench_run.py " + " ".join(sys.argv[1:])
     date = datetime.date.today().isoformat()
-    rec = [{"metric": f"{args.name}_fps" + ("_no_encode" if m == "null" else ""), "value": fps[m], "unit": "fps",
+    rec = [{"metric": f"{args.name}_fps" + {"file": "", "null": "_no_encode"}.get(m, f"_no_encode_{args.baseline_label}"),
+            "value": fps[m], "unit": "fps",
             "stat": "median",
             "config": {"preset": args.config or "default", "clip": args.clip.name, "clip_frames": clip_frames, "repeat": args.repeat, "output": modes[m],
                        "decode": sorted({r["decode"] for r in runs[m]}),

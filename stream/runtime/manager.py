@@ -123,7 +123,11 @@ class DeviceSlot:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"swap-{name}", initializer=media_thread)
         self._backends: dict[str, SwapBackend] = {}
         self.streams: set[str] = set()
+        # (end, seconds) of each batch, per thread: the swap thread's, and the analysis thread's
+        # where analysis has one (the same deque where it shares the swap thread).
         self._busy: deque[tuple[float, float]] = deque(maxlen=2000)
+        self._analysis_busy = self._busy
+        self._analysis_pool = self._pool
         self.failed_frames = 0
         """Frames passed on unswapped because their batch failed."""
         self._failure_logged: dict[Hashable, float] = {}
@@ -135,12 +139,19 @@ class DeviceSlot:
         """On a GPU: the device's face analysis (gpu_stages.DeviceAnalysis), built in its thread."""
         self.analysis_batcher: DynamicBatcher | None = None
         if self.gpu_index is not None:
-            # The streams' frames are analysed together, one landmark call for all of them, in the
-            # same thread as the swaps (the networks are not for concurrent calls): the same batcher
-            # rules, a frame counting as one.
+            # The streams' frames are analysed together, one landmark call for all of them: the same
+            # batcher rules, a frame counting as one. In a thread of its own by default: the swap
+            # thread then swaps one batch while this one runs the next frames' landmarks (each
+            # thread waits for its GPU work with the GIL released), where one thread did the two in
+            # turn and was 76-99% busy at 4 streams a worker (docs/performance.md). The analysis
+            # networks and the swap models are separate objects, each called from one thread only.
+            if config.runtime.analysis_thread:
+                self._analysis_pool = ThreadPoolExecutor(1, thread_name_prefix=f"analysis-{name}",
+                                                         initializer=media_thread)
+                self._analysis_busy = deque(maxlen=2000)
             self.analysis_batcher = DynamicBatcher(self._analyse_batch, max_batch=ANALYSIS_BATCH,
                                                    max_wait=config.runtime.max_wait_ms / 1e3,
-                                                   executor=self._pool, name=f"analysis-{name}")
+                                                   executor=self._analysis_pool, name=f"analysis-{name}")
 
     def _device(self) -> Any:
         """A context that makes this slot's GPU current in the calling (worker) thread."""
@@ -237,7 +248,7 @@ class DeviceSlot:
             return [e for _ in items]
         finally:
             t1 = time.monotonic()
-            self._busy.append((t1, t1 - t0))
+            self._analysis_busy.append((t1, t1 - t0))
 
     async def analyse(self, stream_id: str, frame: Any, cfg: Config, deadline: float) -> Any:
         """Faces of a stream's GPU frame, tracked with the stream's own tracks (`cfg`: its config,
@@ -300,7 +311,7 @@ class DeviceSlot:
         """Drop a removed stream's tracks (GPU slots), in the thread that owns them."""
         if self._analysis is not None:
             analysis = self._analysis
-            await asyncio.get_running_loop().run_in_executor(self._pool, analysis.forget, stream_id)
+            await asyncio.get_running_loop().run_in_executor(self._analysis_pool, analysis.forget, stream_id)
 
     async def call(self, backend: str, fn: Callable[[SwapBackend], T]) -> T:
         """Run `fn(backend)` in the worker thread (between batches), e.g. to compute an identity."""
@@ -311,10 +322,19 @@ class DeviceSlot:
         return await asyncio.get_running_loop().run_in_executor(self._pool, work)
 
     def busy(self, window: float = 5.0) -> float:
+        """The busy share of the device's busier thread over the last `window` seconds (with analysis
+        in a thread of its own, the two run side by side and the busier one limits the streams)."""
         now = time.monotonic()
-        # The worker thread appends while this runs on the loop: list() copies in one C call, under
-        # the GIL; iterating the deque itself could meet an append ("deque mutated during iteration").
-        return min(1.0, sum(s for t, s in list(self._busy) if now - t <= window) / window)
+
+        def share(d: deque[tuple[float, float]]) -> float:
+            # The worker thread appends while this runs on the loop: list() copies in one C call,
+            # under the GIL; iterating the deque itself could meet an append ("deque mutated during
+            # iteration").
+            return sum(s for t, s in list(d) if now - t <= window) / window
+
+        shares = [share(self._busy)] if self._analysis_busy is self._busy else \
+            [share(self._busy), share(self._analysis_busy)]
+        return min(1.0, max(shares))
 
     async def close(self) -> None:
         await self.batcher.close()
@@ -332,6 +352,9 @@ class DeviceSlot:
                     log.exception("closing swap backend %s on %s", b.name, self.name)
             self._backends.clear()
 
+        if self._analysis_pool is not self._pool:
+            # No analysis batch runs after its batcher closed: the swap thread may close the networks.
+            self._analysis_pool.shutdown(wait=True)
         await asyncio.get_running_loop().run_in_executor(self._pool, close_backends)
         self._pool.shutdown(wait=True)
 

@@ -5,6 +5,7 @@ placement across devices."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 from pathlib import Path
@@ -508,3 +509,117 @@ def test_streams_carry_on_unswapped_through_failing_batches(clip: tuple[Path, An
             await rt.close()
 
     asyncio.run(main())
+
+
+class _GateAnalysis:
+    """A device analysis whose batch waits until the swap thread's batch has started (a scheduling
+    probe, no networks): on one shared thread the two could never meet."""
+
+    def __init__(self, swap_started: threading.Event) -> None:
+        self.swap_started = swap_started
+        self.threads: set[str] = set()
+
+    def track(self, items: list[Any]) -> list[Any]:
+        self.threads.add(threading.current_thread().name)
+        if not self.swap_started.wait(5.0):
+            raise TimeoutError("the swap batch never started beside this analysis batch")
+        return [[] for _ in items]
+
+    def forget(self, stream_id: str) -> None:
+        self.threads.add(threading.current_thread().name)
+
+    def close(self) -> None:
+        pass
+
+
+class _GateBackend:
+    name = "gate"
+    max_batch = 1
+
+    def __init__(self, swap_started: threading.Event, release: threading.Event) -> None:
+        self.swap_started, self.release = swap_started, release
+        self.threads: set[str] = set()
+
+    def identity(self, image: np.ndarray) -> Any:
+        return None
+
+    def swap(self, items: list[SwapItem]) -> list[int]:
+        self.threads.add(threading.current_thread().name)
+        self.swap_started.set()
+        if not self.release.wait(5.0):
+            raise TimeoutError("the analysis batch never finished beside this swap batch")
+        return [0 for _ in items]
+
+    def close(self) -> None:
+        pass
+
+
+class _DeviceFrame:
+    """Stands for a CuPy frame (not a host array, so the slot neither uploads nor downloads it)."""
+
+    def copy(self) -> _DeviceFrame:
+        return _DeviceFrame()
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        pass  # a failed batch restores its frames: nothing to restore here
+
+
+@pytest.mark.parametrize("own_thread", [True, False])
+def test_a_gpu_slot_analyses_one_batch_while_it_swaps_another(own_thread: bool,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """With `runtime.analysis_thread` (the default), a GPU slot's analysis batch runs while a swap batch
+    is in flight, in another thread, and the busy share is the busier thread's. Without it, the two
+    take turns in one thread. The GPU's work is left out (no CUDA here): the slot's threads are what
+    is checked."""
+    from contextlib import nullcontext
+
+    cfg = runtime_config()
+    cfg.runtime.analysis_thread = own_thread
+    swap_started, release = threading.Event(), threading.Event()
+    backend = _GateBackend(swap_started, release)
+    rt = StreamRuntime(cfg, devices=["cuda:0"], backend_factory=lambda name, c, d: backend)
+    slot = rt.slots[0]
+    slot._device = nullcontext  # type: ignore[method-assign]  # no GPU to make current
+    # The slot waits for its CUDA stream after a swap batch: nothing to wait for here.
+    import types
+
+    idle = types.SimpleNamespace(synchronize=lambda: None)
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(
+        cuda=types.SimpleNamespace(get_current_stream=lambda: idle)))
+    analysis = slot._analysis = _GateAnalysis(swap_started)
+
+    async def go() -> tuple[Any, Any]:
+        slot.batcher.start()
+        assert slot.analysis_batcher is not None
+        slot.analysis_batcher.start()
+        frame = _DeviceFrame()
+        deadline = time.monotonic() + 10.0
+        swap = asyncio.ensure_future(slot.batcher.submit("a", "gate", 1, deadline,
+                                                         SwapItem(frame, [], None)))
+        await asyncio.sleep(0.05)
+        faces = await slot.analyse("b", frame, cfg, deadline)
+        release.set()  # the analysis batch is done: the swap batch may end
+        try:
+            return faces, await swap
+        except SwapFailed as e:
+            return faces, e
+
+    try:
+        if own_thread:
+            faces, counts = asyncio.run(asyncio.wait_for(go(), 10.0))
+            assert faces == [] and counts == 0
+            assert analysis.threads and backend.threads and not analysis.threads & backend.threads
+            now = time.monotonic()
+            slot._busy.append((now, 2.0))
+            slot._analysis_busy.append((now, 4.0))
+            # The busier thread's share, not the sum (the probe's own batches add milliseconds).
+            assert slot.busy(window=5.0) == pytest.approx(0.8, abs=0.02)
+        else:
+            # One thread: the analysis batch waits behind the swap batch, which waits for it in
+            # vain and fails after its 5 s.
+            faces, counts = asyncio.run(asyncio.wait_for(go(), 20.0))
+            assert isinstance(counts, SwapFailed) and "never finished" in str(counts)
+            assert analysis.threads == backend.threads
+    finally:
+        release.set()
+        asyncio.run(slot.close())
