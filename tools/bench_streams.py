@@ -487,12 +487,22 @@ def main() -> None:
     proc = start_serve(args, work, port, api.token, nginx.port if nginx else None)
     rng = random.Random(args.seed)
     rows: list[dict[str, Any]] = []
+    command = "python tools/bench_streams.py " + " ".join(sys.argv[1:])
+
+    def save() -> None:
+        # After every configuration: a run cut short (a time limit) keeps the ones it finished.
+        recs = records(rows, args, command)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"{args.name}.json").write_text(json.dumps(recs, indent=1) + "\n")
+        (args.out / f"{args.name}.md").write_text(markdown(rows, recs))
+
     try:
         wait_ready(api, proc, 600)
         face = (work / "face.png").read_bytes()
         for res in resolutions:
             for n in ns:
                 rows.append(run_config(api, args, n, res, rtmp_base, face, rng))
+                save()
     finally:
         proc.terminate()
         try:
@@ -502,11 +512,7 @@ def main() -> None:
         if nginx is not None:
             nginx.stop()
         shutil.rmtree(work, ignore_errors=True)
-    command = "python tools/bench_streams.py " + " ".join(sys.argv[1:])
-    recs = records(rows, args, command)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.name}.json").write_text(json.dumps(recs, indent=1) + "\n")
-    (args.out / f"{args.name}.md").write_text(markdown(rows, recs))
+    save()
     print(f"wrote {args.out / args.name}.json and .md")
 
 

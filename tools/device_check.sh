@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the `device` tool), from the repository root:
-#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|run_live|serve|live|hands|mesh|pending|all|none][,...]
+#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|run_live|run_ab|serve|serve_ab|live|live_bench|hands|mesh|pending|recheck|all|none][,...]
 #     (default: all; bench = kernels + swap + pipeline; none = install the carried wheels only)
 #   tools/device_check.sh pytest ARGS...    (pytest with ARGS, in the same environment)
 # Installs the carried wheels (.whl/, ignored by git), makes `swapstream` importable from this tree,
@@ -71,8 +71,11 @@ if want live all; then
   python3 -m pytest -m gpu -rs -v -s -p no:cacheprovider tests/stream/test_gpu_live.py \
     tests/stream/test_webrtc_h264.py "tests/stream/test_nvcodec.py" 2>&1 | tee "$OUT/pytest_gpu_live.log"
   rc=${PIPESTATUS[0]}
-  python3 tools/bench_live.py --device gpu --size 1280x720 --fps 30 --seconds 15 --out "$OUT" \
-    2>&1 | tee "$OUT/bench_live_gpu.log" || rc=1
+fi
+if want live live_bench all; then
+  # live_bench: the benchmark alone, without the tests above.
+  timeout -s INT -k 20 "${LIVE_S:-400}" python3 tools/bench_live.py --device gpu --size 1280x720 --fps 30 --seconds 15 \
+    --out "$OUT" 2>&1 | tee "$OUT/bench_live_gpu.log" || rc=1
 fi
 if want swap engines; then
   # The runner's accuracy against ONNX Runtime goes with its benchmark.
@@ -158,6 +161,35 @@ if want serve all; then
   for r in 720p 1080p; do [[ -f ".bench/streams_${r}30.mp4" ]] && clips+=(--clip "$r=.bench/streams_${r}30.mp4"); done
   python3 tools/bench_streams.py "${clips[@]}" \
     --out "$OUT" --name "${SERVE_NAME:-serve_streams}" ${SERVE_ARGS:-$defaults} 2>&1 | tee "$OUT/bench_serve.log" || rc=1
+fi
+if want recheck; then
+  # The GPU tests that failed in the last GPU run, after their fixes.
+  timeout -s INT -k 10 "${RECHECK_S:-150}" python3 -m pytest -m gpu -rs -v -s -p no:cacheprovider \
+    "tests/stream/test_occlusion.py::test_gpu_swap_with_occlusion_matches_cpu" \
+    "tests/stream/test_hands.py::test_gpu_hand_models_on_cupy_frames" tests/stream/test_gpu_job.py \
+    2>&1 | tee "$OUT/pytest_gpu_recheck.log" || rc=1
+fi
+if want serve_ab; then
+  # Issue 18 through `swapstream serve`: the targets' setup (as `serve` above) with analysis in a
+  # thread of its own (the default) at 32 streams and at the 1,500 faces/s load, then the single
+  # device thread at 32 streams, in the same call. Each under a time limit (SIGINT, so serve's
+  # workers are stopped and the configurations finished so far are written).
+  base="--workers 8 --source file --sink null --seconds 8 --settle 6 --swapper inswapper_128 --synthetic-models --set neural.max_batch=4 --set detector.max_faces=1 --set detector.detect_every=10 --set landmarks.compile=true"
+  clips=()
+  for r in 720p 1080p; do [[ -f ".bench/streams_${r}30.mp4" ]] && clips+=(--clip "$r=.bench/streams_${r}30.mp4"); done
+  timeout -s INT -k 30 "${SERVE_NEW_S:-270}" python3 tools/bench_streams.py "${clips[@]}" --out "$OUT" --name serve_streams \
+    $base --ns "${SERVE_NS:-32,52}" --res 720p,1080p 2>&1 | tee "$OUT/bench_serve.log" || rc=1
+  timeout -s INT -k 30 "${SERVE_OLD_S:-110}" python3 tools/bench_streams.py "${clips[@]}" --out "$OUT" \
+    --name serve_streams_one_thread $base --ns 32 --res 720p --set runtime.analysis_thread=false 2>&1 \
+    | tee "$OUT/bench_serve_one_thread.log" || rc=1
+fi
+if want run_ab; then
+  # `swapstream run -c live` with encoding excluded against another revision's, in the same rounds
+  # (BASELINE_TREE: a `git archive` of its stream/, kernels/ and engines/, carried).
+  timeout -s INT -k 10 "${RUN_AB_S:-150}" python3 tools/bench_run.py --clip .bench/streams_1080p30.mp4 --repeat 3 \
+    --synthetic-models --only null --config live --out "$OUT" --name run_gpu_live_ab \
+    --baseline-tree "${BASELINE_TREE:-.baseline}" --baseline-label "${BASELINE_LABEL:-baseline}" 2>&1 \
+    | tee "$OUT/bench_run_ab.log" || rc=1
 fi
 # The device tool brings back a limited number of files: pack the logs into one.
 tar -czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log 2>/dev/null) 2>/dev/null && (cd "$OUT" && rm -f *.log)
