@@ -178,16 +178,18 @@ if want serve_ab; then
   clips=()
   for r in 720p 1080p; do [[ -f ".bench/streams_${r}30.mp4" ]] && clips+=(--clip "$r=.bench/streams_${r}30.mp4"); done
   timeout -s INT -k 30 "${SERVE_NEW_S:-270}" python3 tools/bench_streams.py "${clips[@]}" --out "$OUT" --name serve_streams \
-    $base --ns "${SERVE_NS:-32,52}" --res 720p,1080p 2>&1 | tee "$OUT/bench_serve.log" || rc=1
-  timeout -s INT -k 30 "${SERVE_OLD_S:-110}" python3 tools/bench_streams.py "${clips[@]}" --out "$OUT" \
-    --name serve_streams_one_thread $base --ns 32 --res 720p --set runtime.analysis_thread=false 2>&1 \
-    | tee "$OUT/bench_serve_one_thread.log" || rc=1
+    $base --ns "${SERVE_NS:-32,52}" --res "${SERVE_RES:-720p,1080p}" 2>&1 | tee "$OUT/bench_serve.log" || rc=1
+  if [[ "${SERVE_OLD_S:-110}" != 0 ]]; then  # 0: the new layout alone
+    timeout -s INT -k 30 "${SERVE_OLD_S:-110}" python3 tools/bench_streams.py "${clips[@]}" --out "$OUT" \
+      --name serve_streams_one_thread $base --ns 32 --res 720p --set runtime.analysis_thread=false 2>&1 \
+      | tee "$OUT/bench_serve_one_thread.log" || rc=1
+  fi
 fi
 if want run_ab; then
   # `swapstream run -c live` with encoding excluded against another revision's, in the same rounds
   # (BASELINE_TREE: a `git archive` of its stream/, kernels/ and engines/, carried).
-  timeout -s INT -k 10 "${RUN_AB_S:-150}" python3 tools/bench_run.py --clip .bench/streams_1080p30.mp4 --repeat 3 \
-    --synthetic-models --only null --config live --out "$OUT" --name run_gpu_live_ab \
+  timeout -s INT -k 10 "${RUN_AB_S:-150}" python3 tools/bench_run.py --clip .bench/streams_1080p30.mp4 \
+    --synthetic-models --only null --config live --out "$OUT" --name run_gpu_live_ab --repeat "${RUN_AB_REPEAT:-3}" \
     --baseline-tree "${BASELINE_TREE:-.baseline}" --baseline-label "${BASELINE_LABEL:-baseline}" 2>&1 \
     | tee "$OUT/bench_run_ab.log" || rc=1
 fi

@@ -42,15 +42,16 @@ LOW_RES = "low_res"
 
 
 def ladder(swapper: str, low_res: bool = True, *, enhancer: bool = False,
-           region: bool = False) -> tuple[str, ...]:
+           region: bool = False, mesh: bool = True) -> tuple[str, ...]:
     """The steps available to a stream whose configured swapper is `swapper`, in order. `low_res`
-    False leaves that step out (a GPU device, where it would change nothing); `enhancer` and
-    `region` say whether the stream runs a face enhancer and a region parser (zoo swappers only:
-    the mesh swapper runs neither), whose steps then come first."""
+    False leaves that step out (a GPU device, where it would change nothing); `mesh` False leaves
+    out the fall-back to the mesh swapper (a GPU device, where it costs more than it saves);
+    `enhancer` and `region` say whether the stream runs a face enhancer and a region parser (zoo
+    swappers only: the mesh swapper runs neither), whose steps then come first."""
     neural = swapper != "mesh"
     stack = (((ENHANCER_OFF,) if enhancer and neural else ()) +
              ((REGION_OFF,) if region and neural else ()))
-    return stack + (DETECT_LESS,) + ((MESH,) if neural else ()) + ((LOW_RES,) if low_res else ())
+    return stack + (DETECT_LESS,) + ((MESH,) if neural and mesh else ()) + ((LOW_RES,) if low_res else ())
 
 
 @dataclass(frozen=True)

@@ -141,8 +141,13 @@ class StreamPipeline:
         self.budget_ms = budget_ms
         rc = cfg.runtime
         # `low_res` rescales host frames around the swap; on a GPU the frames are swapped on the
-        # device at full size, so the step would change nothing there and is left out.
-        self.steps = ladder(spec.swapper, low_res=slot.gpu_index is None,
+        # device at full size, so the step would change nothing there and is left out. So is
+        # `mesh` on a GPU: there the mesh swap holds the device thread longer than the neural swap
+        # it replaces (3.9 ms a 1080p face with its occlusion mask, about 40 launches and host
+        # work between them: tools/profile_mesh_gpu.py), and in two H200 runs of serve every
+        # stream that took it was worse after it (docs/performance.md).
+        on_gpu = slot.gpu_index is not None
+        self.steps = ladder(spec.swapper, low_res=not on_gpu, mesh=not on_gpu,
                             enhancer=cfg.enhancer != "none", region="region" in cfg.mask.types)
         self.region = True
         """False once the controller's `region_off` step applies: this stream's faces skip the parser."""

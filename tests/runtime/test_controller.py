@@ -101,6 +101,13 @@ def test_ladder_without_low_res() -> None:
     assert ladder("mesh", low_res=False) == ("detect_less",)
 
 
+def test_ladder_without_the_mesh_fallback() -> None:
+    # Streams on a GPU: the mesh swap costs the device thread more than the neural swap.
+    assert ladder("inswapper_128", low_res=False, mesh=False) == ("detect_less",)
+    assert ladder("inswapper_128", low_res=False, mesh=False, enhancer=True) == ("enhancer_off", "detect_less")
+    assert ladder("mesh", low_res=False, mesh=False) == ("detect_less",)
+
+
 def test_face_stack_steps_come_first_enhancer_then_region() -> None:
     assert ladder("inswapper_128", enhancer=True, region=True) == (
         "enhancer_off", "region_off", "detect_less", "mesh", "low_res")

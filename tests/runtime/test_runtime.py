@@ -388,12 +388,13 @@ def test_a_reader_error_fails_the_stream_unless_the_loop_is_gone() -> None:
     assert q.state == "running" and q.frames_in == 0
 
 
-def test_streams_on_a_gpu_have_no_low_res_step() -> None:
+def test_streams_on_a_gpu_have_no_low_res_or_mesh_step() -> None:
     rt = StreamRuntime(runtime_config(), devices=["cuda:0", "cpu"])  # nothing touches the GPU here
     ps = [StreamPipeline(file_spec(f"s{i}", Path("unused.mp4"), swapper="inswapper_128"), runtime_config(),
                          slot, rt.metrics, 250.0) for i, slot in enumerate(rt.slots)]
     try:
-        assert ps[0].steps == ("detect_less", "mesh") and ps[0].info()["ladder"] == ["detect_less", "mesh"]
+        # Nor the mesh fall-back, which costs a GPU's device thread more than the neural swap.
+        assert ps[0].steps == ("detect_less",) and ps[0].info()["ladder"] == ["detect_less"]
         assert ps[1].steps == ("detect_less", "mesh", "low_res")
     finally:
         for p in ps:
