@@ -295,10 +295,16 @@ def test_torch_hand_models_find_the_same_hand(config: Config, target, hands_anal
 def test_gpu_hand_models_on_cupy_frames(cp: ModuleType, config: Config, target, hands_analyser) -> None:
     """The same on the GPU: the palm letterbox and the hand crop as CuPy launches."""
     pytest.importorskip("torch")
-    # The GPU crops are not rounded to uint8 and sample edges differently (facemesh.py): within
-    # 1.5 pixels on a hand about 300 pixels long.
-    on_device = _torch_hands_against_litert(config, target, hands_analyser, "cuda", -20.0, upload=cp)
-    # The same networks on the GPU fed host frames (the CPU crops, uploaded): what the crops alone add.
+    # The networks first: on the GPU, fed the CPU path's crops (host frames), they find LiteRT's
+    # hand to a small fraction of a pixel (0.07 px on the H200; fp32, TF32 off).
     host_crops = _torch_hands_against_litert(config, target, hands_analyser, "cuda", -20.0)
+    # Then the GPU's own crops. They are not rounded to uint8, and the letterbox samples its edge
+    # rows by replication (blazeface.py): the palm's key points move by about 1.3 px, so the hand's
+    # crop turns and scales a little, and the hand model, fed that crop, answers up to 2.3 px away on
+    # the first frame and 4.6 px on the second. Those figures are the NumPy references of the GPU
+    # kernels run on the CPU (crop_batch_ref and the letterbox's geometry), so they are what the
+    # GPU must give: 2.76 px on the H200. 6 px is 2% of the hand, far inside the outline's dilation.
+    on_device = _torch_hands_against_litert(config, target, hands_analyser, "cuda", -20.0, upload=cp)
     print(f"hand landmarks against LiteRT: GPU crops {on_device:.2f} px, host crops {host_crops:.2f} px")
-    assert on_device < 1.5
+    assert host_crops < 0.25
+    assert on_device < 6.0
