@@ -97,7 +97,8 @@ def main() -> None:
             runs[k].append(r)
     fps = {k: statistics.median(r["fps"] for r in rs) for k, rs in runs.items()}
     ms = {k: 1000.0 / v for k, v in fps.items()}
-    gpu = any(r["decode"] == "nvdec" for rs in runs.values() for r in rs)
+    # The summary names the decoder "NVDEC (GPU)" on a GPU (bench_run keeps its first word).
+    gpu = any(r["decode"].lower() == "nvdec" for rs in runs.values() for r in rs)
     device = gpu_name() if gpu else cpu_name()
     command = "python tools/bench_hands.py " + " ".join(sys.argv[1:])
     shown = " ".join(["swapstream run -s astronaut.png -i hand_720p30.mp4 -o null: -q"]

@@ -2,6 +2,7 @@
 
     python tools/bench_run.py --clip .bench/streams_1080p30.mp4 [--repeat 3] [--swapper inswapper_128]
         [--synthetic-models] [--config PRESET] [--set key=value ...] [--out docs/benchmarks] [--name run_gpu]
+        [--only file|null] [--baseline-tree DIR --baseline-label REV]
 
 Each run is one `swapstream run -s SOURCE -i CLIP -o OUT -q` process (the built-in astronaut as
 the source face). Each round runs it twice: `-o OUT.mp4`, encoding included (the command writes its
@@ -10,7 +11,10 @@ job with encoding excluded (frames still labelled and marked, nothing downloaded
 figure is the run's own summary line (`speed N fps`, frames over the loop's wall time, model loading
 excluded), the decoder is the summary's `decode` line, and the file is decoded back to check its
 frame count. With `--synthetic-models` the neural swapper is the full-size inswapper architecture
-with random weights (speed is the real model's; the output is not a likeness).
+with random weights (speed is the real model's; the output is not a likeness). With
+`--baseline-tree`, another revision's `swapstream run` (its tree: a checkout, or `git archive REV
+stream kernels engines configs` unpacked) runs in each round too, with encoding excluded, so that a
+change in speed can be told from a change in the machine.
 Writes `<out>/<name>.json` and `<out>/<name>.md`.
 """
 
@@ -51,8 +55,11 @@ def baseline_env(tree: Path, work: Path) -> dict[str, str]:
     """The environment that runs another revision's `swapstream`: its package laid out as pyproject
     maps it (stream/ is the package, kernels/ and engines/ its subpackages), first on the path."""
     tree = tree.resolve()
-    if not (tree / "stream" / "cli.py").is_file():
-        sys.exit(f"error: --baseline-tree {tree} holds no stream/cli.py: give a checkout of another revision")
+    missing = [p for p in ("stream/cli.py", "kernels", "engines", "configs") if not (tree / p).exists()]
+    if missing:
+        # configs/ too: the presets (`-c live`) are found beside the package (config.PRESETS_DIR).
+        sys.exit(f"error: --baseline-tree {tree} lacks {', '.join(missing)}: give a checkout of another "
+                 "revision, or `git archive REV stream kernels engines configs` unpacked")
     for sub in ("kernels", "engines"):
         link = tree / "stream" / sub
         if not link.exists():
@@ -77,7 +84,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
     ap.add_argument("--name", default="run_gpu")
     ap.add_argument("--baseline-tree", type=Path, default=None,
-                    help="a checkout (or `git archive` of stream/, kernels/, engines/) of another revision: "
+                    help="a checkout (or `git archive` of stream/, kernels/, engines/, configs/) of another revision: "
                          "its `swapstream run` is timed too, in the same rounds, with encoding excluded")
     ap.add_argument("--baseline-label", default="baseline", help="what the record calls that revision")
     args = ap.parse_args()

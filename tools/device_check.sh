@@ -187,7 +187,7 @@ if want serve_ab; then
 fi
 if want run_ab; then
   # `swapstream run -c live` with encoding excluded against another revision's, in the same rounds
-  # (BASELINE_TREE: a `git archive` of its stream/, kernels/ and engines/, carried).
+  # (BASELINE_TREE: a `git archive` of its stream/, kernels/, engines/ and configs/, carried).
   timeout -s INT -k 10 "${RUN_AB_S:-150}" python3 tools/bench_run.py --clip .bench/streams_1080p30.mp4 \
     --synthetic-models --only null --config live --out "$OUT" --name run_gpu_live_ab --repeat "${RUN_AB_REPEAT:-3}" \
     --baseline-tree "${BASELINE_TREE:-.baseline}" --baseline-label "${BASELINE_LABEL:-baseline}" 2>&1 \
