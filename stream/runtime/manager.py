@@ -353,7 +353,9 @@ class DeviceSlot:
             self._backends.clear()
 
         if self._analysis_pool is not self._pool:
-            # No analysis batch runs after its batcher closed: the swap thread may close the networks.
+            # A batch that started before its batcher closed finishes first (one thread, in order),
+            # awaited rather than blocking the loop; then the swap thread may close the networks.
+            await asyncio.get_running_loop().run_in_executor(self._analysis_pool, lambda: None)
             self._analysis_pool.shutdown(wait=True)
         await asyncio.get_running_loop().run_in_executor(self._pool, close_backends)
         self._pool.shutdown(wait=True)

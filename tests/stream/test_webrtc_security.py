@@ -589,9 +589,15 @@ def test_the_largest_offer_within_the_limits_keeps_the_loop_free() -> None:
 
     try:
         times = asyncio.run(scenario())
+        if max(times) >= 0.25:
+            # Offers that hold the loop hold it on every try; a loaded 2-core machine's one-off
+            # stall does not (CI once saw one probe of 0.47 s among others under 0.12 s, where this
+            # test alone gives 0.06-0.11 s). A second measurement tells the two apart.
+            first = sorted(times)[-5:]
+            times = asyncio.run(scenario())
+            assert max(times) < 0.25, (first, sorted(times)[-5:])
     finally:
         served.close()
-    assert max(times) < 0.25, sorted(times)[-5:]
 
 
 # --------------------------------------------------------------------------------------------------
