@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the `device` tool), from the repository root:
-#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|run_live|run_ab|serve|serve_ab|live|live_bench|hands|mesh|pending|recheck|all|none][,...]
+#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|run_live|run_ab|serve|serve_ab|live|live_bench|hands|mesh|pending|recheck|face_stack|all|none][,...]
 #     (default: all; bench = kernels + swap + pipeline; none = install the carried wheels only)
 #   tools/device_check.sh pytest ARGS...    (pytest with ARGS, in the same environment)
 # Installs the carried wheels (.whl/, ignored by git), makes `swapstream` importable from this tree,
@@ -192,6 +192,13 @@ if want run_ab; then
     --synthetic-models --only null --config live --out "$OUT" --name run_gpu_live_ab --repeat "${RUN_AB_REPEAT:-3}" \
     --baseline-tree "${BASELINE_TREE:-.baseline}" --baseline-label "${BASELINE_LABEL:-baseline}" 2>&1 \
     | tee "$OUT/bench_run_ab.log" || rc=1
+fi
+if want face_stack; then
+  # Issue 23: the occluder, the parser and the GFPGAN-architecture enhancer per face at batch 1 and 4,
+  # fp16 with CUDA graphs, through the product's TorchRunner (models built here with random weights:
+  # needs torch and onnx, which the image has; nothing carried).
+  timeout -s INT -k 10 "${FACE_STACK_S:-300}" python3 tools/bench_face_stack.py --out "$OUT" 2>&1 \
+    | tee "$OUT/bench_face_stack.log" || rc=1
 fi
 # The device tool brings back a limited number of files: pack the logs into one.
 tar -czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log 2>/dev/null) 2>/dev/null && (cd "$OUT" && rm -f *.log)

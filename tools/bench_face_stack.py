@@ -1,0 +1,151 @@
+"""Face-stack benchmark: the occluder, the parser and the enhancer per face, in the real architectures.
+
+    python tools/bench_face_stack.py --out DIR [--models xseg_1,bisenet_resnet_18,gfpgan_1.4]
+        [--batches 1,4] [--device cuda|cpu] [--reps 50]    (tools/device_check.sh face_stack)
+
+Each model is built in its real architecture with random weights by tools/make_face_models.py (the
+real weights cannot be downloaded here; the cost is the architecture's) and run by the product's
+`TorchRunner`, as the face stack runs it: on a GPU in fp16, channels_last, one CUDA graph per batch
+size; on the CPU in fp32 (a smoke run: its times are not the product's CPU path, which is ONNX
+Runtime). Inputs are random, in each model's own layout and size (docs/neural.md). The figure is the
+median over `--reps` calls of CUDA-event time on a GPU (wall time on the CPU), per call and per face.
+Memory: PyTorch's peak allocation after the model's weights and every batch size's graph, per model.
+Writes face_stack.json and face_stack.md into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import cpu_name, median_ms, run_fields  # noqa: E402
+
+# Model -> (builder in make_face_models, input shape per face, what it is). Shapes as the zoo files
+# take them: XSeg is NHWC 256x256, BiSeNet and GFPGAN NCHW 512x512.
+MODELS: dict[str, tuple[str, tuple[int, ...], str]] = {
+    "xseg_1": ("xseg", (256, 256, 3), "occluder (XSeg)"),
+    "bisenet_resnet_18": ("bisenet", (3, 512, 512), "region parser (BiSeNet, ResNet-18)"),
+    "gfpgan_1.4": ("gfpgan_1_4", (3, 512, 512), "enhancer (GFPGAN v1.4 architecture)"),
+}
+
+
+def wall_median_ms(fn: Callable[[], Any], reps: int, warm: int = 2) -> float:
+    """Median wall time of `fn` in milliseconds (the CPU smoke run)."""
+    for _ in range(warm):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return float(np.median(times))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--batches", default="1,4")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--reps", type=int, default=50)
+    args = ap.parse_args()
+    names = [m for m in args.models.split(",") if m]
+    unknown = sorted(set(names) - set(MODELS))
+    if unknown:
+        sys.exit(f"error: --models takes names among {', '.join(MODELS)}; got {', '.join(unknown)}")
+    try:
+        batches = sorted({int(b) for b in args.batches.split(",")})
+    except ValueError:
+        sys.exit(f"error: --batches takes whole numbers joined by commas, got {args.batches!r}")
+    if not batches or min(batches) < 1 or max(batches) > 8:
+        sys.exit(f"error: --batches must be between 1 and 8, got {args.batches!r}")
+    if args.reps < 1:
+        sys.exit(f"error: --reps must be at least 1, got {args.reps}")
+    import torch
+
+    import make_face_models
+
+    from swapstream.engines.torch_runner import TorchRunner
+
+    gpu = args.device == "cuda"
+    if gpu and not torch.cuda.is_available():
+        sys.exit("error: --device cuda needs a CUDA GPU that PyTorch sees; use --device cpu for a smoke run")
+    device = torch.cuda.get_device_name() if gpu else cpu_name()
+    precision = "fp16" if gpu else "fp32"
+    command = "python tools/bench_face_stack.py " + " ".join(sys.argv[1:])
+    common = run_fields(device, command)
+    rng = np.random.default_rng(0)
+    records: list[dict[str, Any]] = []
+    rows: list[tuple[str, str, dict[int, float], float | None]] = []
+    for name in names:
+        builder, shape, what = MODELS[name]
+        t0 = time.perf_counter()
+        model = getattr(make_face_models, builder)()
+        print(f"{name}: built in {time.perf_counter() - t0:.1f} s", flush=True)
+        per_call: dict[int, float] = {}
+        peak: float | None = None
+        if gpu:
+            import cupy as cp
+
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            stream = cp.cuda.Stream(non_blocking=True)
+        with TorchRunner(model, device=args.device, precision=precision, max_batch=max(batches)) as tr:
+            print(f"{name}: {tr.architecture} on {args.device} in {precision}", flush=True)
+            for b in batches:
+                x = rng.uniform(-1, 1, (b, *shape)).astype(np.float32)
+                if gpu:
+                    feed = {"input": cp.asarray(x)}
+                    per_call[b] = median_ms(cp, lambda: tr.infer(feed, stream), stream, reps=args.reps)
+                else:
+                    feed = {"input": x}
+                    per_call[b] = wall_median_ms(lambda: tr.infer(feed, None), args.reps)
+                print(f"{name}: batch {b}: {per_call[b]:.3f} ms a call, {per_call[b] / b:.3f} ms a face",
+                      flush=True)
+            reruns = tr.fp32_reruns
+        if gpu:
+            peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+        for b, ms in per_call.items():
+            records.append({"metric": f"face_stack_{name.replace('.', '_')}_ms_per_face_b{b}",
+                            "value": round(ms / b, 3), "unit": "ms", "stat": "p50",
+                            "config": {"model": name, "what": what, "batch": b, "ms_per_call": round(ms, 3),
+                                       "precision": precision, "cuda_graphs": gpu, "input": [b, *shape],
+                                       "fp32_reruns": reruns, "reps": args.reps}, **common})
+        if peak is not None:
+            records.append({"metric": f"face_stack_{name.replace('.', '_')}_peak_memory", "value": round(peak, 1),
+                            "unit": "MiB", "stat": "max", "config": {"model": name, "batches": batches},
+                            **common})
+        rows.append((name, what, per_call, peak))
+        del model
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "face_stack.json").write_text(json.dumps(records, indent=1) + "\n")
+    timer = "CUDA events" if gpu else "wall time"
+    head = " | ".join(f"batch {b}: ms a face (a call)" for b in batches)
+    lines = [f"# Face stack per face ({device}, {common['commit']}, {common['date']})", "",
+             f"Command: `{command}`. Real architectures, random weights (tools/make_face_models.py), run "
+             f"by the product's TorchRunner in {precision}" + (", channels_last, one CUDA graph per batch size"
+                                                                if gpu else "") +
+             f"; median of {args.reps} calls, {timer}, inputs already on the device.", "",
+             f"| model | what | {head} | peak memory |", "|---|---|" + "---|" * len(batches) + "---|"]
+    for name, what, per_call, peak in rows:
+        cells = " | ".join(f"{per_call[b] / b:.3f} ({per_call[b]:.3f})" for b in batches)
+        mem = f"{peak:.0f} MiB" if peak is not None else "n/a"
+        lines.append(f"| {name} | {what} | {cells} | {mem} |")
+    if not gpu:
+        lines += ["", "A CPU smoke run of the tool: the product's CPU path runs these models in ONNX Runtime."]
+    (args.out / "face_stack.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
