@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 import types
 from collections.abc import Iterable, Iterator
@@ -350,13 +351,21 @@ def build_module(graph: TfliteGraph) -> Any:
     return module
 
 
+_CUDNN_FLAGS = threading.Lock()
+"""Held while `_exact_fp32` has changed cuDNN's flags. They are process-wide in torch, set on entry
+and restored on exit: two threads inside at once (a serve worker's analysis thread and its swap
+thread analysing a source face) could restore in the wrong order and leave benchmark mode and TF32
+off for the whole process. The lock guards torch's global state, so it is global too."""
+
+
 @contextmanager
 def _exact_fp32() -> Iterator[None]:
     """cuDNN without TF32, for this block only: TF32 would cost ~1e-3 relative error per layer,
     and the landmarks feed a geometry that the tests compare against LiteRT's."""
     import torch
 
-    with torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=False, allow_tf32=False):
+    with _CUDNN_FLAGS, torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=False,
+                                                  allow_tf32=False):
         yield
 
 

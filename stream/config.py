@@ -177,8 +177,8 @@ class RuntimeConfig(_Section):
     queue_frames: int = Field(2, ge=1, le=16)
     """Frames each stage of a stream may hold; beyond that the oldest is dropped (live policy)."""
     analysis_thread: bool = True
-    """On a GPU: face analysis runs in a thread of its own beside the swap thread, each on its own CUDA
-    streams, so one batch's landmarks run while another's faces are swapped. False: both in one
+    """On a GPU: face analysis runs in a thread of its own (on its own CUDA stream) beside the swap
+    thread, so one batch's landmarks run while another's faces are swapped. False: both in one
     thread, in turn (the layout before; kept to compare the two in one benchmark run)."""
     # A stream holds at least three threads of its own plus its decoder's and encoder's: 256 streams
     # is over a thousand threads, past what one process schedules well.

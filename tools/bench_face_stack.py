@@ -59,6 +59,8 @@ def main() -> None:
     args = ap.parse_args()
     names = [m for m in args.models.split(",") if m]
     unknown = sorted(set(names) - set(MODELS))
+    if not names:
+        sys.exit(f"error: --models names none; give some of {', '.join(MODELS)}")
     if unknown:
         sys.exit(f"error: --models takes names among {', '.join(MODELS)}; got {', '.join(unknown)}")
     try:
@@ -106,21 +108,25 @@ def main() -> None:
                 x = rng.uniform(-1, 1, (b, *shape)).astype(np.float32)
                 if gpu:
                     feed = {"input": cp.asarray(x)}
-                    per_call[b] = median_ms(cp, lambda: tr.infer(feed, stream), stream, reps=args.reps)
+                    per_call[b] = median_ms(cp, lambda r=tr, f=feed: r.infer(f, stream), stream, reps=args.reps)
                 else:
                     feed = {"input": x}
-                    per_call[b] = wall_median_ms(lambda: tr.infer(feed, None), args.reps)
+                    per_call[b] = wall_median_ms(lambda r=tr, f=feed: r.infer(f, None), args.reps)
                 print(f"{name}: batch {b}: {per_call[b]:.3f} ms a call, {per_call[b] / b:.3f} ms a face",
                       flush=True)
-            reruns = tr.fp32_reruns
+            # What ran, not what was asked: a failed capture runs eagerly, a bad fp16 batch in fp32.
+            reruns, graphs, graph_failures = tr.fp32_reruns, bool(tr.cuda_graphs and gpu), tr.graph_failures
+        del tr  # its module, graphs and fp32 copy go before the next model's memory is measured
         if gpu:
             peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+            torch.cuda.empty_cache()
         for b, ms in per_call.items():
             records.append({"metric": f"face_stack_{name.replace('.', '_')}_ms_per_face_b{b}",
                             "value": round(ms / b, 3), "unit": "ms", "stat": "p50",
                             "config": {"model": name, "what": what, "batch": b, "ms_per_call": round(ms, 3),
-                                       "precision": precision, "cuda_graphs": gpu, "input": [b, *shape],
-                                       "fp32_reruns": reruns, "reps": args.reps}, **common})
+                                       "precision": precision, "cuda_graphs": graphs,
+                                       "graph_failures": graph_failures, "input": [b, *shape],
+                                       "fp32_reruns_all_batches": reruns, "reps": args.reps}, **common})
         if peak is not None:
             records.append({"metric": f"face_stack_{name.replace('.', '_')}_peak_memory", "value": round(peak, 1),
                             "unit": "MiB", "stat": "max", "config": {"model": name, "batches": batches},

@@ -60,13 +60,16 @@ def baseline_env(tree: Path, work: Path) -> dict[str, str]:
         # configs/ too: the presets (`-c live`) are found beside the package (config.PRESETS_DIR).
         sys.exit(f"error: --baseline-tree {tree} lacks {', '.join(missing)}: give a checkout of another "
                  "revision, or `git archive REV stream kernels engines configs` unpacked")
-    for sub in ("kernels", "engines"):
-        link = tree / "stream" / sub
-        if not link.exists():
-            link.symlink_to(tree / sub, target_is_directory=True)
+    # The package is laid out in `work` as links (the tree itself is left as it is): stream/'s files,
+    # then kernels/ and engines/ beside them.
     shim = work / "baseline-shim"
-    shim.mkdir()
-    (shim / "swapstream").symlink_to(tree / "stream", target_is_directory=True)
+    pkg = shim / "swapstream"
+    pkg.mkdir(parents=True)
+    for entry in (tree / "stream").iterdir():
+        if entry.name not in ("kernels", "engines"):
+            (pkg / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
+    for sub in ("kernels", "engines"):
+        (pkg / sub).symlink_to(tree / sub, target_is_directory=True)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(shim), *filter(None, [env.get("PYTHONPATH")])])
     return env
@@ -161,8 +164,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(rec, indent=1) + "\n")
     lines = [f"# swapstream run, {args.config or 'default'} preset ({device}, {commit}, {date})", "",
-             f"Command: `{command}`; each run: `{shown}`. The two outputs alternate, one of each per "
-             "round, in one process tree on one machine.", "",
+             f"Command: `{command}`; each run: `{shown}`. The outputs (and the baseline, if any) "
+             "alternate, one of each per round, in one process tree on one machine.", "",
              "| output | decode | runs (fps, each run's summary) | median | frames | frames written | frames swapped |",
              "|---|---|---|---|---|---|---|"]
     for m, text in modes.items():

@@ -15,8 +15,8 @@ its device is a GPU; everything else about it (queues, drop policy, batcher, con
 is the same object.
 
 Each class keeps to one thread: `GpuDecode` to the stream's reader thread, `DeviceAnalysis` to the
-device thread (its networks and CUDA graphs are not for concurrent calls), `GpuCompose` to the
-stream's encode thread. Each thread works on CUDA streams of its own and waits for its work before
+device's analysis thread (its networks and CUDA graphs are not for concurrent calls; the swap
+thread with `runtime.analysis_thread` off), `GpuCompose` to the stream's encode thread. Each thread works on CUDA streams of its own and waits for its work before
 handing a frame on, so the next stage reads finished data.
 """
 
@@ -126,8 +126,8 @@ class GpuDecode:
 
 class DeviceAnalysis:
     """One GPU's face analysis: one `GpuFaceAnalyser` (networks, CUDA graphs), one tracker per
-    stream, and `track_many` over the frames that several streams submitted together. Built, used
-    and closed in the device thread only."""
+    stream, and `track_many` over the frames that several streams submitted together. Built and used
+    in the device's analysis thread only; closed by the swap thread once that thread has stopped."""
 
     def __init__(self, config: Config) -> None:
         import cupy

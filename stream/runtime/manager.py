@@ -2,7 +2,7 @@
 
 ```
 StreamRuntime
- ├─ DeviceSlot "cuda:0"   backends {mesh, inswapper_128, ...}, DynamicBatcher, controller, 1 thread
+ ├─ DeviceSlot "cuda:0"   backends {mesh, inswapper_128, ...}, DynamicBatcher, controller, swap + analysis threads
  │    └─ streams placed here (StreamPipeline: reader, analysis, swap, encode)
  ├─ DeviceSlot "cuda:1"   ...
  └─ controller tick       every runtime.controller_interval: p99s and NVML -> steps up or down
@@ -86,7 +86,8 @@ class SlotLoad:
     name: str
     streams: int
     busy: float
-    """Share of the last few seconds the device's swap thread spent running batches, 0..1."""
+    """Share of the last few seconds the device's busier thread (swap or analysis) spent running
+    batches, 0..1."""
     gpu_util: float | None = None
     """NVML utilisation 0..1 (None on the CPU or without NVML)."""
     memory_free: int | None = None
@@ -109,7 +110,8 @@ def place(loads: Sequence[SlotLoad], min_free_memory: int = 0) -> int:
 
 
 class DeviceSlot:
-    """One device: its swap backends (built on first use), its batcher and its one worker thread."""
+    """One device: its swap backends (built on first use), its batchers, its swap thread and, on a
+    GPU, its analysis thread (`runtime.analysis_thread`)."""
 
     def __init__(self, name: str, config: Config, factory: BackendFactory, metrics: RuntimeMetrics,
                  controller: DegradationController) -> None:
@@ -136,7 +138,8 @@ class DeviceSlot:
                                       observer=self._observed, name=f"batcher-{name}")
         self._nvdec: tuple[bool, str] | None = None
         self._analysis: Any = None
-        """On a GPU: the device's face analysis (gpu_stages.DeviceAnalysis), built in its thread."""
+        """On a GPU: the device's face analysis (gpu_stages.DeviceAnalysis), built and run in the
+        analysis thread (the swap thread with `runtime.analysis_thread` off)."""
         self.analysis_batcher: DynamicBatcher | None = None
         if self.gpu_index is not None:
             # The streams' frames are analysed together, one landmark call for all of them: the same
@@ -263,22 +266,30 @@ class DeviceSlot:
         if self.gpu_index is None:
             return
 
-        def build() -> None:
+        def build_analysis() -> None:
             with self._device():
                 if self._analysis is None:
                     from .gpu_stages import DeviceAnalysis
 
                     self._analysis = DeviceAnalysis(self.config)
+
+        def build() -> None:
+            with self._device():
                 self._warm_kernels()
-                # The configured swapper, and mesh, which the controller falls back to: each
-                # captures CUDA graphs when built, which must not happen beside running streams.
+                # The configured swapper, and mesh (a stream's default swapper, and the fall-back
+                # of streams on the CPU): each captures CUDA graphs when built, which must not happen
+                # beside running streams.
                 for name in dict.fromkeys((self.config.swapper, "mesh")):
                     try:
                         self._backend(name)
                     except Exception as e:  # a missing model: the streams that ask for it will say so
                         log.warning("%s: the %s backend could not be built ahead: %s", self.name, name, e)
 
-        await asyncio.get_running_loop().run_in_executor(self._pool, build)
+        loop = asyncio.get_running_loop()
+        # The analysis is built in the thread that runs it, then the backends in theirs: one after
+        # the other, so that no two CUDA graph captures overlap.
+        await loop.run_in_executor(self._analysis_pool, build_analysis)
+        await loop.run_in_executor(self._pool, build)
 
     def _warm_kernels(self) -> None:
         """Compile the CuPy kernels every GPU frame goes through (NV12 <-> RGB, the label, the

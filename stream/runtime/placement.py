@@ -29,8 +29,9 @@ from typing import Any, Protocol, TypeVar
 OVER_BUDGET = 1.0
 """A worker one of whose streams has its p99 above this fraction of its budget takes no new stream."""
 BUSY_MAX = 0.95
-"""A worker whose device thread would be busy more than this share of the time with one more stream
-takes none: the rest is the slack that absorbs bursts (keyframes, many faces at once)."""
+"""A worker whose busier device thread (swap or analysis) would be busy more than this share of the
+time with one more stream takes none: the rest is the slack that absorbs bursts (keyframes, many
+faces at once)."""
 FALLBACK_COST = 0.05
 """What one stream is taken to add to a worker's busy share when no worker's report can tell yet
 (none holds a reported stream): small, so that it decides only between workers otherwise alike."""
