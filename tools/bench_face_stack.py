@@ -19,14 +19,13 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import cpu_name, median_ms, run_fields  # noqa: E402
+from benchlib import cpu_name, median_ms, run_fields, wall_median_ms  # noqa: E402
 
 # Model -> (builder in make_face_models, input shape per face, what it is). Shapes as the zoo files
 # take them: XSeg is NHWC 256x256, BiSeNet and GFPGAN NCHW 512x512.
@@ -35,18 +34,6 @@ MODELS: dict[str, tuple[str, tuple[int, ...], str]] = {
     "bisenet_resnet_18": ("bisenet", (3, 512, 512), "region parser (BiSeNet, ResNet-18)"),
     "gfpgan_1.4": ("gfpgan_1_4", (3, 512, 512), "enhancer (GFPGAN v1.4 architecture)"),
 }
-
-
-def wall_median_ms(fn: Callable[[], Any], reps: int, warm: int = 2) -> float:
-    """Median wall time of `fn` in milliseconds (the CPU smoke run)."""
-    for _ in range(warm):
-        fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return float(np.median(times))
 
 
 def main() -> None:

@@ -15,7 +15,6 @@ import sys
 
 import argparse
 import json
-import time
 from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 import cv2
 import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import gpu_name, median_ms, run_fields  # noqa: E402
+from benchlib import gpu_name, median_ms, run_fields, wall_median_ms  # noqa: E402
 
 W, H = 1920, 1080
 
@@ -57,14 +56,7 @@ def graph_time_us(cp: Any, fn: Callable[[], Any], reps: int = 200) -> float | No
 
 
 def cpu_time_us(fn: Callable[[], Any], reps: int = 20, warm: int = 2) -> float:
-    for _ in range(warm):
-        fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e6)
-    return float(np.median(times))
+    return wall_median_ms(fn, reps, warm) * 1e3
 
 
 def copy_bandwidth_gbs(cp: Any) -> float:

@@ -62,3 +62,19 @@ def median_ms(cp: Any, fn: Callable[[], Any], stream: Any, reps: int = 50, warm:
         stop.synchronize()
         times.append(cp.cuda.get_elapsed_time(start, stop))
     return float(np.median(times))
+
+
+def wall_median_ms(fn: Callable[[], Any], reps: int = 20, warm: int = 2) -> float:
+    """Median wall time of `fn` in milliseconds, after `warm` untimed calls (host-side work)."""
+    import time
+
+    import numpy as np
+
+    for _ in range(warm):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return float(np.median(times))
