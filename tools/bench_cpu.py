@@ -47,7 +47,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_run import run_summary  # noqa: E402
-from benchlib import cpu_name, run_fields  # noqa: E402
+from benchlib import cpu_name, package_links, run_fields  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CLIP = ROOT / ".bench" / "streams_720p30.mp4"
@@ -109,25 +109,13 @@ def git(*args: str) -> str:
 
 
 def make_baseline(rev: str, tmp: Path) -> Tree:
-    """A detached worktree of `rev` and a `swapstream` package of links into it: stream/'s entries,
-    plus kernels/ and engines/ as the subpackages pyproject.toml maps them to. Modules resolve
-    their own paths (configs/, assets/) through the links, so they find the worktree's files."""
+    """A detached worktree of `rev` and a `swapstream` package of links into it
+    (benchlib.package_links)."""
     wt = tmp / "baseline"
     git("worktree", "add", "--detach", str(wt), rev)
-    shim = tmp / "shim" / "swapstream"
-    shim.mkdir(parents=True)
-    for entry in (wt / "stream").iterdir():
-        if entry.name != "__pycache__":
-            (shim / entry.name).symlink_to(entry)
-    (shim / "kernels").symlink_to(wt / "kernels")
-    (shim / "engines").symlink_to(wt / "engines")
-    tree = Tree("baseline", git("rev-parse", "--short", rev), str(shim.parent))
+    tree = Tree("baseline", git("rev-parse", "--short", rev), str(tmp / "shim"))
     # The `swapstream` script and `python -c` must import the worktree's code, not this tree's.
-    where = subprocess.run([sys.executable, "-c", "import swapstream.cli, swapstream.kernels.mesh as m; "
-                            "print(m.__file__)"], env=tree.env(), capture_output=True, text=True,
-                           check=True).stdout.strip()
-    if not Path(where).resolve().is_relative_to(wt.resolve()):
-        raise SystemExit(f"baseline imports swapstream from {where}, not from its worktree {wt}")
+    package_links(wt, tmp / "shim", tree.env())
     return tree
 
 

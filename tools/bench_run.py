@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 TOOLS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TOOLS))
+from benchlib import package_links  # noqa: E402
 
 
 def run_summary(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> dict[str, Any]:
@@ -52,26 +54,12 @@ def run_summary(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | N
 
 
 def baseline_env(tree: Path, work: Path) -> dict[str, str]:
-    """The environment that runs another revision's `swapstream`: its package laid out as pyproject
-    maps it (stream/ is the package, kernels/ and engines/ its subpackages), first on the path."""
-    tree = tree.resolve()
-    missing = [p for p in ("stream/cli.py", "kernels", "engines", "configs") if not (tree / p).exists()]
-    if missing:
-        # configs/ too: the presets (`-c live`) are found beside the package (config.PRESETS_DIR).
-        sys.exit(f"error: --baseline-tree {tree} lacks {', '.join(missing)}: give a checkout of another "
-                 "revision, or `git archive REV stream kernels engines configs` unpacked")
-    # The package is laid out in `work` as links (the tree itself is left as it is): stream/'s files,
-    # then kernels/ and engines/ beside them.
+    """The environment that runs another revision's `swapstream` (benchlib.package_links), first on
+    the path, before what PYTHONPATH already holds (the GPU machine's carried wheels)."""
     shim = work / "baseline-shim"
-    pkg = shim / "swapstream"
-    pkg.mkdir(parents=True)
-    for entry in (tree / "stream").iterdir():
-        if entry.name not in ("kernels", "engines"):
-            (pkg / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
-    for sub in ("kernels", "engines"):
-        (pkg / sub).symlink_to(tree / sub, target_is_directory=True)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(shim), *filter(None, [env.get("PYTHONPATH")])])
+    package_links(tree, shim, env)
     return env
 
 
@@ -103,7 +91,6 @@ def main() -> None:
     cv2.imwrite(str(source), cv2.cvtColor(astronaut(), cv2.COLOR_RGB2BGR))
     opts = (["-c", args.config] if args.config else []) + ["--set", f"swapper={args.swapper}", *[x for s in args.set for x in ("--set", s)]]
     if args.synthetic_models:
-        sys.path.insert(0, str(TOOLS))
         from bench_pipeline import write_synthetic_models
 
         write_synthetic_models(work / "models")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -78,3 +80,30 @@ def wall_median_ms(fn: Callable[[], Any], reps: int = 20, warm: int = 2) -> floa
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
     return float(np.median(times))
+
+
+def package_links(tree: Path, folder: Path, env: dict[str, str]) -> None:
+    """Lay out another revision's `swapstream` package in `folder` as links into `tree` (a checkout,
+    or `git archive REV stream kernels engines configs` unpacked): stream/'s entries, plus kernels/
+    and engines/ as the subpackages pyproject.toml maps them to; the tree is left as it is. Modules
+    resolve their own paths (configs/, assets/) through the links, so they find the tree's files.
+    `env` is the environment that puts `folder` first on PYTHONPATH: the package it imports is
+    checked to be the tree's (a stale install or path would time the wrong code)."""
+    tree = tree.resolve()
+    missing = [p for p in ("stream/cli.py", "kernels", "engines", "configs") if not (tree / p).exists()]
+    if missing:
+        # configs/ too: the presets (`-c live`) are found beside the package (config.PRESETS_DIR).
+        raise SystemExit(f"error: {tree} lacks {', '.join(missing)}: give a checkout of another revision, "
+                         "or `git archive REV stream kernels engines configs` unpacked")
+    pkg = folder / "swapstream"
+    pkg.mkdir(parents=True)
+    for entry in (tree / "stream").iterdir():
+        if entry.name not in ("__pycache__", "kernels", "engines"):
+            pkg.joinpath(entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
+    for sub in ("kernels", "engines"):
+        pkg.joinpath(sub).symlink_to(tree / sub, target_is_directory=True)
+    where = subprocess.run([sys.executable, "-c", "import swapstream.cli, swapstream.kernels.mesh as m; "
+                            "print(m.__file__)"], env=env, capture_output=True, text=True,
+                           check=True).stdout.strip()
+    if not Path(where).resolve().is_relative_to(tree):
+        raise SystemExit(f"error: the baseline imports swapstream from {where}, not from {tree}")
