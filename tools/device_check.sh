@@ -58,6 +58,14 @@ want() {
   return 1
 }
 
+# The stream benchmark's setup for issue 18's targets (serve, serve_ab): the full-size inswapper
+# architecture (random weights), one face per stream, random arrival phases, the compiled networks,
+# file sources paced by the server, null sinks; and the clips that were carried (a run near the
+# carry limit takes the one its --res needs).
+SERVE_SETUP="--workers 8 --source file --sink null --seconds 8 --settle 6 --swapper inswapper_128 --synthetic-models --set neural.max_batch=4 --set detector.max_faces=1 --set detector.detect_every=10 --set landmarks.compile=true"
+SERVE_CLIPS=()
+for r in 720p 1080p; do [[ -f ".bench/streams_${r}30.mp4" ]] && SERVE_CLIPS+=(--clip "$r=.bench/streams_${r}30.mp4"); done
+
 rc=0
 if want pytest; then
   python3 -m pytest -p no:cacheprovider "$@" 2>&1 | tee "$OUT/pytest_args.log"
@@ -107,18 +115,15 @@ if want streams all; then
   # Each stage's GPU time per stream frame, on a quiet GPU (what a frame costs at most).
   python3 tools/bench_frame_gpu.py --clip720 .bench/streams_720p30.mp4 --clip1080 .bench/streams_1080p30.mp4 --out "$OUT" ${FRAME_GPU_ARGS---compiled} 2>&1 | tee "$OUT/bench_frame_gpu.log" || rc=1
 fi
-if want run_live; then
-  # The live preset alone (issue 18's >= 250 fps target), when the call has no time for both.
-  python3 tools/bench_run.py --clip .bench/streams_1080p30.mp4 --repeat 3 --synthetic-models --out "$OUT" \
-    --config live --name run_gpu_live 2>&1 | tee "$OUT/bench_run_live.log" || rc=1
-fi
+# `swapstream run` itself on the 1080p clip with the full-size inswapper architecture, with x264
+# (the H200 has no NVENC) and with encoding excluded, median of 3 runs each: the default preset
+# (detector every frame), then `live` (detector every 5th frame, landmarks track between; issue 18's
+# >= 250 fps target). run_live: the live preset alone, when the call has no time for both.
 if want run all; then
-  # `swapstream run` itself on the 1080p clip with the full-size inswapper architecture, with x264
-  # (the H200 has no NVENC) and with encoding excluded, median of 3 runs each.
-  # Each preset with and without the encoder (-o null:): the default preset (detector every frame)
-  # and `live` (detector every 5th frame, landmarks track between).
   python3 tools/bench_run.py --clip .bench/streams_1080p30.mp4 --repeat 3 --synthetic-models --out "$OUT" \
     --name run_gpu 2>&1 | tee "$OUT/bench_run.log" || rc=1
+fi
+if want run run_live all; then
   python3 tools/bench_run.py --clip .bench/streams_1080p30.mp4 --repeat 3 --synthetic-models --out "$OUT" \
     --config live --name run_gpu_live 2>&1 | tee "$OUT/bench_run_live.log" || rc=1
 fi
@@ -150,17 +155,12 @@ if want hands all; then
 fi
 if want serve all; then
   # The stream benchmark: a load generator driving `swapstream serve --workers` (MPS on with 2 or
-  # more workers), so the figures are the product's own. The defaults are the targets' setup: the
-  # full-size inswapper architecture (random weights), one face per stream, random arrival phases,
-  # the multi_stream preset's compiled networks. SERVE_ARGS replaces them, e.g.
+  # more workers), so the figures are the product's own. The defaults are the targets' setup
+  # (SERVE_SETUP) at 16 and 32 720p streams. SERVE_ARGS replaces them, e.g.
   # "--workers 4 --ns 8 --res 720p --sink null --seconds 5". RTMP sources and sinks need
   # .devtools/nginx (tools/device_prepare.sh).
-  defaults="--workers 8 --ns 16,32 --res 720p --source file --sink null --seconds 8 --settle 6 --swapper inswapper_128 --synthetic-models --set neural.max_batch=4 --set detector.max_faces=1 --set detector.detect_every=10 --set landmarks.compile=true"
-  # The clips that were carried (a run near the carry limit takes the one its --res needs).
-  clips=()
-  for r in 720p 1080p; do [[ -f ".bench/streams_${r}30.mp4" ]] && clips+=(--clip "$r=.bench/streams_${r}30.mp4"); done
-  python3 tools/bench_streams.py "${clips[@]}" \
-    --out "$OUT" --name "${SERVE_NAME:-serve_streams}" ${SERVE_ARGS:-$defaults} 2>&1 | tee "$OUT/bench_serve.log" || rc=1
+  python3 tools/bench_streams.py "${SERVE_CLIPS[@]}" --out "$OUT" --name "${SERVE_NAME:-serve_streams}" \
+    ${SERVE_ARGS:-$SERVE_SETUP --ns 16,32 --res 720p} 2>&1 | tee "$OUT/bench_serve.log" || rc=1
 fi
 if want recheck; then
   # The GPU tests that failed in the last GPU run, after their fixes.
@@ -174,14 +174,12 @@ if want serve_ab; then
   # thread of its own (the default) at 32 streams and at the 1,500 faces/s load, then the single
   # device thread at 32 streams, in the same call. Each under a time limit (SIGINT, so serve's
   # workers are stopped and the configurations finished so far are written).
-  base="--workers 8 --source file --sink null --seconds 8 --settle 6 --swapper inswapper_128 --synthetic-models --set neural.max_batch=4 --set detector.max_faces=1 --set detector.detect_every=10 --set landmarks.compile=true"
-  clips=()
-  for r in 720p 1080p; do [[ -f ".bench/streams_${r}30.mp4" ]] && clips+=(--clip "$r=.bench/streams_${r}30.mp4"); done
-  timeout -s INT -k 30 "${SERVE_NEW_S:-270}" python3 tools/bench_streams.py "${clips[@]}" --out "$OUT" --name serve_streams \
-    $base --ns "${SERVE_NS:-32,52}" --res "${SERVE_RES:-720p,1080p}" 2>&1 | tee "$OUT/bench_serve.log" || rc=1
+  timeout -s INT -k 30 "${SERVE_NEW_S:-270}" python3 tools/bench_streams.py "${SERVE_CLIPS[@]}" --out "$OUT" \
+    --name serve_streams $SERVE_SETUP --ns "${SERVE_NS:-32,52}" --res "${SERVE_RES:-720p,1080p}" 2>&1 \
+    | tee "$OUT/bench_serve.log" || rc=1
   if [[ "${SERVE_OLD_S:-110}" != 0 ]]; then  # 0: the new layout alone
-    timeout -s INT -k 30 "${SERVE_OLD_S:-110}" python3 tools/bench_streams.py "${clips[@]}" --out "$OUT" \
-      --name serve_streams_one_thread $base --ns 32 --res 720p --set runtime.analysis_thread=false 2>&1 \
+    timeout -s INT -k 30 "${SERVE_OLD_S:-110}" python3 tools/bench_streams.py "${SERVE_CLIPS[@]}" --out "$OUT" \
+      --name serve_streams_one_thread $SERVE_SETUP --ns 32 --res 720p --set runtime.analysis_thread=false 2>&1 \
       | tee "$OUT/bench_serve_one_thread.log" || rc=1
   fi
 fi

@@ -16,8 +16,9 @@ is the same object.
 
 Each class keeps to one thread: `GpuDecode` to the stream's reader thread, `DeviceAnalysis` to the
 device's analysis thread (its networks and CUDA graphs are not for concurrent calls; the swap
-thread with `runtime.analysis_thread` off), `GpuCompose` to the stream's encode thread. Each thread works on CUDA streams of its own and waits for its work before
-handing a frame on, so the next stage reads finished data.
+thread with `runtime.analysis_thread` off), `GpuCompose` to the stream's encode thread. Each works
+on a CUDA stream of its own and waits for its work before handing a frame on, so the next stage
+reads finished data.
 """
 
 from __future__ import annotations
