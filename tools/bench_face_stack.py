@@ -27,13 +27,23 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import cpu_name, median_ms, run_fields, wall_median_ms  # noqa: E402
 
-# Model -> (builder in make_face_models, input shape per face, what it is). Shapes as the zoo files
-# take them: XSeg is NHWC 256x256, BiSeNet and GFPGAN NCHW 512x512.
-MODELS: dict[str, tuple[str, tuple[int, ...], str]] = {
-    "xseg_1": ("xseg", (256, 256, 3), "occluder (XSeg)"),
-    "bisenet_resnet_18": ("bisenet", (3, 512, 512), "region parser (BiSeNet, ResNet-18)"),
-    "gfpgan_1.4": ("gfpgan_1_4", (3, 512, 512), "enhancer (GFPGAN v1.4 architecture)"),
+# Model -> (builder in make_face_models, what it is). The input's name, size and layout are the zoo's
+# (engines/zoo.py), as the face stack feeds them.
+MODELS: dict[str, tuple[str, str]] = {
+    "xseg_1": ("xseg", "occluder (XSeg)"),
+    "bisenet_resnet_18": ("bisenet", "region parser (BiSeNet, ResNet-18)"),
+    "gfpgan_1.4": ("gfpgan_1_4", "enhancer (GFPGAN v1.4 architecture)"),
 }
+
+
+def input_of(name: str) -> tuple[str, tuple[int, ...]]:
+    """The zoo model's input name and its shape per face."""
+    from swapstream.engines.zoo import get_spec
+
+    spec = get_spec(name)
+    assert spec.size is not None, f"{name}: the zoo gives no input size"
+    shape = (spec.size, spec.size, 3) if spec.layout == "NHWC" else (3, spec.size, spec.size)
+    return spec.input_names[0], shape
 
 
 def main() -> None:
@@ -75,7 +85,8 @@ def main() -> None:
     records: list[dict[str, Any]] = []
     rows: list[tuple[str, str, dict[int, float], float | None]] = []
     for name in names:
-        builder, shape, what = MODELS[name]
+        builder, what = MODELS[name]
+        input_name, shape = input_of(name)
         t0 = time.perf_counter()
         model = getattr(make_face_models, builder)()
         print(f"{name}: built in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -94,10 +105,10 @@ def main() -> None:
             for b in batches:
                 x = rng.uniform(-1, 1, (b, *shape)).astype(np.float32)
                 if gpu:
-                    feed = {"input": cp.asarray(x)}
+                    feed = {input_name: cp.asarray(x)}
                     per_call[b] = median_ms(cp, lambda r=tr, f=feed: r.infer(f, stream), stream, reps=args.reps)
                 else:
-                    feed = {"input": x}
+                    feed = {input_name: x}
                     per_call[b] = wall_median_ms(lambda r=tr, f=feed: r.infer(f, None), args.reps)
                 print(f"{name}: batch {b}: {per_call[b]:.3f} ms a call, {per_call[b] / b:.3f} ms a face",
                       flush=True)
