@@ -96,9 +96,11 @@ def neural_config(models: Path, max_batch: int = 1, overrides: list[str] | None 
                                 "neural.runner=auto", f"neural.max_batch={max_batch}", *(overrides or [])])
 
 
-def write_synthetic_models(models: Path) -> None:
+def write_synthetic_models(models: Path, face_stack: bool = False) -> None:
     """The built-in face models and the full-size inswapper architecture with random weights (and
-    an arcface stand-in), with their hash files, in `models`: what the neural benchmarks run."""
+    an arcface stand-in), with their hash files, in `models`: what the neural benchmarks run. With
+    `face_stack`, also the XSeg occluder and the GFPGAN v1.4 enhancer in their real architectures
+    (tools/make_face_models.py, random weights)."""
     sys.path.insert(0, str(TOOLS))
     import make_test_models as tm
 
@@ -111,8 +113,12 @@ def write_synthetic_models(models: Path) -> None:
             shutil.copy(builtin_model_path(name), models / name)
         except Exception:  # the full-range detector is not needed on the GPU path
             pass
-    for name, model in (("inswapper_128", tm.inswapper(width=128, blocks=6, seed=0)),
-                        ("arcface_w600k_r50", tm.arcface_stub(seed=0))):
+    built = [("inswapper_128", tm.inswapper(width=128, blocks=6, seed=0)), ("arcface_w600k_r50", tm.arcface_stub(seed=0))]
+    if face_stack:
+        import make_face_models as fm
+
+        built += [("xseg_1", fm.xseg(seed=0)), ("gfpgan_1.4", fm.gfpgan_1_4(seed=0))]
+    for name, model in built:
         path = models / f"{name}.onnx"
         path.write_bytes(model.SerializeToString())
         (models / f"{name}.hash").write_text(crc32_file(path))

@@ -142,7 +142,7 @@ def start_serve(args: argparse.Namespace, work: Path, port: int, token: str,
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from bench_pipeline import write_synthetic_models
 
-        write_synthetic_models(work / "models")
+        write_synthetic_models(work / "models", face_stack=args.face_stack)
         cmd += ["--set", f"models_dir={work / 'models'}", "--set", "neural.download=false"]
     elif args.models_dir:
         cmd += ["--set", f"models_dir={args.models_dir}"]
@@ -209,7 +209,8 @@ def run_config(api: Api, args: argparse.Namespace, n: int, res: str, rtmp_base: 
         before = {s["id"]: s for s in api.call("GET", "/api/streams")[1]["streams"]}
         stages0 = stage_sums(api, set(ids))
         t0 = time.monotonic()
-        gpu_util = sample_gpu(args.seconds)
+        gpu_util, gpu_mem = sample_gpu(args.seconds)
+        procs = gpu_processes_mib()
         after = {s["id"]: s for s in api.call("GET", "/api/streams")[1]["streams"]}
         span = time.monotonic() - t0
         stages = stage_means(stages0, stage_sums(api, set(ids)))
@@ -246,7 +247,8 @@ def run_config(api: Api, args: argparse.Namespace, n: int, res: str, rtmp_base: 
            "p99_ms_worst_stream": max(p99s) if p99s else None,
            "p50_ms_median_stream": p50s[len(p50s) // 2] if p50s else None,
            "streams_failed": n - len(ok), "streams_degraded": sum(1 for s in ok if s["level"] > 0),
-           "stage_ms_mean": stages, "gpu_util_mean": gpu_util,
+           "stage_ms_mean": stages, "gpu_util_mean": gpu_util, "gpu_memory_mib_peak": gpu_mem,
+           "gpu_memory_mib_idle": args.idle_mib, "gpu_processes_mib": procs,
            "per_stream": per, "workers": workers.get("workers") if isinstance(workers, dict) else None}
     row["within_budget"] = bool(ok) and len(ok) == n and max(p99s, default=1e9) <= args.budget_ms \
         and row["drops_pct"] <= 1.0
@@ -260,19 +262,61 @@ def run_config(api: Api, args: argparse.Namespace, n: int, res: str, rtmp_base: 
     return row
 
 
-def sample_gpu(seconds: float) -> float | None:
-    """Sleep `seconds` while sampling the GPUs' utilisation (NVML, every 0.25 s): the mean over
-    them and the window, 0..1 (None without NVML)."""
+def sample_gpu(seconds: float) -> tuple[float | None, int | None]:
+    """Sleep `seconds` while sampling the GPUs' utilisation and memory (NVML, every 0.25 s): the
+    mean utilisation over them and the window, 0..1, and the most device memory in use, in MiB
+    (None, None without NVML)."""
     from swapstream.runtime.metrics import GpuMonitor
 
     gpu = GpuMonitor()
     vals: list[float] = []
+    peak: int | None = None
     end = time.monotonic() + seconds
     while (left := end - time.monotonic()) > 0:
-        vals += [g.utilization for g in gpu.sample()]
+        samples = gpu.sample()
+        vals += [g.utilization for g in samples]
+        if samples:
+            peak = max(peak or 0, sum(g.memory_used for g in samples) >> 20)
         time.sleep(min(0.25, left))
     gpu.close()
-    return round(sum(vals) / len(vals), 3) if vals else None
+    return (round(sum(vals) / len(vals), 3) if vals else None), peak
+
+
+def gpu_memory_mib() -> int | None:
+    """Device memory in use now, summed over the GPUs, in MiB (None without NVML)."""
+    from swapstream.runtime.metrics import GpuMonitor
+
+    gpu = GpuMonitor()
+    samples = gpu.sample()
+    gpu.close()
+    return sum(g.memory_used for g in samples) >> 20 if samples else None
+
+
+def gpu_processes_mib() -> dict[str, int]:
+    """Device memory per process as NVML lists them ("pid name" -> MiB); under MPS the driver may
+    list the MPS server alone, or its clients without a figure (then left out)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return {}
+    out: dict[str, int] = {}
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+                if p.usedGpuMemory:  # None or 0 where the driver does not say
+                    try:
+                        name = Path(f"/proc/{p.pid}/cmdline").read_bytes().split(b"\0")[0].decode()[-40:]
+                    except OSError:
+                        name = "?"
+                    out[f"{p.pid} {name}"] = p.usedGpuMemory >> 20
+    except Exception as e:  # NVML errors: record nothing rather than fail the run
+        print(f"warning: NVML could not list the GPU's processes: {e}", flush=True)
+    finally:
+        pynvml.nvmlShutdown()
+    return out
 
 
 def wait_idle(api: Api, timeout: float = 30.0) -> None:
@@ -380,6 +424,14 @@ def records(rows: list[dict[str, Any]], args: argparse.Namespace, command: str) 
                                           (f"serve_drops_{tag}", r["drops_pct"], "%", "mean"),
                                           (f"serve_faces_per_s_{tag}", r["faces_per_s"], "faces/s", "mean")):
             out.append({"metric": metric, "value": value, "unit": unit, "stat": stat, "config": cfg, **common})
+        if r.get("gpu_memory_mib_peak") is not None and r.get("gpu_memory_mib_idle") is not None:
+            # What the server added to the device (its workers, their CUDA contexts, the MPS server),
+            # at its most in the window, shared out over the workers.
+            per = (r["gpu_memory_mib_peak"] - r["gpu_memory_mib_idle"]) / args.workers
+            out.append({"metric": f"serve_gpu_memory_per_worker_{tag}", "value": round(per), "unit": "MiB",
+                        "stat": "max", "config": {**cfg, "device_mib_peak": r["gpu_memory_mib_peak"],
+                                                  "device_mib_before_serve": r["gpu_memory_mib_idle"],
+                                                  "processes_mib": r.get("gpu_processes_mib")}, **common})
     for res in sorted({r["res"] for r in rows}):
         for sink in sorted({r["sink"] for r in rows}):
             ok = [r["n"] for r in rows if r["res"] == res and r["sink"] == sink and r["within_budget"]]
@@ -394,7 +446,7 @@ def records(rows: list[dict[str, Any]], args: argparse.Namespace, command: str) 
     return out
 
 
-def markdown(rows: list[dict[str, Any]], recs: list[dict[str, Any]]) -> str:
+def markdown(rows: list[dict[str, Any]], recs: list[dict[str, Any]], workers: int) -> str:
     c = recs[0]
     lines = [f"# swapstream serve under load ({c['device']}, {c['commit']}, {c['date']})", "",
              f"Command: `{c['command']}`", "",
@@ -418,6 +470,12 @@ def markdown(rows: list[dict[str, Any]], recs: list[dict[str, Any]]) -> str:
         for r in staged:
             m = r["stage_ms_mean"]
             lines.append(f"| {r['res']} | {r['n']} | " + " | ".join(str(m.get(k, "-")) for k in keys) + " |")
+    mem = [r for r in rows if r.get("gpu_memory_mib_peak") is not None and r.get("gpu_memory_mib_idle") is not None]
+    if mem:
+        lines += ["", "GPU memory (NVML, the most in use in the window, less what was in use before serve "
+                  "started, over the workers): " + ", ".join(
+                      f"{r['res']} N={r['n']}: {(r['gpu_memory_mib_peak'] - r['gpu_memory_mib_idle']) / workers:.0f} "
+                      f"MiB per worker" for r in mem)]
     lines += ["", "| summary | value |", "|---|---|"]
     lines += [f"| {x['metric']} | {x['value']} {x['unit']} |" for x in recs if x["stat"] == "max"]
     return "\n".join(lines) + "\n"
@@ -443,6 +501,10 @@ def main() -> None:
     ap.add_argument("--models-dir", type=Path)
     ap.add_argument("--synthetic-models", action="store_true",
                     help="the full-size inswapper architecture with random weights (what the GPU benchmarks run)")
+    ap.add_argument("--face-stack", action="store_true",
+                    help="with --synthetic-models: add the XSeg occluder and the GFPGAN v1.4 enhancer "
+                         "(real architectures, random weights) and run them: mask.types=box,occlusion, "
+                         "enhancer=gfpgan_1.4")
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--check-output", action="store_true")
     ap.add_argument("--seed", type=int, default=1)
@@ -468,6 +530,11 @@ def main() -> None:
         sys.exit(f"error: --ns must be at least 1 and --res among the clip labels {sorted(clips)} "
                  f"(got {args.ns!r}, {args.res!r})")
     args.fps = {label: clip_fps(clips[label]) for label in resolutions}
+    if args.face_stack:
+        if not args.synthetic_models:
+            sys.exit("error: --face-stack adds to --synthetic-models; give both")
+        # Stream settings as well as the server's: they reach every stream through the API.
+        args.set += ["mask.types=box,occlusion", "enhancer=gfpgan_1.4"]
     if not 0 < args.seconds <= LATENCY_WINDOW_S:
         sys.exit(f"error: --seconds must be above 0 and at most {LATENCY_WINDOW_S:g}: a stream's latency in "
                  f"the API covers its last {LATENCY_WINDOW_S:g} s")
@@ -484,6 +551,7 @@ def main() -> None:
     import secrets
 
     api = Api(f"http://127.0.0.1:{port}", secrets.token_urlsafe(24))
+    args.idle_mib = gpu_memory_mib()  # before the server: what it adds is its own
     proc = start_serve(args, work, port, api.token, nginx.port if nginx else None)
     rng = random.Random(args.seed)
     rows: list[dict[str, Any]] = []
@@ -494,7 +562,7 @@ def main() -> None:
         recs = records(rows, args, command)
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / f"{args.name}.json").write_text(json.dumps(recs, indent=1) + "\n")
-        (args.out / f"{args.name}.md").write_text(markdown(rows, recs))
+        (args.out / f"{args.name}.md").write_text(markdown(rows, recs, args.workers))
 
     try:
         wait_ready(api, proc, 600)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the `device` tool), from the repository root:
-#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|run_live|run_ab|serve|serve_ab|live|live_bench|hands|mesh|pending|recheck|face_stack|all|none][,...]
+#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|run_live|run_ab|serve|serve_ab|live|live_bench|hands|mesh|pending|recheck|face_stack|stack|all|none][,...]
 #     (default: all; bench = kernels + swap + pipeline; none = install the carried wheels only)
 #   tools/device_check.sh pytest ARGS...    (pytest with ARGS, in the same environment)
 # Installs the carried wheels (.whl/, ignored by git), makes `swapstream` importable from this tree,
@@ -197,6 +197,21 @@ if want face_stack; then
   # needs torch and onnx, which the image has; nothing carried).
   timeout -s INT -k 10 "${FACE_STACK_S:-300}" python3 tools/bench_face_stack.py --out "$OUT" 2>&1 \
     | tee "$OUT/bench_face_stack.log" || rc=1
+fi
+if want stack; then
+  # Issue 23 on the GPU: the per-face times of the occluder, parser and enhancer; `swapstream serve`
+  # with swap + XSeg occluder + GFPGAN v1.4 enhancer (real architectures, random weights, built
+  # here); then the tests: the stack's models in the torch runner (fp16, graphs) against ONNX
+  # Runtime, and the GPU file job with the stack against the CPU one (with the GPU-job tests
+  # fixed since their last run). Needs .whl-av, .whl-nvc, .models and .bench.
+  timeout -s INT -k 10 "${FACE_STACK_S:-90}" python3 tools/bench_face_stack.py --out "$OUT" 2>&1 \
+    | tee "$OUT/bench_face_stack.log" || rc=1
+  timeout -s INT -k 30 "${STACK_SERVE_S:-270}" python3 tools/bench_streams.py "${SERVE_CLIPS[@]}" --out "$OUT" \
+    --name serve_face_stack $SERVE_SETUP --face-stack --ns "${STACK_NS:-8,16,24}" --res "${STACK_RES:-720p}" 2>&1 \
+    | tee "$OUT/bench_serve_stack.log" || rc=1
+  timeout -s INT -k 10 "${STACK_TESTS_S:-180}" python3 -m pytest -m gpu -rs -v -s -p no:cacheprovider \
+    tests/engines/test_torch_runner_gpu.py tests/stream/test_gpu_job.py -k "face_stack or matches_cpu_job" 2>&1 \
+    | tee "$OUT/pytest_gpu_stack.log" || rc=1
 fi
 # The device tool brings back a limited number of files: pack the logs into one.
 tar -czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log 2>/dev/null) 2>/dev/null && (cd "$OUT" && rm -f *.log)

@@ -22,6 +22,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -137,6 +138,8 @@ class DeviceSlot:
                                       max_wait=config.runtime.max_wait_ms / 1e3, executor=self._pool,
                                       observer=self._observed, name=f"batcher-{name}")
         self._nvdec: tuple[bool, str] | None = None
+        self._swap_stream: Any = None
+        """On a GPU: the swap thread's CUDA stream (`_swap_context`)."""
         self._analysis: Any = None
         """On a GPU: the device's face analysis (gpu_stages.DeviceAnalysis), built and run in the
         analysis thread (the swap thread with `runtime.analysis_thread` off)."""
@@ -166,10 +169,26 @@ class DeviceSlot:
 
         return cupy.cuda.Device(self.gpu_index)
 
+    def _swap_context(self) -> Any:
+        """`_device()` and, on a GPU, the swap thread's own CUDA stream (non-blocking, made on first
+        use): its batches neither queue behind nor hold up the other threads' work on the legacy
+        default stream. Every swap-thread call enters it (warm-up, batches, identities), so the
+        swap models' CUDA graphs are captured on the stream they replay on."""
+        if self.gpu_index is None:
+            return self._device()
+        import cupy
+
+        stack = ExitStack()
+        stack.enter_context(cupy.cuda.Device(self.gpu_index))
+        if self._swap_stream is None:
+            self._swap_stream = cupy.cuda.Stream(non_blocking=True)
+        stack.enter_context(self._swap_stream)
+        return stack
+
     def _backend(self, name: str) -> SwapBackend:
         b = self._backends.get(name)
         if b is None:
-            with self._device():
+            with self._swap_context():
                 b = self._factory(name, self.config, self.name)
             self._backends[name] = b
         return b
@@ -183,7 +202,7 @@ class DeviceSlot:
         host = [it.frame for it in items]
         backup: list[Any] = []
         try:
-            with self._device():
+            with self._swap_context():
                 backend = self._backend(str(key))
                 # Backends swap in place: a copy (on the GPU, microseconds; on the CPU a fraction of
                 # a millisecond per frame, next to milliseconds per face) lets a batch that fails
@@ -208,15 +227,16 @@ class DeviceSlot:
                         # The stream's encode thread reads the frames next, on its own CUDA stream.
                         cupy.cuda.get_current_stream().synchronize()
         except Exception as e:
-            for it, h, b in itertools.zip_longest(items, host, backup):
-                it.frame = h
-                if b is not None:
-                    h[...] = b
-            if self.gpu_index is not None and backup:
-                import cupy
+            # Restored on the swap stream (the copies were made there), and done before the encode
+            # thread reads the frames.
+            with self._swap_context():
+                for it, h, b in itertools.zip_longest(items, host, backup):
+                    it.frame = h
+                    if b is not None:
+                        h[...] = b
+                if self.gpu_index is not None and backup:
+                    import cupy
 
-                # Restored on this thread's stream: done before the encode thread reads the frames.
-                with self._device():
                     cupy.cuda.get_current_stream().synchronize()
             counts = [SwapFailed(f"swap on {self.name} with {key} failed: {e}") for _ in items]
             self.failed_frames += len(items)
@@ -274,7 +294,7 @@ class DeviceSlot:
                     self._analysis = DeviceAnalysis(self.config)
 
         def build() -> None:
-            with self._device():
+            with self._swap_context():
                 self._warm_kernels()
                 # The configured swapper, and mesh (a stream's default swapper, and the fall-back
                 # of streams on the CPU): each captures CUDA graphs when built, which must not happen
@@ -327,7 +347,7 @@ class DeviceSlot:
     async def call(self, backend: str, fn: Callable[[SwapBackend], T]) -> T:
         """Run `fn(backend)` in the worker thread (between batches), e.g. to compute an identity."""
         def work() -> T:
-            with self._device():
+            with self._swap_context():
                 return fn(self._backend(backend))
 
         return await asyncio.get_running_loop().run_in_executor(self._pool, work)

@@ -576,7 +576,8 @@ def test_a_gpu_slot_analyses_one_batch_while_it_swaps_another(own_thread: bool,
     backend = _GateBackend(swap_started, release)
     rt = StreamRuntime(cfg, devices=["cuda:0"], backend_factory=lambda name, c, d: backend)
     slot = rt.slots[0]
-    slot._device = nullcontext  # type: ignore[method-assign]  # no GPU to make current
+    # No GPU to make current, and no swap stream to make.
+    slot._device = slot._swap_context = nullcontext  # type: ignore[method-assign]
     # The slot waits for its CUDA stream after a swap batch: nothing to wait for here.
     import types
 

@@ -171,6 +171,63 @@ def test_gpu_job_matches_cpu_job_with_identity_swapper(cp: ModuleType, tmp_path:
     assert worst >= 40.0
 
 
+@pytest.fixture(scope="module")
+def stack_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A swapper and issue 23's face stack, in real architectures (random weights): a random XSeg
+    occluder, a BiSeNet that calls everything skin, and the GFPGAN v1.4 architecture (about 346 MB)."""
+    from ..zoo_models import copy_builtin, place
+    from ..zoo_models import make_face_models as fm
+    from ..zoo_models import make_test_models as tm
+
+    models = tmp_path_factory.mktemp("stack") / "models"
+    models.mkdir()
+    copy_builtin(models)
+    place(models, "arcface_w600k_r50", tm.arcface_stub(seed=0))
+    place(models, "inswapper_128", tm.inswapper(width=8, blocks=1, seed=2))
+    place(models, "xseg_1", fm.xseg(seed=0))
+    place(models, "bisenet_resnet_18", fm.bisenet_all_skin(seed=0))
+    place(models, "gfpgan_1.4", fm.gfpgan_1_4(seed=0))
+    return models
+
+
+@pytest.mark.parametrize("runner,floor", [
+    # The models in ONNX Runtime on the host in both jobs: what differs is the GPU job's crops,
+    # masks, enhancer warps and single paste on device frames, so the same 40 dB as above.
+    ("onnxruntime", 40.0),
+    # The product's GPU path: every model in the torch runner on the GPU (fp32, TF32 off: summation
+    # order alone differs from ONNX Runtime, relative 1e-4 per model). The random GFPGAN's busy
+    # output turns that into level-sized differences that x264 then codes differently: 35 dB.
+    ("torch", 35.0),
+])
+def test_gpu_job_with_the_face_stack_matches_cpu_job(cp: ModuleType, stack_models: Path, tmp_path: Path,
+                                                     runner: str, floor: float) -> None:
+    """Issue 23's stack on device frames: occluder (random XSeg), parser (BiSeNet that calls
+    everything skin) and the GFPGAN v1.4 architecture (random weights), one paste, against the CPU
+    job with the same models."""
+    from swapstream.gpu.job import GpuFileJob
+
+    clip = tmp_path / "clip.mp4"
+    write_demo_clip(clip, grace_hopper(), seconds=1.0, fps=10, size=(1280, 720))
+    cfg = [f"models_dir={stack_models}", "swapper=inswapper_128", "neural.download=false",
+           "mask.types=box,occlusion,region", "enhancer=gfpgan_1.4", "decoder=cpu"] + SAME_MARK
+    outs = {}
+    for name, cls, extra in (("cpu", FileJob, ["neural.runner=onnxruntime"]),
+                             ("gpu", GpuFileJob, [f"neural.runner={runner}", "neural.precision=fp32"])):
+        job = cls(load_config(None, cfg + extra))
+        try:
+            job.set_source_image(astronaut(), "astronaut")
+            stats = job.run(clip, tmp_path / f"{name}.mp4")
+        finally:
+            job.close()
+        assert stats.frames == 10 and stats.faces_swapped == 10
+        outs[name] = decode(tmp_path / f"{name}.mp4")
+    (a, pa), (b, pb) = outs["cpu"], outs["gpu"]
+    src, ps = decode(clip)
+    assert pa == pb == ps
+    assert worst_psnr(a, b, f"face stack ({runner}): GPU vs CPU job") >= floor
+    assert min(psnr(x, y) for x, y in zip(b, src)) < 35.0  # the face was swapped and enhanced
+
+
 def test_gpu_loop_5000_frames_memory_flat(cp: ModuleType) -> None:
     """5,000 frames through the GPU loop (analysis, mesh swap, NV12): device memory (CuPy's pool,
     torch's allocator and the driver's view) and host RSS flat after warm-up; order and count kept."""
