@@ -7,6 +7,8 @@ module in fp32 eagerly on the CPU (that is what CI exercises).
 
 from __future__ import annotations
 
+import itertools
+
 import logging
 from collections import deque
 from pathlib import Path
@@ -126,7 +128,11 @@ class TorchRunner(Runner):
 
         module = copy.deepcopy(module).to(device=dev, dtype=dtype)
         if self.channels_last and dev != "cpu":
-            module = module.to(memory_format=torch.channels_last)
+            # The 4-D tensors alone: `module.to(memory_format=...)` refuses a module that also holds
+            # others of rank 5, as GFPGAN's modulated convolutions do (their per-sample weights).
+            for t in itertools.chain(module.parameters(), module.buffers()):
+                if t.dim() == 4:
+                    t.data = t.data.contiguous(memory_format=torch.channels_last)
         self._module = module.eval()
         self._eager = self._module
         if self.compile and dev != "cpu":

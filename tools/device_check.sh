@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the `device` tool), from the repository root:
-#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|run_live|run_ab|serve|serve_ab|live|live_bench|hands|mesh|pending|recheck|face_stack|stack|all|none][,...]
+#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|run_live|run_ab|serve|serve_ab|live|live_bench|hands|mesh|pending|recheck|face_stack|serve_stack|stack_tests|stack|all|none][,...]
 #     (default: all; bench = kernels + swap + pipeline; none = install the carried wheels only)
 #   tools/device_check.sh pytest ARGS...    (pytest with ARGS, in the same environment)
 # Installs the carried wheels (.whl/, ignored by git), makes `swapstream` importable from this tree,
@@ -191,24 +191,25 @@ if want run_ab; then
     --baseline-tree "${BASELINE_TREE:-.baseline}" --baseline-label "${BASELINE_LABEL:-baseline}" 2>&1 \
     | tee "$OUT/bench_run_ab.log" || rc=1
 fi
-if want face_stack; then
+if want face_stack stack; then
   # Issue 23: the occluder, the parser and the GFPGAN-architecture enhancer per face at batch 1 and 4,
   # fp16 with CUDA graphs, through the product's TorchRunner (models built here with random weights:
   # needs torch and onnx, which the image has; nothing carried).
   timeout -s INT -k 10 "${FACE_STACK_S:-300}" python3 tools/bench_face_stack.py --out "$OUT" 2>&1 \
     | tee "$OUT/bench_face_stack.log" || rc=1
 fi
-if want stack; then
-  # Issue 23 on the GPU: the per-face times of the occluder, parser and enhancer; `swapstream serve`
-  # with swap + XSeg occluder + GFPGAN v1.4 enhancer (real architectures, random weights, built
-  # here); then the tests: the stack's models in the torch runner (fp16, graphs) against ONNX
-  # Runtime, and the GPU file job with the stack against the CPU one (with the GPU-job tests
-  # fixed since their last run). Needs .whl-av, .whl-nvc, .models and .bench.
-  timeout -s INT -k 10 "${FACE_STACK_S:-90}" python3 tools/bench_face_stack.py --out "$OUT" 2>&1 \
-    | tee "$OUT/bench_face_stack.log" || rc=1
+if want stack serve_stack; then
+  # Issue 23 through `swapstream serve`: swap + XSeg occluder + GFPGAN v1.4 enhancer (real
+  # architectures, random weights, built here), with the GPU memory per worker. Needs .whl-av,
+  # .whl-nvc, .models and .bench. (`stack` = face_stack + serve_stack + stack_tests.)
   timeout -s INT -k 30 "${STACK_SERVE_S:-270}" python3 tools/bench_streams.py "${SERVE_CLIPS[@]}" --out "$OUT" \
     --name serve_face_stack $SERVE_SETUP --face-stack --ns "${STACK_NS:-8,16,24}" --res "${STACK_RES:-720p}" 2>&1 \
     | tee "$OUT/bench_serve_stack.log" || rc=1
+fi
+if want stack stack_tests; then
+  # The stack's models in the torch runner (fp16, graphs) against ONNX Runtime, and the GPU file job
+  # with the stack against the CPU one (with the GPU-job tests fixed since their last run). The CPU
+  # jobs need LiteRT and every built-in model: .whl-litert and .models-hands besides the above.
   timeout -s INT -k 10 "${STACK_TESTS_S:-180}" python3 -m pytest -m gpu -rs -v -s -p no:cacheprovider \
     tests/engines/test_torch_runner_gpu.py tests/stream/test_gpu_job.py -k "face_stack or matches_cpu_job" 2>&1 \
     | tee "$OUT/pytest_gpu_stack.log" || rc=1

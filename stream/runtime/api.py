@@ -373,6 +373,14 @@ class ControlApi:
             return _error(422, f"swapper unavailable: {e}")
         except (ConfigError, SwapStreamError) as e:
             return _error(400, str(e))
+        except web.HTTPException:
+            raise
+        except Exception as e:
+            # A fault on our side, not in the request (a model that fails to build on this device):
+            # logged with its traceback, and answered in JSON that says what failed, so that a
+            # client (and serve's front, relaying a worker) has a reason rather than a bare 500.
+            log.exception("%s %s failed", request.method, request.path)
+            return _error(500, f"internal error: {type(e).__name__}: {e}")
 
     # -- health ---------------------------------------------------------------------------------
 

@@ -287,6 +287,23 @@ def test_a_swapper_whose_model_is_missing_is_a_422_naming_the_file(clip: tuple[P
         assert json.loads(request(s, "GET", "/api/streams/cam")[2])["state"] == "running"
 
 
+def test_a_swapper_that_fails_to_build_is_a_500_in_json_naming_the_fault(clip: tuple[Path, list[np.ndarray]]) -> None:
+    """A fault of ours, not of the request (here a backend that raises while it is built, as GFPGAN
+    once did on a GPU): the answer is JSON with the fault's type and message, not aiohttp's bare
+    500 page, which serve's front relayed as "answered 500 without JSON"."""
+    def factory(name: str, config: Any, device: str) -> Any:
+        raise RuntimeError("required rank 4 tensor to use channels_last format")
+
+    runtime = StreamRuntime(runtime_config(), devices=["cpu"], backend_factory=factory)
+    for s in serve_runtime(runtime, ApiSettings(TOKEN, media_root=clip[0].parent)):
+        status, _, body = request(s, "POST", "/api/streams", file_stream())
+        assert status == 201, body
+        status, _, body = request(s, "PUT", "/api/streams/cam/source", raw=png(astronaut()), ctype="image/png")
+        assert status == 500, body
+        assert error_of(body) == "internal error: RuntimeError: required rank 4 tensor to use channels_last format"
+        assert json.loads(request(s, "GET", "/api/streams/cam")[2])["state"] == "running"
+
+
 def test_hls_file_names_are_the_writers_past_segment_99999() -> None:
     from swapstream.runtime.api import HLS_FILE
 
