@@ -184,6 +184,9 @@ class RuntimeConfig(_Section):
     # is over a thousand threads, past what one process schedules well.
     max_streams: int = Field(32, ge=1, le=256)
     """Most streams one process runs at once."""
+    degrade: bool = True
+    """False: the degradation controller never steps a stream (a fixed quality: a stream over its
+    budget stays at its full settings and its p99 shows it; what a capacity benchmark measures)."""
     # A controller that looks less than once a minute no longer follows the load.
     controller_interval: float = Field(0.5, gt=0.0, le=60.0)
     """Seconds between two looks of the degradation controller."""

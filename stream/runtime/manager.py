@@ -643,6 +643,8 @@ class StreamRuntime:
                 log.exception("degradation controller tick failed")
 
     def control_once(self, now: float, gpu_samples: dict[int, Any]) -> None:
+        if not self.config.runtime.degrade:
+            return
         for slot in self.slots:
             running = [self.streams[s] for s in sorted(slot.streams)
                        if s in self.streams and self.streams[s].state == "running"]

@@ -160,6 +160,40 @@ def test_controller_steps_down_on_a_slow_backend_and_back_up_when_it_recovers(cl
     assert final["frames_in"] == final["frames_out"] + sum(final["dropped"].values())
 
 
+def test_with_degrade_off_a_late_stream_keeps_its_settings(clip: tuple[Path, Any]) -> None:
+    """runtime.degrade=false: the same slow backend as above, far over the budget for many controller
+    ticks, and the stream stays at level 0 on its own swapper (its p99 shows the lateness)."""
+    path, _ = clip
+    backends: dict[str, SwapBackend] = {}
+
+    def factory(name: str, config: Config, device: str) -> SwapBackend:
+        backends[name] = SlowBackend(config) if name == "slowswap" else MeshBackend(config)
+        return backends[name]
+
+    cfg = runtime_config("runtime.min_samples=5", "runtime.down_cooldown=0.5", "runtime.controller_interval=0.2",
+                         "runtime.degrade=false")
+
+    async def main() -> None:
+        rt = StreamRuntime(cfg, devices=["cpu"], backend_factory=factory, swappers=["mesh", "slowswap"])
+        await rt.start()
+        try:
+            p = await rt.add_stream(file_spec("cam", path, swapper="slowswap", budget_ms=300))
+            await p.set_source(astronaut())
+            slow = backends["slowswap"]
+            assert isinstance(slow, SlowBackend)
+            slow.delay = 0.6
+            # Enough late frames for the controller above to have stepped twice, and ticks to spare.
+            await until(lambda: len(p.latency_since_change) >= 10, 30, "late frames")
+            await asyncio.sleep(1.0)
+            assert p.level == 0 and p.backend_name == "slowswap" and not p.history
+            assert p.cfg.detector.detect_every == 10
+            assert max(p.latency_since_change) > 0.3  # it was late: the controller would have stepped
+        finally:
+            await rt.close()
+
+    asyncio.run(main())
+
+
 def test_an_outputs_start_is_one_time_work_for_the_controller(clip: tuple[Path, Any], tmp_path: Path) -> None:
     """An HLS/RTMP output holds its first frames to measure the rate, then encodes them at once: the
     frames behind that stall judge neither the controller nor the worker's room (`changed_mono`)."""
