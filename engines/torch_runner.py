@@ -203,7 +203,15 @@ class TorchRunner(Runner):
             out = self._run_module(self._module, args)
             return {self.outputs[0].name: out.numpy()}
         if stream is None:
-            ext = torch.cuda.current_stream()
+            # The caller's current stream is CuPy's (every GPU caller here queues its crops on
+            # it): torch's own current stream would be the legacy default one, unordered with a
+            # non-blocking CuPy stream (a race on the inputs) and one that no graph can be
+            # captured on.
+            import cupy
+
+            stream = cupy.cuda.get_current_stream()
+        if int(stream.ptr) == 0:
+            ext = torch.cuda.default_stream(torch.device(self.device))
         else:
             # One torch object per CuPy stream: making one per call costs ~0.1 ms of host time.
             ext = self._streams.get(stream.ptr)
@@ -266,15 +274,21 @@ class TorchRunner(Runner):
         entry = self._graphs.get(key)
         if entry is None:
             static_in = [a.clone() for a in args]
+            # No graph can be captured on the legacy default stream: a caller on it gets its graph
+            # captured on a side stream ordered after it, and replayed on its own stream.
+            cap = ext if int(ext.cuda_stream) != 0 else torch.cuda.Stream(device=ext.device)
             try:
-                # Warm up on the capture stream (cuDNN picks algorithms, allocators settle).
-                for _ in range(2):
-                    self._run_module(self._module, static_in)
-                ext.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                # thread_local: see engines/tflite_torch.py (other threads may allocate meanwhile).
-                with torch.cuda.graph(graph, stream=ext, capture_error_mode="thread_local"):
-                    static_out = self._run_module(self._module, static_in)
+                cap.wait_stream(ext)
+                with torch.cuda.stream(cap):
+                    # Warm up on the capture stream (cuDNN picks algorithms, allocators settle).
+                    for _ in range(2):
+                        self._run_module(self._module, static_in)
+                    cap.synchronize()
+                    graph = torch.cuda.CUDAGraph()
+                    # thread_local: see engines/tflite_torch.py (other threads may allocate meanwhile).
+                    with torch.cuda.graph(graph, stream=cap, capture_error_mode="thread_local"):
+                        static_out = self._run_module(self._module, static_in)
+                ext.wait_stream(cap)
                 entry = (graph, static_in, static_out)
             except RuntimeError as e:
                 if self._module is not self._eager:

@@ -122,3 +122,38 @@ def test_face_stack_models_fp16_with_graphs_match_onnxruntime(cp: ModuleType, na
                     print(f"  labels agree on {agree:.4%} of pixels")
                     assert agree >= 0.99  # fp16 may flip near-ties between two classes, rarely
         assert tr.graph_failures == 0
+
+
+@pytest.mark.parametrize("caller", ["cupy_nonblocking", "null_stream"])
+def test_a_call_without_a_stream_runs_on_cupys_current_stream_in_graphs(cp: ModuleType, caller: str) -> None:
+    """`infer(feed)` with no stream (how the face stack's masker and enhancer call it): it runs on the
+    caller's current CuPy stream, ordered after the inputs written there, and still in CUDA graphs.
+    It once fell to torch's default stream: no graph can be captured there (every batch ran eagerly,
+    five times slower under `serve`), and it raced the non-blocking stream that wrote the inputs."""
+    pytest.importorskip("torch")
+    model = make_test_models.inswapper(width=32, blocks=2, seed=3)
+    rng = np.random.default_rng()
+    current = cp.cuda.Stream(non_blocking=True) if caller == "cupy_nonblocking" else cp.cuda.Stream.null
+    with OnnxRuntimeRunner(model.SerializeToString(), providers="cpu") as ort, \
+            TorchRunner(model, device="cuda", precision="fp32") as tr, current:
+        for batch in (1, 4):
+            for _ in range(3):  # capture, then replays
+                target = rng.uniform(0, 1, (batch, 3, 128, 128)).astype(np.float32)
+                source = rng.normal(0, 1, (batch, 512)).astype(np.float32)
+                source /= np.linalg.norm(source, axis=1, keepdims=True)
+                ref = ort.infer({"target": target, "source": source})["output"]
+                # Big inputs written on the current stream right before the call, with a busy
+                # kernel ahead of them: a runner on another stream would read them half-written.
+                t_dev = cp.empty((batch, 3, 128, 128), cp.float32)
+                t_dev.fill(np.nan)
+                big = cp.ones((4096, 4096), cp.float32)
+                for _ in range(4):
+                    big = big @ big / 4096.0
+                t_dev.set(target)
+                out = tr.infer({"target": t_dev, "source": cp.asarray(source)})["output"]
+                got = out.get()
+                current.synchronize()
+                # fp32, TF32 off: summation order alone differs from ONNX Runtime.
+                assert rel_err(got, ref) <= 1e-4
+        assert tr.graph_failures == 0 and tr.cuda_graphs
+        assert all(k[1] == current.ptr for k in tr._graphs)  # keyed by (and replayed on) the caller's stream
