@@ -217,6 +217,11 @@ def test_gpu_job_with_the_face_stack_matches_cpu_job(cp: ModuleType, stack_model
                              ("gpu", GpuFileJob, [f"neural.runner={runner}", "neural.precision=fp32"])):
         job = cls(load_config(None, cfg + extra))
         try:
+            if name == "gpu" and runner == "auto":
+                sw = job.neural.swapper
+                assert sw.masker is not None and sw.enhancer is not None
+                used = [sw.runner.name, sw.masker.occluder.name, sw.masker.parser.name, sw.enhancer.runner.name]
+                assert used == ["torch"] * 4, used  # the stack on the GPU, not ONNX Runtime's fallback
             job.set_source_image(astronaut(), "astronaut")
             stats = job.run(clip, tmp_path / f"{name}.mp4")
         finally:
