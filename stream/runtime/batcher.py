@@ -4,6 +4,9 @@ Each stream's swap stage submits one request per frame (that frame's faces) with
 by which the frame should be encoded to stay inside its stream's latency budget. A batch goes out when
 
 - it is full (`max_batch` faces are waiting for the same backend), or
+- every stream that could still add to it is already waiting (`sources`: a stream waits for its
+  requests before it sends more, so then nothing more can come; with one stream on a device, this
+  spares each of its frames the whole `max_wait`), or
 - the oldest waiting request has waited `max_wait` seconds, or
 - waiting any longer would make the most urgent request miss its deadline (the expected run time of a
   batch, measured, is subtracted from the deadline).
@@ -21,7 +24,7 @@ import asyncio
 import itertools
 import logging
 from collections import Counter
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Collection, Hashable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,7 +76,7 @@ class DynamicBatcher:
 
     def __init__(self, run: RunBatch, *, max_batch: int = 4, max_wait: float = 0.004,
                  executor: Executor | None = None, observer: BatchObserver | None = None,
-                 name: str = "batcher") -> None:
+                 name: str = "batcher", sources: Callable[[], Collection[str]] | None = None) -> None:
         if not 1 <= max_batch <= 64:
             raise ValueError(f"max_batch must be 1..64, got {max_batch}")
         if max_wait < 0:
@@ -84,6 +87,8 @@ class DynamicBatcher:
         self._executor = executor
         self._observer = observer
         self.name = name
+        self._sources = sources
+        """The ids of the streams that may submit (None: unknown, so a batch waits out `max_wait`)."""
         self._pending: list[_Request] = []
         self._seq = itertools.count()
         self._wake: asyncio.Event | None = None
@@ -148,6 +153,10 @@ class DynamicBatcher:
         same = [r for r in self._pending if r.key == head.key]
         if sum(r.faces for r in same) >= self.max_batch:
             return float("-inf")
+        if self._sources is not None:
+            sources = self._sources()
+            if sources and set(sources) <= {r.stream_id for r in self._pending}:
+                return float("-inf")
         oldest = min(r.enqueued for r in same)
         return min(oldest + self.max_wait, head.deadline - self._run_estimate.get(head.key, 0.0))
 

@@ -136,7 +136,8 @@ class DeviceSlot:
         self._failure_logged: dict[Hashable, float] = {}
         self.batcher = DynamicBatcher(self._run, max_batch=config.neural.max_batch,
                                       max_wait=config.runtime.max_wait_ms / 1e3, executor=self._pool,
-                                      observer=self._observed, name=f"batcher-{name}")
+                                      observer=self._observed, name=f"batcher-{name}",
+                                      sources=lambda: self.streams)
         self._nvdec: tuple[bool, str] | None = None
         self._swap_stream: Any = None
         """On a GPU: the swap thread's CUDA stream (`_swap_context`)."""
@@ -157,7 +158,8 @@ class DeviceSlot:
                 self._analysis_busy = deque(maxlen=2000)
             self.analysis_batcher = DynamicBatcher(self._analyse_batch, max_batch=ANALYSIS_BATCH,
                                                    max_wait=config.runtime.max_wait_ms / 1e3,
-                                                   executor=self._analysis_pool, name=f"analysis-{name}")
+                                                   executor=self._analysis_pool, name=f"analysis-{name}",
+                                                   sources=lambda: self.streams)
 
     def _device(self) -> Any:
         """A context that makes this slot's GPU current in the calling (worker) thread."""

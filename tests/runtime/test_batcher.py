@@ -56,6 +56,38 @@ def test_a_lone_request_waits_max_wait_then_goes_alone() -> None:
     assert seen[0].waited >= 0.075
 
 
+def test_a_batch_goes_at_once_when_every_stream_that_could_add_to_it_is_waiting() -> None:
+    """`sources`: one stream on the device goes without the wait; of two, the first waits for the
+    second (up to max_wait), and both go together as soon as it comes."""
+    async def main() -> tuple[float, float, list[BatchRecord]]:
+        rec = Recorder()
+        seen: list[BatchRecord] = []
+        streams = {"a"}
+        with ThreadPoolExecutor(1) as pool:
+            b = DynamicBatcher(rec, max_batch=4, max_wait=2.0, executor=pool, observer=seen.append,
+                               sources=lambda: streams)
+            b.start()
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            await b.submit("a", "mesh", 1, t0 + 10.0, "f0")
+            alone = loop.time() - t0
+            streams.add("b")
+            t0 = loop.time()
+            first = asyncio.ensure_future(b.submit("a", "mesh", 1, t0 + 10.0, "f1"))
+            await asyncio.sleep(0.3)
+            assert not first.done()  # "b" may still come: it waits (max_wait is 2 s)
+            await b.submit("b", "mesh", 1, t0 + 10.0, "g1")
+            await first
+            pair = loop.time() - t0
+            await b.close()
+        return alone, pair, seen
+
+    alone, pair, seen = run(main())
+    assert alone < 0.5, alone  # not the 2 s max_wait
+    assert 0.3 <= pair < 1.2, pair
+    assert [r.streams for r in seen] == [("a",), ("a", "b")]
+
+
 def test_a_full_batch_goes_at_once_and_never_exceeds_max_batch() -> None:
     async def main() -> tuple[float, Recorder, list[BatchRecord]]:
         rec = Recorder()
