@@ -368,7 +368,7 @@ def varied_unmarked(n: int, seed: int = 11) -> Any:
 
 def main_v2(args: argparse.Namespace) -> None:
     from swapstream.watermark import PRODUCT_SWAPSTREAM, Payload, Watermarker, decode_soft, detect, luma_of
-    from swapstream.watermark_v2 import WatermarkerV2, WindowDetector, detect_v2
+    from swapstream.watermark_v2 import WatermarkerV2, detect_v2
 
     payload = Payload(PRODUCT_SWAPSTREAM, 0x5EC0A11D)
     common = run_fields(cpu_name(), f"python tools/watermark_robustness.py --v2 --frames {args.frames} "

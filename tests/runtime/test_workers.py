@@ -22,7 +22,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import cv2
-import numpy as np
 import pytest
 
 pytest.importorskip("av")

@@ -23,7 +23,6 @@ av = pytest.importorskip("av")
 from swapstream.live.nginx import NginxRtmp  # noqa: E402
 
 from ..helpers import avsync  # noqa: E402
-from .test_cli import _env  # noqa: E402
 from .test_live_faults import Live, face  # noqa: E402,F401  (skips without ffmpeg and nginx-rtmp)
 
 FPS = 10
