@@ -25,3 +25,17 @@ def copy_builtin(models: Path) -> None:
     """The built-in face models next to the zoo ones, so one folder serves a whole job."""
     for name in BUILTIN_MODELS:
         shutil.copy(builtin_model_path(name), models / name)
+
+
+def stack_models(models: Path, *, parser: str = "bisenet") -> Path:
+    """The built-in models, a small inswapper and embedder stub, and issue 23's face stack in real
+    architectures with random weights: XSeg, BiSeNet-18 (`parser` names the builder in
+    make_face_models, e.g. `bisenet_all_skin`) and GFPGAN v1.4 (about 346 MB: a temporary folder)."""
+    models.mkdir(parents=True, exist_ok=True)
+    copy_builtin(models)
+    place(models, "arcface_w600k_r50", make_test_models.arcface_stub(seed=0))
+    place(models, "inswapper_128", make_test_models.inswapper(width=8, blocks=1, seed=2))
+    place(models, "xseg_1", make_face_models.xseg(seed=0))
+    place(models, "bisenet_resnet_18", getattr(make_face_models, parser)(seed=0))
+    place(models, "gfpgan_1.4", make_face_models.gfpgan_1_4(seed=0))
+    return models

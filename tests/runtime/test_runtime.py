@@ -104,25 +104,37 @@ def test_streams_share_batches_and_removing_one_leaves_the_others_running(clip: 
     asyncio.run(main())
 
 
-def test_controller_steps_down_on_a_slow_backend_and_back_up_when_it_recovers(clip: tuple[Path, Any]) -> None:
-    path, _ = clip
+async def start_slow_stream(cfg: Config, path: Path) -> tuple[StreamRuntime, Any, SlowBackend]:
+    """A runtime on the CPU whose `slowswap` backend is a SlowBackend (anything else is mesh), with
+    one stream "cam" on it (budget 300 ms, the astronaut's face): the runtime, the stream and the
+    slow backend. The caller closes the runtime."""
     backends: dict[str, SwapBackend] = {}
 
     def factory(name: str, config: Config, device: str) -> SwapBackend:
         backends[name] = SlowBackend(config) if name == "slowswap" else MeshBackend(config)
         return backends[name]
 
+    rt = StreamRuntime(cfg, devices=["cpu"], backend_factory=factory, swappers=["mesh", "slowswap"])
+    await rt.start()
+    try:
+        p = await rt.add_stream(file_spec("cam", path, swapper="slowswap", budget_ms=300))
+        await p.set_source(astronaut())
+        slow = backends["slowswap"]
+        assert isinstance(slow, SlowBackend)
+        return rt, p, slow
+    except BaseException:
+        await rt.close()
+        raise
+
+
+def test_controller_steps_down_on_a_slow_backend_and_back_up_when_it_recovers(clip: tuple[Path, Any]) -> None:
+    path, _ = clip
     cfg = runtime_config("runtime.min_samples=5", "runtime.down_cooldown=0.5", "runtime.up_hold=1.0",
                          "runtime.controller_interval=0.2")
 
     async def main() -> dict[str, Any]:
-        rt = StreamRuntime(cfg, devices=["cpu"], backend_factory=factory, swappers=["mesh", "slowswap"])
-        await rt.start()
+        rt, p, slow = await start_slow_stream(cfg, path)
         try:
-            p = await rt.add_stream(file_spec("cam", path, swapper="slowswap", budget_ms=300))
-            await p.set_source(astronaut())
-            slow = backends["slowswap"]
-            assert isinstance(slow, SlowBackend)
             slow.delay = 0.6  # every batch now takes longer than the stream's whole budget
             await until(lambda: p.level == 2, 30, "two steps down")
             assert p.backend_name == "mesh" and p.cfg.detector.detect_every == 40  # 10 x 4
@@ -164,23 +176,12 @@ def test_with_degrade_off_a_late_stream_keeps_its_settings(clip: tuple[Path, Any
     """runtime.degrade=false: the same slow backend as above, far over the budget for many controller
     ticks, and the stream stays at level 0 on its own swapper (its p99 shows the lateness)."""
     path, _ = clip
-    backends: dict[str, SwapBackend] = {}
-
-    def factory(name: str, config: Config, device: str) -> SwapBackend:
-        backends[name] = SlowBackend(config) if name == "slowswap" else MeshBackend(config)
-        return backends[name]
-
     cfg = runtime_config("runtime.min_samples=5", "runtime.down_cooldown=0.5", "runtime.controller_interval=0.2",
                          "runtime.degrade=false")
 
     async def main() -> None:
-        rt = StreamRuntime(cfg, devices=["cpu"], backend_factory=factory, swappers=["mesh", "slowswap"])
-        await rt.start()
+        rt, p, slow = await start_slow_stream(cfg, path)
         try:
-            p = await rt.add_stream(file_spec("cam", path, swapper="slowswap", budget_ms=300))
-            await p.set_source(astronaut())
-            slow = backends["slowswap"]
-            assert isinstance(slow, SlowBackend)
             slow.delay = 0.6
             # Enough late frames for the controller above to have stepped twice, and ticks to spare.
             await until(lambda: len(p.latency_since_change) >= 10, 30, "late frames")

@@ -27,7 +27,7 @@ from swapstream.neural.face_stack import (MESH_TO_68, FaceEnhancer, FaceMasker, 
                                           resize_bilinear)
 from swapstream.neural.swapper import Embedder, NeuralSwapper, SwapContract, align_matrix  # noqa: E402
 
-from ..zoo_models import copy_builtin, place  # noqa: E402
+from ..zoo_models import copy_builtin, place, stack_models  # noqa: E402
 from ..zoo_models import make_face_models as fm  # noqa: E402
 from ..zoo_models import make_test_models as tm  # noqa: E402
 
@@ -37,15 +37,7 @@ FP32_REL_L2 = 1e-5
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("face_stack") / "models"
-    d.mkdir()
-    copy_builtin(d)
-    place(d, "arcface_w600k_r50", tm.arcface_stub(seed=0))
-    place(d, "inswapper_128", tm.inswapper(width=8, blocks=1, seed=2))
-    place(d, "xseg_1", fm.xseg(seed=0))
-    place(d, "bisenet_resnet_18", fm.bisenet(seed=0))
-    place(d, "gfpgan_1.4", fm.gfpgan_1_4(seed=0))  # about 346 MB, in the test's temporary folder
-    return d
+    return stack_models(tmp_path_factory.mktemp("face_stack") / "models")
 
 
 @pytest.fixture(scope="module")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -34,9 +36,13 @@ def decode(path: Path) -> tuple[list[np.ndarray], list[int]]:
 SAME_MARK = ["watermark.stream_id=4242"]
 
 
-def run_job(cls: type, clip: Path, out: Path | str, progress=None, overrides: list[str] | None = None) -> object:
+def run_job(cls: type, clip: Path, out: Path | str, progress=None, overrides: list[str] | None = None,
+            check: Callable[[Any], None] | None = None) -> Any:
+    """One file job with the astronaut's face; `check` looks at the built job before it runs."""
     job = cls(load_config(None, SAME_MARK + (overrides or [])))
     try:
+        if check is not None:
+            check(job)
         job.set_source_image(astronaut(), "astronaut")
         return job.run(clip, out, progress=progress)
     finally:
@@ -138,7 +144,6 @@ def test_gpu_job_matches_cpu_job_with_identity_swapper(cp: ModuleType, tmp_path:
     the host in both jobs (the torch runner has no native module for this architecture and the
     device has no onnxruntime-gpu), so this checks the GPU job's pre- and post-processing and its
     data movement around a model, not GPU inference (test_torch_runner_gpu.py covers that)."""
-    from swapstream.config import load_config
     from swapstream.gpu.job import GpuFileJob
 
     from ..zoo_models import copy_builtin, place
@@ -156,12 +161,8 @@ def test_gpu_job_matches_cpu_job_with_identity_swapper(cp: ModuleType, tmp_path:
     outs = {}
     for name, cls in (("cpu", FileJob), ("gpu", GpuFileJob)):
         # PyAV decoding in both, as in test_gpu_job_matches_cpu_job.
-        job = cls(load_config(None, cfg + ["neural.runner=onnxruntime", "decoder=cpu"]))
-        try:
-            job.set_source_image(astronaut(), "astronaut")
-            stats = job.run(clip, tmp_path / f"{name}.mp4")
-        finally:
-            job.close()
+        stats = run_job(cls, clip, tmp_path / f"{name}.mp4",
+                        overrides=cfg + ["neural.runner=onnxruntime", "decoder=cpu"])
         assert stats.frames == 20 and stats.faces_swapped == 20
         outs[name] = decode(tmp_path / f"{name}.mp4")
     (a, pa), (b, pb) = outs["cpu"], outs["gpu"]
@@ -175,19 +176,9 @@ def test_gpu_job_matches_cpu_job_with_identity_swapper(cp: ModuleType, tmp_path:
 def stack_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A swapper and issue 23's face stack, in real architectures (random weights): a random XSeg
     occluder, a BiSeNet that calls everything skin, and the GFPGAN v1.4 architecture (about 346 MB)."""
-    from ..zoo_models import copy_builtin, place
-    from ..zoo_models import make_face_models as fm
-    from ..zoo_models import make_test_models as tm
+    from ..zoo_models import stack_models as build
 
-    models = tmp_path_factory.mktemp("stack") / "models"
-    models.mkdir()
-    copy_builtin(models)
-    place(models, "arcface_w600k_r50", tm.arcface_stub(seed=0))
-    place(models, "inswapper_128", tm.inswapper(width=8, blocks=1, seed=2))
-    place(models, "xseg_1", fm.xseg(seed=0))
-    place(models, "bisenet_resnet_18", fm.bisenet_all_skin(seed=0))
-    place(models, "gfpgan_1.4", fm.gfpgan_1_4(seed=0))
-    return models
+    return build(tmp_path_factory.mktemp("stack") / "models", parser="bisenet_all_skin")
 
 
 @pytest.mark.parametrize("runner,floor", [
@@ -212,20 +203,17 @@ def test_gpu_job_with_the_face_stack_matches_cpu_job(cp: ModuleType, stack_model
     write_demo_clip(clip, grace_hopper(), seconds=1.0, fps=10, size=(1280, 720))
     cfg = [f"models_dir={stack_models}", "swapper=inswapper_128", "neural.download=false",
            "mask.types=box,occlusion,region", "enhancer=gfpgan_1.4", "decoder=cpu"] + SAME_MARK
+    def on_the_gpu(job: Any) -> None:
+        sw = job.neural.swapper
+        assert sw.masker is not None and sw.enhancer is not None
+        used = [sw.runner.name, sw.masker.occluder.name, sw.masker.parser.name, sw.enhancer.runner.name]
+        assert used == ["torch"] * 4, used  # the stack on the GPU, not ONNX Runtime's fallback
+
     outs = {}
     for name, cls, extra in (("cpu", FileJob, ["neural.runner=onnxruntime"]),
                              ("gpu", GpuFileJob, [f"neural.runner={runner}", "neural.precision=fp32"])):
-        job = cls(load_config(None, cfg + extra))
-        try:
-            if name == "gpu" and runner == "auto":
-                sw = job.neural.swapper
-                assert sw.masker is not None and sw.enhancer is not None
-                used = [sw.runner.name, sw.masker.occluder.name, sw.masker.parser.name, sw.enhancer.runner.name]
-                assert used == ["torch"] * 4, used  # the stack on the GPU, not ONNX Runtime's fallback
-            job.set_source_image(astronaut(), "astronaut")
-            stats = job.run(clip, tmp_path / f"{name}.mp4")
-        finally:
-            job.close()
+        stats = run_job(cls, clip, tmp_path / f"{name}.mp4", overrides=cfg + extra,
+                        check=on_the_gpu if name == "gpu" and runner == "auto" else None)
         assert stats.frames == 10 and stats.faces_swapped == 10
         outs[name] = decode(tmp_path / f"{name}.mp4")
     (a, pa), (b, pb) = outs["cpu"], outs["gpu"]
