@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the `device` tool), from the repository root:
-#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|run_live|run_ab|serve|serve_ab|live|live_bench|hands|mesh|pending|recheck|face_stack|serve_stack|stack_tests|stack|all|none][,...]
+#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|run_live|run_ab|serve|serve_ab|live|live_bench|hands|mesh|pending|recheck|face_stack|serve_stack|stack_profile|stack_tests|stack|all|none][,...]
 #     (default: all; bench = kernels + swap + pipeline; none = install the carried wheels only)
 #   tools/device_check.sh pytest ARGS...    (pytest with ARGS, in the same environment)
 # Installs the carried wheels (.whl/, ignored by git), makes `swapstream` importable from this tree,
@@ -201,12 +201,19 @@ fi
 if want stack serve_stack; then
   # Issue 23 through `swapstream serve`: swap + XSeg occluder + GFPGAN v1.4 enhancer (real
   # architectures, random weights, built here), with the GPU memory per worker. Needs .whl-av,
-  # .whl-nvc, .models and .bench. (`stack` = face_stack + serve_stack + stack_tests.) The ladder is
+  # .whl-nvc, .models and .bench. (`stack` = face_stack + serve_stack + stack_profile + stack_tests.) The ladder is
   # off (the whole stack runs however late); STACK_WORKERS sets the workers (fewer: bigger batches).
   timeout -s INT -k 30 "${STACK_SERVE_S:-270}" python3 tools/bench_streams.py "${SERVE_CLIPS[@]}" --out "$OUT" \
     --name "${STACK_NAME:-serve_face_stack}" $SERVE_SETUP --workers "${STACK_WORKERS:-8}" --face-stack \
     --ns "${STACK_NS:-8,16,24}" --res "${STACK_RES:-720p}" 2>&1 \
     | tee "$OUT/bench_serve_stack.log" || rc=1
+fi
+if want stack stack_profile; then
+  # Where a one-face (and four-face) swap call with the face stack goes: wall time, GPU time and
+  # host profile of serve's backend with the swapper alone, + occluder, + occluder and GFPGAN, on a
+  # 1080p frame (needs .whl-av and .bench). Against face_stack's per-network times: the glue's cost.
+  timeout -s INT -k 10 "${STACK_PROFILE_S:-300}" python3 tools/profile_mesh_gpu.py --neural \
+    --clip .bench/streams_1080p30.mp4 --out "$OUT" 2>&1 | tee "$OUT/profile_neural_gpu.log" || rc=1
 fi
 if want stack stack_tests; then
   # The stack's models in the torch runner (fp16, graphs) against ONNX Runtime, and the GPU file job

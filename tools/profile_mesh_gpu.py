@@ -1,13 +1,20 @@
-"""Where the runtime's `mesh` swap spends a frame on the GPU: the wall time of one `MeshBackend.swap`
-call (what the device thread waits for), with and without the occlusion mask, the GPU time of its
-kernels and copies (CUPTI, through torch.profiler: every kernel of the process, CuPy's included,
-summed per call), and the host functions that take the wall time (cProfile).
+"""Where the runtime's swap spends a frame on the GPU: the wall time of one backend `swap` call (what
+the device thread waits for), the GPU time of its kernels and copies (CUPTI, through torch.profiler:
+every kernel of the process, CuPy's and PyTorch's, summed per call), and the host functions that
+take the wall time (cProfile).
 
     python tools/profile_mesh_gpu.py --clip .bench/streams_720p30.mp4 [--reps 60] [--out DIR]
+    python tools/profile_mesh_gpu.py --clip ... --neural [--batches 1,4]
 
-A diagnostic for the developers, not a benchmark record: it runs the product's backend on one
-decoded frame of the clip and its face as the GPU analysis finds it, on a quiet GPU. Writes
-`<out>/profile_mesh_gpu.json` and prints the profile.
+By default the `mesh` backend, with and without the occlusion mask. With `--neural`, the zoo
+swapper's backend as `serve` builds it (the full-size inswapper architecture with random weights,
+fp16, CUDA graphs) alone, with the XSeg occluder, and with the occluder and the GFPGAN v1.4 enhancer
+(real architectures, random weights), at each batch size (that many copies of the frame's face in
+one call): set against the networks' own times (tools/bench_face_stack.py), the rest is the glue
+between them. A diagnostic for the developers, not a benchmark record: it runs the product's
+backend on one decoded frame of the clip and its face as the GPU analysis finds it, on a quiet GPU,
+on a non-blocking CUDA stream as a serve worker's swap thread does. Writes
+`<out>/profile_mesh_gpu.json` (`profile_neural_gpu.json` with --neural) and prints the profile.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ import io
 import json
 import pstats
 import statistics
+import sys
+import tempfile
 import time
 from fractions import Fraction
 from pathlib import Path
@@ -66,19 +75,80 @@ def gpu_time(fn: Any, reps: int) -> dict[str, float]:
     return {"gpu_us_per_call": round(total_us / reps, 1), "gpu_ops_per_call": round(len(ops) / reps, 1)}
 
 
+def profile_case(name: str, backend: Any, frame: Any, faces: list[Any], source: Any, reps: int) -> dict[str, Any]:
+    """Wall time, GPU time and host profile of `backend.swap` on `faces` of a copy of `frame`."""
+    import cupy
+
+    from swapstream.runtime.swappers import SwapItem
+
+    ident = backend.identity(source)
+    work = frame.copy()
+    if not backend.swap([SwapItem(work, faces, ident)])[0]:
+        raise SystemExit(f"error: {name} swapped no face")
+
+    def run() -> None:
+        cupy.copyto(work, frame)
+        backend.swap([SwapItem(work, faces, ident)])
+
+    ms = timed(run, reps)
+    prof = cProfile.Profile()
+    prof.enable()
+    timed(run, 20)
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+    g = gpu_time(run, 20)
+    # Less the copy that resets the frame before each call.
+    reset = gpu_time(lambda: cupy.copyto(work, frame), 20)
+    g = {"gpu_us_per_call": round(g["gpu_us_per_call"] - reset["gpu_us_per_call"], 1),
+         "gpu_ops_per_call": round(g["gpu_ops_per_call"] - reset["gpu_ops_per_call"], 1)}
+    out = {"faces_per_call": len(faces), "p50_ms": round(statistics.median(ms), 3), "min_ms": round(min(ms), 3),
+           "max_ms": round(max(ms), 3), **g, "gpu_us_per_face": round(g["gpu_us_per_call"] / len(faces), 1)}
+    print(f"== {name}: p50 {statistics.median(ms):.3f} ms, min {min(ms):.3f}, max {max(ms):.3f} "
+          f"(wall per call, synchronised); GPU time {g['gpu_us_per_call']:.1f} us per call in "
+          f"{g['gpu_ops_per_call']:.0f} kernels and copies")
+    print(text.getvalue())
+    return out
+
+
+def neural_configs(models: Path) -> list[tuple[str, Any]]:
+    """The synthetic zoo models written into `models`, and the three stack variants' settings."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_pipeline import write_synthetic_models
+
+    from swapstream.config import load_config
+
+    write_synthetic_models(models, face_stack=True)
+    base = [f"models_dir={models}", "swapper=inswapper_128", "neural.download=false", "neural.max_batch=4"]
+    return [(name, load_config("multi_stream", base + extra)) for name, extra in (
+        ("inswapper", []),
+        ("inswapper+occluder", ["mask.types=box,occlusion"]),
+        ("inswapper+occluder+gfpgan", ["mask.types=box,occlusion", "enhancer=gfpgan_1.4"]))]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clip", type=Path, required=True)
     ap.add_argument("--reps", type=int, default=60)
     ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument("--neural", action="store_true", help="the zoo swapper with the face stack's variants")
+    ap.add_argument("--batches", default="1,4", help="with --neural: faces per call, comma-separated (1-4)")
     args = ap.parse_args()
+    try:
+        batches = sorted({int(b) for b in args.batches.split(",")})
+    except ValueError:
+        sys.exit(f"error: --batches takes whole numbers joined by commas, got {args.batches!r}")
+    if not batches or min(batches) < 1 or max(batches) > 4:
+        sys.exit(f"error: --batches must be between 1 and 4 (neural.max_batch), got {args.batches!r}")
+    if not args.clip.is_file():
+        sys.exit(f"error: no clip at '{args.clip}': make one with python tools/make_bench_clips.py")
 
     import cupy
 
     from swapstream.config import load_config
     from swapstream.demo import astronaut
     from swapstream.gpu.analyser import GpuFaceAnalyser
-    from swapstream.runtime.swappers import MeshBackend, SwapItem
+    from swapstream.runtime.swappers import MeshBackend, NeuralBackend
     from swapstream.types import Frame
 
     cfg = load_config("multi_stream")
@@ -95,43 +165,30 @@ def main() -> None:
         raise SystemExit(f"error: no face found in the first frame of '{args.clip}'")
     result: dict[str, Any] = {"clip": str(args.clip), "frame": list(host.shape), "faces": len(faces),
                               "device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()}
-    for name, occlusion in (("mesh", False), ("mesh+occlusion", True)):
-        c = cfg.model_copy(deep=True)
-        c.mask.occlusion = occlusion
-        backend = MeshBackend(c, "cuda:0")
-        ident = backend.identity(astronaut())
-        work = frame.copy()
-        run_once = lambda: backend.swap([SwapItem(work, faces, ident)])  # noqa: E731
-        if not run_once()[0]:
-            raise SystemExit(f"error: {name} swapped no face")
-
-        def run() -> None:
-            cupy.copyto(work, frame)
-            backend.swap([SwapItem(work, faces, ident)])
-
-        ms = timed(run, args.reps)
-        prof = cProfile.Profile()
-        prof.enable()
-        timed(run, 20)
-        prof.disable()
-        text = io.StringIO()
-        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
-        g = gpu_time(run, 20)
-        # Less the copy that resets the frame before each call.
-        reset = gpu_time(lambda: cupy.copyto(work, frame), 20)
-        g = {"gpu_us_per_call": round(g["gpu_us_per_call"] - reset["gpu_us_per_call"], 1),
-             "gpu_ops_per_call": round(g["gpu_ops_per_call"] - reset["gpu_ops_per_call"], 1)}
-        result[name] = {"p50_ms": round(statistics.median(ms), 3), "min_ms": round(min(ms), 3),
-                        "max_ms": round(max(ms), 3), **g,
-                        "gpu_us_per_face": round(g["gpu_us_per_call"] / len(faces), 1)}
-        print(f"== {name}: p50 {statistics.median(ms):.3f} ms, min {min(ms):.3f}, max {max(ms):.3f} "
-              f"(wall per call, synchronised); GPU time {g['gpu_us_per_call']:.1f} us per call in "
-              f"{g['gpu_ops_per_call']:.0f} kernels and copies")
-        print(text.getvalue())
-        backend.close()
+    cases: list[tuple[str, Any, list[int]]] = []  # (label, backend maker, faces per call of each run)
+    if args.neural:
+        models = Path(tempfile.mkdtemp(prefix="profile-neural-")) / "models"
+        for name, c in neural_configs(models):
+            cases.append((name, lambda c=c: NeuralBackend("inswapper_128", c, "cuda:0"), batches))
+    else:
+        for name, occlusion in (("mesh", False), ("mesh+occlusion", True)):
+            c = cfg.model_copy(deep=True)
+            c.mask.occlusion = occlusion
+            cases.append((name, lambda c=c: MeshBackend(c, "cuda:0"), [len(faces)]))
+    for name, make, sizes in cases:
+        # A serve worker's swap thread runs on a non-blocking stream of its own (runtime/manager.py).
+        with cupy.cuda.Stream(non_blocking=True):
+            backend = make()
+            try:
+                for n in sizes:
+                    label = f"{name} b{n}" if args.neural else name
+                    result[label] = profile_case(label, backend, frame, (faces * 4)[:n], astronaut(), args.reps)
+            finally:
+                backend.close()
     analyser.close()
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "profile_mesh_gpu.json").write_text(json.dumps(result, indent=1) + "\n")
+    name = "profile_neural_gpu.json" if args.neural else "profile_mesh_gpu.json"
+    (args.out / name).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))
 
 

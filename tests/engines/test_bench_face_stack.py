@@ -39,3 +39,19 @@ def test_bad_arguments_are_named(tmp_path: Path, argv: list[str], says: str) -> 
     res = subprocess.run([sys.executable, str(TOOL), "--out", str(tmp_path), "--device", "cpu", *argv],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode != 0 and says in res.stderr and "Traceback" not in res.stderr
+
+
+PROFILE = Path(__file__).resolve().parents[2] / "tools" / "profile_mesh_gpu.py"
+
+
+@pytest.mark.parametrize("argv, says", [(["--clip", "no-such.mp4"], "no clip at 'no-such.mp4'"),
+                                        (["--neural", "--batches", "5"], "--batches must be between 1 and 4"),
+                                        (["--neural", "--batches", "x"], "--batches takes whole numbers")])
+def test_the_swap_profiler_names_bad_arguments(tmp_path: Path, argv: list[str], says: str) -> None:
+    """tools/profile_mesh_gpu.py (`--neural`: the face stack's swap call) runs on a GPU only; here its
+    argument checks, which come before anything needs CUDA."""
+    clip = tmp_path / "clip.mp4"
+    clip.write_bytes(b"")
+    args = argv if "--clip" in argv else ["--clip", str(clip), *argv]
+    res = subprocess.run([sys.executable, str(PROFILE), *args], capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0 and says in res.stderr and "Traceback" not in res.stderr
