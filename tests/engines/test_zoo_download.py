@@ -226,6 +226,9 @@ def test_url_and_hash_url_format(name: str) -> None:
 
 
 def test_templates_equal_models_md() -> None:
+    # The table here is the doc's, verbatim: an edit of either without the other fails.
+    for line in TEMPLATE_TABLE.strip().splitlines():
+        assert line in NEURAL_MD, f"docs/neural.md lost its template row: {line[:40]}"
     rows = re.findall(r"\| (\w+) \| (.+?) \|", TEMPLATE_TABLE)
     assert [r[0] for r in rows] == list(TEMPLATES)
     for name, points in rows:
