@@ -15,7 +15,7 @@ import numpy as np
 
 from .config import Config
 from .consent import ConsentRecord, ConsentStore
-from .disclosure import Disclosure  # SYNTHETIC_TAGS: imported from here too
+from .disclosure import Disclosure
 from .errors import InputError, InputNotFoundError, OutputError
 from .face.analyser import FaceAnalyser
 from .io.background import BackgroundCalls

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import cpu_name, median_ms, run_fields, wall_median_ms  # noqa: E402
+from benchlib import batch_sizes, cpu_name, median_ms, run_fields, wall_median_ms  # noqa: E402
 
 # Model -> (builder in make_face_models, what it is). The input's name, size and layout are the zoo's
 # (engines/zoo.py), as the face stack feeds them.
@@ -60,12 +60,7 @@ def main() -> None:
         sys.exit(f"error: --models names none; give some of {', '.join(MODELS)}")
     if unknown:
         sys.exit(f"error: --models takes names among {', '.join(MODELS)}; got {', '.join(unknown)}")
-    try:
-        batches = sorted({int(b) for b in args.batches.split(",")})
-    except ValueError:
-        sys.exit(f"error: --batches takes whole numbers joined by commas, got {args.batches!r}")
-    if not batches or min(batches) < 1 or max(batches) > 8:
-        sys.exit(f"error: --batches must be between 1 and 8, got {args.batches!r}")
+    batches = batch_sizes(args.batches, 8)
     if args.reps < 1:
         sys.exit(f"error: --reps must be at least 1, got {args.reps}")
     import torch

@@ -46,6 +46,18 @@ def run_fields(device: str, command: str) -> dict[str, str]:
     return {"device": device, "commit": git_sha(), "date": dt.date.today().isoformat(), "command": command}
 
 
+def batch_sizes(text: str, most: int) -> list[int]:
+    """`--batches` (whole numbers joined by commas, each 1..most), sorted and unique; a bad value
+    exits with an error that names the option."""
+    try:
+        batches = sorted({int(b) for b in text.split(",")})
+    except ValueError:
+        sys.exit(f"error: --batches takes whole numbers joined by commas, got {text!r}")
+    if not batches or min(batches) < 1 or max(batches) > most:
+        sys.exit(f"error: --batches must be between 1 and {most}, got {text!r}")
+    return batches
+
+
 def median_ms(cp: Any, fn: Callable[[], Any], stream: Any, reps: int = 50, warm: int = 10) -> float:
     """Median time of `fn` between CUDA events recorded on `stream` (CuPy's), in milliseconds,
     after `warm` untimed calls. `fn` must queue its work on `stream` (or on the legacy default

@@ -204,7 +204,7 @@ if want stack serve_stack; then
   # .whl-nvc, .models and .bench. (`stack` = face_stack + serve_stack + stack_profile + stack_tests.) The ladder is
   # off (the whole stack runs however late); STACK_WORKERS sets the workers (fewer: bigger batches).
   timeout -s INT -k 30 "${STACK_SERVE_S:-270}" python3 tools/bench_streams.py "${SERVE_CLIPS[@]}" --out "$OUT" \
-    --name "${STACK_NAME:-serve_face_stack}" $SERVE_SETUP --workers "${STACK_WORKERS:-8}" --face-stack \
+    --name "${STACK_NAME:-serve_face_stack}" ${SERVE_SETUP/--workers 8/--workers ${STACK_WORKERS:-8}} --face-stack \
     --ns "${STACK_NS:-8,16,24}" --res "${STACK_RES:-720p}" 2>&1 \
     | tee "$OUT/bench_serve_stack.log" || rc=1
 fi

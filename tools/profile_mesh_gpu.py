@@ -32,6 +32,9 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import batch_sizes  # noqa: E402
+
 
 def first_frame(clip: Path) -> Any:
     import av
@@ -113,7 +116,6 @@ def profile_case(name: str, backend: Any, frame: Any, faces: list[Any], source: 
 
 def neural_configs(models: Path) -> list[tuple[str, Any]]:
     """The synthetic zoo models written into `models`, and the three stack variants' settings."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_pipeline import write_synthetic_models
 
     from swapstream.config import load_config
@@ -134,12 +136,7 @@ def main() -> None:
     ap.add_argument("--neural", action="store_true", help="the zoo swapper with the face stack's variants")
     ap.add_argument("--batches", default="1,4", help="with --neural: faces per call, comma-separated (1-4)")
     args = ap.parse_args()
-    try:
-        batches = sorted({int(b) for b in args.batches.split(",")})
-    except ValueError:
-        sys.exit(f"error: --batches takes whole numbers joined by commas, got {args.batches!r}")
-    if not batches or min(batches) < 1 or max(batches) > 4:
-        sys.exit(f"error: --batches must be between 1 and 4 (neural.max_batch), got {args.batches!r}")
+    batches = batch_sizes(args.batches, 4)  # up to neural.max_batch
     if not args.clip.is_file():
         sys.exit(f"error: no clip at '{args.clip}': make one with python tools/make_bench_clips.py")
 

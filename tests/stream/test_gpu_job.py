@@ -157,7 +157,7 @@ def test_gpu_job_matches_cpu_job_with_identity_swapper(cp: ModuleType, tmp_path:
                                                           output_space="normalised"))
     clip = tmp_path / "clip.mp4"
     write_demo_clip(clip, grace_hopper(), seconds=2.0, fps=10, size=(1280, 720))
-    cfg = [f"models_dir={models}", "swapper=hyperswap_1a_256", "neural.download=false"] + SAME_MARK
+    cfg = [f"models_dir={models}", "swapper=hyperswap_1a_256", "neural.download=false"]
     outs = {}
     for name, cls in (("cpu", FileJob), ("gpu", GpuFileJob)):
         # PyAV decoding in both, as in test_gpu_job_matches_cpu_job.
@@ -202,7 +202,7 @@ def test_gpu_job_with_the_face_stack_matches_cpu_job(cp: ModuleType, stack_model
     clip = tmp_path / "clip.mp4"
     write_demo_clip(clip, grace_hopper(), seconds=1.0, fps=10, size=(1280, 720))
     cfg = [f"models_dir={stack_models}", "swapper=inswapper_128", "neural.download=false",
-           "mask.types=box,occlusion,region", "enhancer=gfpgan_1.4", "decoder=cpu"] + SAME_MARK
+           "mask.types=box,occlusion,region", "enhancer=gfpgan_1.4", "decoder=cpu"]
     def on_the_gpu(job: Any) -> None:
         sw = job.neural.swapper
         assert sw.masker is not None and sw.enhancer is not None
