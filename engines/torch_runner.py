@@ -7,6 +7,7 @@ module in fp32 eagerly on the CPU (that is what CI exercises).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import logging
@@ -21,6 +22,10 @@ from .face_models import build_bisenet, build_gfpgan, build_xseg, is_bisenet, is
 from .torch_models import build_inswapper, is_inswapper, onnx_initializers
 
 log = logging.getLogger(__name__)
+
+# Compiled variants dynamo may keep per model class: 4 batch sizes for each of up to 64 runners of one
+# architecture in a process (the tests build many; a serve worker builds a few).
+_RECOMPILE_LIMIT = 256
 
 Precision = Literal["auto", "fp16", "fp32"]
 
@@ -187,7 +192,14 @@ class TorchRunner(Runner):
     def _run_module(self, module: Any, args: list[Any]) -> Any:
         import torch
 
-        with torch.inference_mode():
+        # Dynamo keeps its compiled variants on the shared `forward` code of the model's class: each
+        # runner of an architecture adds one per batch size, and its default limit of 8 failed the
+        # third inswapper runner in one process (4 batch sizes each; fullgraph=True makes that an
+        # error). The limit is raised only while our compiled modules run, since it is torch's
+        # process-wide setting; a call that hits no new shape does not compile at all.
+        limits = torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT) if module is not self._eager \
+            and self.compile else contextlib.nullcontext()
+        with limits, torch.inference_mode():
             if self.channels_last and self.device != "cpu":
                 args = [a.contiguous(memory_format=torch.channels_last) if a.dim() == 4 else a for a in args]
             return module(*args)

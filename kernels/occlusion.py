@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ._xp import check_array, get_xp
-from .mask import gaussian_blur, gaussian_kernel
+from .mask import gaussian_blur, taps_defines
 from .warp import box_downsample, warp_affine
 
 
@@ -261,14 +261,6 @@ def _part_cuda(patch: Any, allow: Any, w: np.ndarray, m: np.ndarray, lo: float, 
     return score
 
 
-def _taps_defines(sigma: float) -> dict[str, str]:
-    """The blur's taps as compile-time constants: exact hexadecimal literals of the float32 values
-    `gaussian_kernel` gives (the same numbers the reference multiplies by)."""
-    k = gaussian_kernel(sigma)
-    return {"OCCL_RADIUS": str((k.size - 1) // 2),
-            "OCCL_TAPS": "{" + ", ".join(f"(float){float(v).hex()}" for v in k) + "}"}
-
-
 def _clean_cuda(score: Any, grow: int, sigma: float, state: Any, alpha: float, fresh: bool) -> Any:
     import cupy
 
@@ -281,7 +273,7 @@ def _clean_cuda(score: Any, grow: int, sigma: float, state: Any, alpha: float, f
     h, w = score.shape
     n = h * w
     if n:
-        defs = _taps_defines(sigma)
+        defs = taps_defines(sigma, "OCCL")
         a, b = cupy.empty_like(score), cupy.empty_like(score)
         kernel("occlusion_clean.cu", "occl_median_dilate", defs)(
             grid(n), (256,), (score, np.int32(h), np.int32(w), np.int32(grow), a))

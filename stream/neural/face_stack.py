@@ -22,6 +22,7 @@ from ..engines.runner import Runner
 from ..engines.zoo import ModelSpec
 from ..kernels._xp import get_xp
 from ..kernels.mask import feather
+from ..kernels.resize import resize_bilinear
 
 MASK_SIGMA = 5.0
 """FaceFusion blurs the occlusion, region and area masks with sigma 5 (crop pixels) before the clip."""
@@ -93,27 +94,6 @@ def crop_points68(face: Any, to_frame: np.ndarray) -> np.ndarray:
 def region_classes(names: list[str] | tuple[str, ...]) -> tuple[int, ...]:
     """The sorted parser classes of the region names (validated by the config)."""
     return tuple(sorted({c for n in names for c in REGION_CLASSES[n]}))
-
-
-def resize_bilinear(x: Any, size: int) -> Any:
-    """(N, H, W, C) float32 -> (N, size, size, C), bilinear with half-pixel centres and clamped edges,
-    as cv2.resize's INTER_LINEAR (which FaceFusion uses for these masks) samples."""
-    xp = get_xp(x)
-    n, h, w, c = x.shape
-    if (h, w) == (size, size):
-        return x
-
-    def axis(src: int) -> tuple[Any, Any, Any]:
-        pos = (xp.arange(size, dtype=xp.float32) + 0.5) * (src / size) - 0.5
-        pos = xp.clip(pos, 0, src - 1)
-        lo = xp.floor(pos).astype(xp.int64)
-        hi = xp.minimum(lo + 1, src - 1)
-        return lo, hi, (pos - lo).astype(xp.float32)
-
-    y0, y1, fy = axis(h)
-    x0, x1, fx = axis(w)
-    top = x[:, y0] * (1 - fy)[None, :, None, None] + x[:, y1] * fy[None, :, None, None]
-    return top[:, :, x0] * (1 - fx)[None, None, :, None] + top[:, :, x1] * fx[None, None, :, None]
 
 
 def prepare(crops: Any, spec: ModelSpec) -> Any:

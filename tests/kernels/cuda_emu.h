@@ -21,5 +21,8 @@ inline float __fsqrt_rn(float a) { return std::sqrt(a); }
 inline double __dadd_rn(double a, double b) { return a + b; }
 inline double __dmul_rn(double a, double b) { return a * b; }
 using std::floor; using std::fmax; using std::fmin;
+inline float floorf(float a) { return std::floor(a); }
+inline float fminf(float a, float b) { return std::fmin(a, b); }
+inline float fmaxf(float a, float b) { return std::fmax(a, b); }
 #define LAUNCH(n, f, ...) do { blockDim.x = 256; for (unsigned _blk = 0; _blk < ((n) + 255) / 256; ++_blk) { \
     blockIdx.x = _blk; for (unsigned _thr = 0; _thr < 256; ++_thr) { threadIdx.x = _thr; f(__VA_ARGS__); } } } while (0)

@@ -1,4 +1,4 @@
-"""The occlusion mask's CUDA kernels, compiled for the host with g++ through a small emulation of
+"""The occlusion mask's, the blur's and the resize's CUDA kernels, compiled for the host with g++ through a small emulation of
 CUDA's launch model (`cuda_emu.h`), against their NumPy references: every element, fresh random
 inputs, poisoned outputs, the same bits required. It runs where no GPU is (CI); the GPU tests
 (`test_occlusion_gpu.py`) run the same kernels through NVRTC on a device. Skips without g++."""
@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 from swapstream.kernels.cuda_loader import CUDA_DIR
-from swapstream.kernels.occlusion import (_taps_defines, canvas_sample, clean_and_average, occluder_part,
+from swapstream.kernels.mask import gaussian_blur, taps_defines
+from swapstream.kernels.resize import resize_bilinear
+from swapstream.kernels.occlusion import (canvas_sample, clean_and_average, occluder_part,
                                           occluder_score, visible_region)
 
 from .test_occlusion_cpu import part_inputs, random_similarity
@@ -62,11 +64,38 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     if gxx is None:
         pytest.skip("g++ is not installed (the CUDA emulation compiles the kernels with it)")
     work = tmp_path_factory.mktemp("cuda_emu")
-    (work / "emu.cpp").write_text(_WRAPPERS)
-    defs = _taps_defines(0.8)
+    return _build(gxx, work, _WRAPPERS, taps_defines(0.8, "OCCL"))
+
+
+_BLUR_SIGMA = 5.0  # the face stack's MASK_SIGMA: 31 taps
+_BLUR_WRAPPERS = r'''
+#include "cuda_emu.h"
+#include "blur.cu"
+#include "resize.cu"
+extern "C" {
+void blur(const float* src, int h, int w, int c, float* tmp, float* out) {
+  LAUNCH(h * w * c, blur_rows, src, h, w, c, tmp);
+  LAUNCH(h * w * c, blur_cols, tmp, h, w, c, out);
+}
+void resize(const float* src, int n, int h, int w, int c, int size, float sy, float sx, float* out) {
+  LAUNCH(n * size * size * c, resize_bilinear_f32, src, n, h, w, c, size, sy, sx, out);
+}
+}
+'''
+
+
+@pytest.fixture(scope="module")
+def blur_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("g++ is not installed (the CUDA emulation compiles the kernels with it)")
+    return _build(gxx, tmp_path_factory.mktemp("cuda_emu_blur"), _BLUR_WRAPPERS, taps_defines(_BLUR_SIGMA))
+
+
+def _build(gxx: str, work: Path, wrappers: str, defs: dict[str, str]) -> ctypes.CDLL:
+    (work / "emu.cpp").write_text(wrappers)
     cmd = [gxx, "-O1", "-std=c++17", "-ffp-contract=off", "-fPIC", "-shared", f"-I{HERE}", f"-I{CUDA_DIR}",
-           f"-DOCCL_RADIUS={defs['OCCL_RADIUS']}", f"-DOCCL_TAPS={defs['OCCL_TAPS']}",
-           "-o", str(work / "libemu.so"), str(work / "emu.cpp")]
+           *[f"-D{k}={v}" for k, v in defs.items()], "-o", str(work / "libemu.so"), str(work / "emu.cpp")]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     return ctypes.CDLL(str(work / "libemu.so"))
@@ -132,3 +161,27 @@ def test_region_kernel(lib: ctypes.CDLL) -> None:
     lib.to_region(ptr(occ), I(160), I(160), ptr(np.ascontiguousarray(a)), I(240), I(300), ptr(got))
     np.testing.assert_array_equal(got, ref)
     assert (ref == 1.0).any() and (ref < 1.0).any()
+
+
+@pytest.mark.parametrize("shape", [(53, 71), (40, 37, 3), (128, 128, 4), (9, 300, 1)])
+def test_blur_kernels(blur_lib: ctypes.CDLL, shape: tuple[int, ...]) -> None:
+    """Planes and interleaved channels (the masker blurs (S, S, N) stacks), some narrower than the
+    31 taps (every tap clamped at both borders): the reference's bits."""
+    src = np.random.default_rng().uniform(-1, 2, shape).astype(f32)
+    ref = gaussian_blur(src, _BLUR_SIGMA, np.empty(shape, f32))
+    got, tmp = np.full(shape, np.nan, f32), np.full(shape, np.nan, f32)
+    c = 1 if len(shape) == 2 else shape[2]
+    blur_lib.blur(ptr(src), I(shape[0]), I(shape[1]), I(c), ptr(tmp), ptr(got))
+    np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.parametrize("n,h,w,c,size", [(1, 37, 37, 1, 16), (3, 128, 128, 3, 256), (2, 256, 256, 1, 128),
+                                          (4, 128, 64, 2, 97), (1, 5, 7, 3, 512)])
+def test_resize_kernel(blur_lib: ctypes.CDLL, n: int, h: int, w: int, c: int, size: int) -> None:
+    """Up and down, square and not, and one axis kept: the reference's bits."""
+    src = np.random.default_rng().uniform(0, 255, (n, h, w, c)).astype(f32)
+    ref = resize_bilinear(src, size)
+    got = np.full((n, size, size, c), np.nan, f32)
+    # The scales as the CuPy path passes them (kernels/resize.py:_resize_cuda).
+    blur_lib.resize(ptr(src), I(n), I(h), I(w), I(c), I(size), F(f32(h / size)), F(f32(w / size)), ptr(got))
+    np.testing.assert_array_equal(got, ref)

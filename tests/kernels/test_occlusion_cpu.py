@@ -196,9 +196,9 @@ def test_visible_region_is_one_minus_the_warped_mask() -> None:
 
 
 def test_blur_taps_are_exact_literals() -> None:
-    from swapstream.kernels.occlusion import _taps_defines
+    from swapstream.kernels.mask import taps_defines
 
-    d = _taps_defines(0.8)
+    d = taps_defines(0.8, "OCCL")
     taps = [float.fromhex(t.replace("(float)", "").strip()) for t in d["OCCL_TAPS"].strip("{}").split(",")]
     k = gaussian_kernel(0.8)
     assert int(d["OCCL_RADIUS"]) == (k.size - 1) // 2

@@ -420,3 +420,27 @@ def test_runtime_backend_skips_parser_and_enhancer_for_stepped_down_streams(craf
         assert np.abs(full.frame.astype(int) - stepped.frame.astype(int)).max() > 20
     finally:
         backend.close()
+
+
+@pytest.mark.gpu
+def test_masker_on_cupy_crops_matches_numpy(models: Path, cp: object) -> None:
+    """The masks' glue on the GPU (resize, normalise, the fused blur of the feather, the minimum of
+    the masks) against the NumPy path, with the same ONNX Runtime models (the runner reads the CuPy
+    crops back to the host), on fresh random crops of a batch of 3."""
+    import cupy
+
+    occ = OnnxRuntimeRunner(models / "xseg_1.onnx")
+    parser = OnnxRuntimeRunner(models / "bisenet_resnet_18.onnx")
+    occ.activate()
+    parser.activate()
+    masker = FaceMasker(occluder=occ, occluder_spec=get_spec("xseg_1"), parser=parser,
+                        parser_spec=get_spec("bisenet_resnet_18"), regions=region_classes(["skin", "nose"]))
+    crops = np.random.default_rng().uniform(0, 255, (3, 128, 128, 3)).astype(np.float32)
+    ref = masker.mask(crops)
+    got = masker.mask(cupy.asarray(crops)).get()
+    assert ref.shape == got.shape == (3, 128, 128)
+    # Every GPU step rounds as its NumPy twin (the blur and resize kernels bit for bit, the rest
+    # IEEE element-wise float32), so the masks agree to the last bits; 1e-6 allows a last-ulp
+    # difference in the normalisation's division, should CuPy's differ from NumPy's.
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-6)
+    assert float(ref.max()) > float(ref.min())  # not a constant mask, which would hide a broken step
