@@ -96,14 +96,24 @@ def region_classes(names: list[str] | tuple[str, ...]) -> tuple[int, ...]:
     return tuple(sorted({c for n in names for c in REGION_CLASSES[n]}))
 
 
+def per_channel(values: tuple[float, ...] | list[float], xp: Any, shape: tuple[int, ...] = (-1,)) -> Any:
+    """Per-channel constants (a model's mean or std) to broadcast against an array: a Python float
+    when every channel has the same value, as all our zoo's do, so that the GPU path makes no
+    host-to-device copy for them; otherwise a float32 array of `shape`. Both round as float32 (a
+    Python float meets a float32 array as float32: NEP 50), so the results are the same."""
+    v = [float(x) for x in values]
+    if v and all(x == v[0] for x in v):
+        return float(np.float32(v[0]))
+    return xp.asarray(v, dtype=xp.float32).reshape(shape)
+
+
 def prepare(crops: Any, spec: ModelSpec) -> Any:
     """A model's input from (N, S, S, 3) RGB crops in [0, 255]: resized to its size, in its channel
     order, normalised as (x/255 - mean)/std, in its layout."""
     xp = get_xp(crops)
     size = spec.size or crops.shape[1]
     x = resize_bilinear(crops, size)
-    mean = xp.asarray(spec.mean, dtype=xp.float32)
-    std = xp.asarray(spec.std, dtype=xp.float32)
+    mean, std = per_channel(spec.mean, xp), per_channel(spec.std, xp)
     x = (x / 255.0 - mean) / std  # mean/std are in the model's channel order (all ours are symmetric)
     if spec.channels == "BGR":
         x = x[..., ::-1]
@@ -244,8 +254,7 @@ class FaceEnhancer:
             warp_affine(crops[i], enh_to_swap[i], up[i], border="replicate")
             warp_affine(xp.ascontiguousarray(swap_masks[i][..., None]), enh_to_swap[i], masks[i],
                         border="constant", fill=0.0)
-        mean = xp.asarray(self.spec.mean, dtype=xp.float32)
-        std = xp.asarray(self.spec.std, dtype=xp.float32)
+        mean, std = per_channel(self.spec.mean, xp), per_channel(self.spec.std, xp)
         x = xp.ascontiguousarray(((up / 255.0 - mean) / std).transpose(0, 3, 1, 2))
         feed: dict[str, Any] = {}
         for spec_in in self.runner.inputs:
@@ -257,7 +266,8 @@ class FaceEnhancer:
         self.calls += 1
         if self.spec.output_range == "std_mean":
             # FaceFusion clips to [-1, 1] before de-normalising (normalize_crop_frame).
-            y = xp.clip(y, -1.0, 1.0) * std[None, :, None, None] + mean[None, :, None, None]
+            y = xp.clip(y, -1.0, 1.0) * per_channel(self.spec.std, xp, (1, -1, 1, 1)) + \
+                per_channel(self.spec.mean, xp, (1, -1, 1, 1))
         enhanced = xp.clip(y, 0.0, 1.0).transpose(0, 2, 3, 1) * 255.0
         out = self.blend * enhanced + (1.0 - self.blend) * up
         return xp.ascontiguousarray(out, dtype=xp.float32), xp.ascontiguousarray(masks[..., 0])

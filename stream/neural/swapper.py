@@ -23,7 +23,7 @@ from ..kernels.paste import paste_back
 from ..kernels.warp import invert_affine
 from ..types import Face
 from ..kernels.paste import box_mask
-from .face_stack import FaceEnhancer, FaceMasker, compose, crop_points68
+from .face_stack import FaceEnhancer, FaceMasker, compose, crop_points68, per_channel
 
 log = logging.getLogger(__name__)
 
@@ -181,8 +181,7 @@ class NeuralSwapper:
         if self.masker is not None and self.masker.active:
             # The masks read the target crop just made (FaceFusion masks the target, before the
             # swap): undo the normalisation rather than crop the frame a second time.
-            target = (batch.transpose(0, 2, 3, 1) * xp.asarray(c.std, dtype=xp.float32) +
-                      xp.asarray(c.mean, dtype=xp.float32)) * 255.0
+            target = (batch.transpose(0, 2, 3, 1) * per_channel(c.std, xp) + per_channel(c.mean, xp)) * 255.0
             points = None
             if self.masker.areas:
                 points = [crop_points68(face, to_frame[i]) for i, (_, face) in enumerate(items)]
@@ -203,8 +202,7 @@ class NeuralSwapper:
         y = xp.asarray(y.get() if xp is np and hasattr(y, "get") else y, dtype=xp.float32)
         self.batches_run += 1
         if c.output_range == "std_mean":
-            y = y * xp.asarray(c.std, dtype=xp.float32)[None, :, None, None] + \
-                xp.asarray(c.mean, dtype=xp.float32)[None, :, None, None]
+            y = y * per_channel(c.std, xp, (1, -1, 1, 1)) + per_channel(c.mean, xp, (1, -1, 1, 1))
         crops = xp.ascontiguousarray(xp.clip(y, 0.0, 1.0).transpose(0, 2, 3, 1) * 255.0)
         if self.enhancer is not None and self.enhancer.enabled:
             self._enhance_and_paste(items, crops, keep, to_frame)
