@@ -202,9 +202,11 @@ if want stack serve_stack; then
   # Issue 23 through `swapstream serve`: swap + XSeg occluder + GFPGAN v1.4 enhancer (real
   # architectures, random weights, built here), with the GPU memory per worker. Needs .whl-av,
   # .whl-nvc, .models and .bench. (`stack` = face_stack + serve_stack + stack_profile + stack_tests.) The ladder is
-  # off (the whole stack runs however late); STACK_WORKERS sets the workers (fewer: bigger batches).
+  # off (the whole stack runs however late); STACK_WORKERS sets the workers (fewer: bigger batches);
+  # STACK_SETS adds settings, which win over the setup's (e.g. "--set neural.max_batch=2": each
+  # worker then compiles GFPGAN for 2 batch sizes, not 4, about a minute each on a fresh machine).
   timeout -s INT -k 30 "${STACK_SERVE_S:-270}" python3 tools/bench_streams.py "${SERVE_CLIPS[@]}" --out "$OUT" \
-    --name "${STACK_NAME:-serve_face_stack}" ${SERVE_SETUP/--workers 8/--workers ${STACK_WORKERS:-8}} --face-stack \
+    --name "${STACK_NAME:-serve_face_stack}" ${SERVE_SETUP/--workers 8/--workers ${STACK_WORKERS:-8}} --face-stack ${STACK_SETS:-} \
     --ns "${STACK_NS:-8,16,24}" --res "${STACK_RES:-720p}" 2>&1 \
     | tee "$OUT/bench_serve_stack.log" || rc=1
 fi
