@@ -423,24 +423,30 @@ def test_runtime_backend_skips_parser_and_enhancer_for_stepped_down_streams(craf
 
 
 @pytest.mark.gpu
-def test_masker_on_cupy_crops_matches_numpy(models: Path, cp: object) -> None:
+def test_masker_on_cupy_crops_matches_numpy(tmp_path: Path, cp: object) -> None:
     """The masks' glue on the GPU (resize, normalise, the fused blur of the feather, the minimum of
     the masks) against the NumPy path, with the same ONNX Runtime models (the runner reads the CuPy
-    crops back to the host), on fresh random crops of a batch of 3."""
+    crops back to the host), on fresh random crops of a batch of 3. Only the two mask models are
+    built: the GPU machine has no built-in models for the `models` fixture."""
     import cupy
 
-    occ = OnnxRuntimeRunner(models / "xseg_1.onnx")
-    parser = OnnxRuntimeRunner(models / "bisenet_resnet_18.onnx")
+    place(tmp_path, "xseg_1", fm.xseg(seed=0))
+    place(tmp_path, "bisenet_resnet_18", fm.bisenet(seed=0))
+    occ = OnnxRuntimeRunner(tmp_path / "xseg_1.onnx")
+    parser = OnnxRuntimeRunner(tmp_path / "bisenet_resnet_18.onnx")
     occ.activate()
     parser.activate()
-    masker = FaceMasker(occluder=occ, occluder_spec=get_spec("xseg_1"), parser=parser,
-                        parser_spec=get_spec("bisenet_resnet_18"), regions=region_classes(["skin", "nose"]))
+    # Many regions: a random parser's labels rarely fall in one or two classes.
+    regions = region_classes(["skin", "eyebrows", "eyes", "glasses", "nose", "mouth", "lips"])
     crops = np.random.default_rng().uniform(0, 255, (3, 128, 128, 3)).astype(np.float32)
-    ref = masker.mask(crops)
-    got = masker.mask(cupy.asarray(crops)).get()
-    assert ref.shape == got.shape == (3, 128, 128)
-    # Every GPU step rounds as its NumPy twin (the blur and resize kernels bit for bit, the rest
-    # IEEE element-wise float32), so the masks agree to the last bits; 1e-6 allows a last-ulp
-    # difference in the normalisation's division, should CuPy's differ from NumPy's.
-    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-6)
-    assert float(ref.max()) > float(ref.min())  # not a constant mask, which would hide a broken step
+    for masker in (FaceMasker(occluder=occ, occluder_spec=get_spec("xseg_1")),
+                   FaceMasker(occluder=occ, occluder_spec=get_spec("xseg_1"), parser=parser,
+                              parser_spec=get_spec("bisenet_resnet_18"), regions=regions)):
+        ref = masker.mask(crops)
+        got = masker.mask(cupy.asarray(crops)).get()
+        assert ref.shape == got.shape == (3, 128, 128)
+        # Every GPU step rounds as its NumPy twin (the blur and resize kernels bit for bit, the rest
+        # IEEE element-wise float32), so the masks agree to the last bits; 1e-6 allows a last-ulp
+        # difference in the normalisation's division, should CuPy's differ from NumPy's.
+        np.testing.assert_allclose(got, ref, rtol=0, atol=1e-6)
+        assert float(ref.max()) > float(ref.min())  # not a constant mask, which would hide a broken step
