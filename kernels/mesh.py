@@ -110,39 +110,52 @@ def _covered_ref(st: dict[str, np.ndarray], h: int, w: int) -> tuple[np.ndarray,
 def _covered_spans(st: dict[str, np.ndarray], h: int, w: int) -> tuple[np.ndarray, ...]:
     """The same pairs as `_covered_ref`, found per (triangle, row) span: each edge function is
     linear in x along a row, so the covered pixels of a row are an interval whose ends come out of
-    exact integer divisions. Visits only covered pixels, not whole bounding boxes."""
+    exact divisions. Visits only covered pixels, not whole bounding boxes."""
+    row, flat = _covered_flat(st, h, w)
+    return row, flat % w, flat // w
+
+
+def _covered_flat(st: dict[str, np.ndarray], h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+    """`_covered_spans` as (kept-triangle row, flat pixel index py * w + px), the form `_owner`
+    takes, in the order of the rows (triangle-index order)."""
     d, tl = st["d"], st["tl"]
     bx0, bx1, by0, by1 = _boxes(d, h, w)
     rows_per = np.maximum(by1 - by0, 0)
+    total = int(rows_per.sum())
     row = np.repeat(np.arange(len(rows_per)), rows_per)
-    py = by0[row] + np.arange(int(rows_per.sum())) - np.repeat(np.cumsum(rows_per) - rows_per, rows_per)
-    lo, hi = bx0[row].copy(), bx1[row] - 1
-    Y = py * _ONE
-    for k in range(3):
-        a, b = d[row, k], d[row, (k + 1) % 3]
-        ex, ey = b[:, 0] - a[:, 0], b[:, 1] - a[:, 1]
-        # Edge function at pixel x: A*x + B >= t, with A = -ey*ONE, B = ex*(Y - ay) + ey*ax.
-        A = -ey * _ONE
-        B = ex * (Y - a[:, 1]) + ey * a[:, 0]
-        t = (~tl[row, k]).astype(np.int64)
-        n = t - B
-        safe = np.where(A == 0, 1, A)
-        pos, neg = A > 0, A < 0
-        lo = np.where(pos, np.maximum(lo, -((-n) // safe)), lo)        # x >= ceil(n / A)
-        hi = np.where(neg, np.minimum(hi, n // safe), hi)              # x <= floor(n / A)
-        hi = np.where((A == 0) & (B < t), lo - 1, hi)                  # parallel edge: all or none
-    n_px = np.maximum(hi - lo + 1, 0)
-    span = np.repeat(np.arange(len(n_px)), n_px)
-    px = lo[span] + np.arange(int(n_px.sum())) - np.repeat(np.cumsum(n_px) - n_px, n_px)
-    return row[span], px, py[span]
+    py = np.arange(total) - np.repeat(np.cumsum(rows_per) - rows_per - by0, rows_per)
+    # Edge k runs from vertex a = k to b = k + 1; along a row its function is A*x + B, with
+    # A = -ey*ONE, B = ex*(Y - ay) + ey*ax, and a pixel is inside where A*x + B >= t (t = 0 on a
+    # top-left edge, else 1). All three edges at once, (spans, 3).
+    dr = d[row].astype(np.float64)                                     # (S, 3, 2)
+    a, b = dr, np.roll(dr, -1, axis=1)
+    ex, ey = b[..., 0] - a[..., 0], b[..., 1] - a[..., 1]
+    A = -ey * _ONE
+    B = ex * ((py * _ONE)[:, None] - a[..., 1]) + ey * a[..., 0]
+    t = (~tl[row]).astype(np.float64)
+    # x >= ceil(n/A) where A > 0, x <= floor(n/A) where A < 0 (n = t - B). The operands are integers
+    # below 2^53 (exact in double), and a quotient that is not an integer lies at least 1/|A| (> 1e-8)
+    # from one, far beyond double's rounding of it (< 1e-12 at these sizes): floor and ceil of the
+    # double quotient are the exact integer ones.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = (t - B) / A
+    lo = np.maximum(bx0[row], np.where(A > 0, np.ceil(q), -np.inf).max(axis=1)).astype(np.int64)
+    hi = np.minimum(bx1[row] - 1, np.where(A < 0, np.floor(q), np.inf).min(axis=1)).astype(np.int64)
+    # A parallel edge (A == 0) keeps the whole row or none of it.
+    none = ((A == 0) & (B < t)).any(axis=1)
+    n_px = np.where(none, 0, np.maximum(hi - lo + 1, 0))
+    # Each span's pixels run from py * w + lo upwards: one repeat of the start less the span's offset
+    # in the output, plus a running index.
+    start = py * w + lo - (np.cumsum(n_px) - n_px)
+    return np.repeat(row, n_px), np.repeat(start, n_px) + np.arange(int(n_px.sum()))
 
 
 def _owner(st: dict[str, np.ndarray], covered: tuple[np.ndarray, ...], h: int, w: int) -> np.ndarray:
     """(h*w,) int64: per pixel, the kept-triangle row with the highest triangle index that covers
-    it, or -1."""
-    row, px, py = covered
+    it, or -1. `covered`: (row, px, py) or (row, flat index)."""
+    row, flat = (covered[0], covered[2] * w + covered[1]) if len(covered) == 3 else covered
     owner = np.full(h * w, -1, np.int64)
-    np.maximum.at(owner, py * w + px, row)   # kept rows are in triangle-index order
+    np.maximum.at(owner, flat, row)   # kept rows are in triangle-index order
     return owner
 
 
@@ -208,24 +221,27 @@ def _map_from_owner_affine(st: dict[str, np.ndarray], owner: np.ndarray, out_map
     d, s = st["d"].astype(np.float64), st["s"]
     area = st["area"].astype(np.float64)
     # Weight of vertex k: E(p) of the opposite edge (a -> b) over the area, linear in the pixel
-    # index: -(by - ay) ONE px + (bx - ax) ONE py + (by - ay) ax - (bx - ax) ay.
-    cx = np.zeros((len(area), 2))
-    cy = np.zeros((len(area), 2))
-    c0 = np.zeros((len(area), 2))
+    # index: -(by - ay) ONE px + (bx - ax) ONE py + (by - ay) ax - (bx - ax) ay. One extra row of
+    # NaNs at the end serves the pixels no triangle owns (owner -1), so every pixel of the box is
+    # evaluated by the same gathers, with no index of owned pixels to build and scatter through.
+    t = len(area)
+    cx = np.zeros((2, t + 1))
+    cy = np.zeros((2, t + 1))
+    c0 = np.zeros((2, t + 1))
+    for c in (cx, cy, c0):
+        c[:, t] = np.nan
     for k in range(3):
         a, b = d[:, (k + 1) % 3], d[:, (k + 2) % 3]
         ex, ey = b[:, 0] - a[:, 0], b[:, 1] - a[:, 1]
         lx, ly, l0 = -ey * _ONE / area, ex * _ONE / area, (ey * a[:, 0] - ex * a[:, 1]) / area
-        cx += lx[:, None] * s[:, k]
-        cy += ly[:, None] * s[:, k]
-        c0 += l0[:, None] * s[:, k]
-    out_map[...] = np.nan
-    pix = np.flatnonzero(owner >= 0)
-    row = owner[pix]
-    px, py = (pix % w).astype(np.float64), (pix // w).astype(np.float64)
-    flat = out_map.reshape(h * w, 2)
+        cx[:, :t] += lx * s[:, k].T
+        cy[:, :t] += ly * s[:, k].T
+        c0[:, :t] += l0 * s[:, k].T
+    own = np.where(owner >= 0, owner, t).reshape(h, w)
+    px = np.arange(w, dtype=np.float64)[None, :]
+    py = np.arange(h, dtype=np.float64)[:, None]
     for c in range(2):
-        flat[pix, c] = (cx[row, c] * px + cy[row, c] * py + c0[row, c]).astype(np.float32)
+        out_map[..., c] = cx[c].take(own) * px + cy[c].take(own) * py + c0[c].take(own)
 
 
 def rasterize_mesh_fast(dst_pts: np.ndarray, src_pts: np.ndarray, tris: np.ndarray,
@@ -240,7 +256,7 @@ def rasterize_mesh_fast(dst_pts: np.ndarray, src_pts: np.ndarray, tris: np.ndarr
     h, w = out_map.shape[:2]
     st = _setup(dst_pts, src_pts, tris, tris if src_tris is None else src_tris, origin,
                 cull_backfaces, _front(front))
-    _map_from_owner_affine(st, _owner(st, _covered_spans(st, h, w), h, w), out_map)
+    _map_from_owner_affine(st, _owner(st, _covered_flat(st, h, w), h, w), out_map)
     return out_map
 
 
