@@ -127,22 +127,25 @@ def _covered_flat(st: dict[str, np.ndarray], h: int, w: int) -> tuple[np.ndarray
     # Edge k runs from vertex a = k to b = k + 1; along a row its function is A*x + B, with
     # A = -ey*ONE, B = ex*(Y - ay) + ey*ax, and a pixel is inside where A*x + B >= t (t = 0 on a
     # top-left edge, else 1). All three edges at once, (spans, 3).
-    dr = d[row].astype(np.float64)                                     # (S, 3, 2)
-    a, b = dr, np.roll(dr, -1, axis=1)
-    ex, ey = b[..., 0] - a[..., 0], b[..., 1] - a[..., 1]
+    dk = np.ascontiguousarray(d.transpose(1, 2, 0), dtype=np.float64)[:, :, row]   # (3, 2, S)
+    a, b = dk, np.roll(dk, -1, axis=0)
+    ex, ey = b[:, 0] - a[:, 0], b[:, 1] - a[:, 1]                                   # (3, S)
     A = -ey * _ONE
-    B = ex * ((py * _ONE)[:, None] - a[..., 1]) + ey * a[..., 0]
-    t = (~tl[row]).astype(np.float64)
+    B = ex * (py * _ONE - a[:, 1]) + ey * a[:, 0]
+    t = (~tl.T[:, row]).astype(np.float64)
     # x >= ceil(n/A) where A > 0, x <= floor(n/A) where A < 0 (n = t - B). The operands are integers
     # below 2^53 (exact in double), and a quotient that is not an integer lies at least 1/|A| (> 1e-8)
     # from one, far beyond double's rounding of it (< 1e-12 at these sizes): floor and ceil of the
     # double quotient are the exact integer ones.
     with np.errstate(divide="ignore", invalid="ignore"):
         q = (t - B) / A
-    lo = np.maximum(bx0[row], np.where(A > 0, np.ceil(q), -np.inf).max(axis=1)).astype(np.int64)
-    hi = np.minimum(bx1[row] - 1, np.where(A < 0, np.floor(q), np.inf).min(axis=1)).astype(np.int64)
+    up = np.where(A > 0, np.ceil(q), -np.inf)
+    down = np.where(A < 0, np.floor(q), np.inf)
+    lo = np.maximum(np.maximum(bx0[row], up[0]), np.maximum(up[1], up[2])).astype(np.int64)
+    hi = np.minimum(np.minimum(bx1[row] - 1, down[0]), np.minimum(down[1], down[2])).astype(np.int64)
     # A parallel edge (A == 0) keeps the whole row or none of it.
-    none = ((A == 0) & (B < t)).any(axis=1)
+    flat_edge = (A == 0) & (B < t)
+    none = flat_edge[0] | flat_edge[1] | flat_edge[2]
     n_px = np.where(none, 0, np.maximum(hi - lo + 1, 0))
     # Each span's pixels run from py * w + lo upwards: one repeat of the start less the span's offset
     # in the output, plus a running index.
@@ -225,23 +228,22 @@ def _map_from_owner_affine(st: dict[str, np.ndarray], owner: np.ndarray, out_map
     # NaNs at the end serves the pixels no triangle owns (owner -1), so every pixel of the box is
     # evaluated by the same gathers, with no index of owned pixels to build and scatter through.
     t = len(area)
-    cx = np.zeros((2, t + 1))
-    cy = np.zeros((2, t + 1))
-    c0 = np.zeros((2, t + 1))
+    cx = np.zeros((t + 1, 2))
+    cy = np.zeros((t + 1, 2))
+    c0 = np.zeros((t + 1, 2))
     for c in (cx, cy, c0):
-        c[:, t] = np.nan
+        c[t] = np.nan
     for k in range(3):
         a, b = d[:, (k + 1) % 3], d[:, (k + 2) % 3]
         ex, ey = b[:, 0] - a[:, 0], b[:, 1] - a[:, 1]
         lx, ly, l0 = -ey * _ONE / area, ex * _ONE / area, (ey * a[:, 0] - ex * a[:, 1]) / area
-        cx[:, :t] += lx * s[:, k].T
-        cy[:, :t] += ly * s[:, k].T
-        c0[:, :t] += l0 * s[:, k].T
+        cx[:t] += lx[:, None] * s[:, k]
+        cy[:t] += ly[:, None] * s[:, k]
+        c0[:t] += l0[:, None] * s[:, k]
     own = np.where(owner >= 0, owner, t).reshape(h, w)
-    px = np.arange(w, dtype=np.float64)[None, :]
-    py = np.arange(h, dtype=np.float64)[:, None]
-    for c in range(2):
-        out_map[..., c] = cx[c].take(own) * px + cy[c].take(own) * py + c0[c].take(own)
+    px = np.arange(w, dtype=np.float64)[None, :, None]
+    py = np.arange(h, dtype=np.float64)[:, None, None]
+    out_map[...] = cx.take(own, axis=0) * px + cy.take(own, axis=0) * py + c0.take(own, axis=0)
 
 
 def rasterize_mesh_fast(dst_pts: np.ndarray, src_pts: np.ndarray, tris: np.ndarray,
