@@ -23,8 +23,8 @@ from swapstream.engines.torch_runner import TorchRunner  # noqa: E402
 from swapstream.engines.zoo import TEMPLATES, get_spec  # noqa: E402
 from swapstream.face.analyser import FaceAnalyser  # noqa: E402
 from swapstream.types import Face  # noqa: E402
-from swapstream.neural.face_stack import (MESH_TO_68, FaceEnhancer, FaceMasker, prepare, region_classes,  # noqa: E402
-                                          resize_bilinear)
+from swapstream.neural.face_stack import (MESH_TO_68, FaceEnhancer, FaceMasker, per_channel, prepare,  # noqa: E402
+                                          region_classes, resize_bilinear)
 from swapstream.neural.swapper import Embedder, NeuralSwapper, SwapContract, align_matrix  # noqa: E402
 
 from ..zoo_models import copy_builtin, place, stack_models  # noqa: E402
@@ -97,6 +97,20 @@ def test_prepare_follows_each_contract() -> None:
     y = prepare(crops, get_spec("bisenet_resnet_18"))
     assert y.shape == (1, 3, 512, 512)
     np.testing.assert_allclose(y[0, :, 0, 0], [(1 - .485) / .229, -.456 / .224, -.406 / .225], rtol=1e-6)
+
+
+def test_per_channel_constants_round_as_arrays_do() -> None:
+    """A shared mean/std goes in as a Python float (no device copy on the GPU); it must give the
+    very bits that the float32 array of it gives, and distinct values must stay an array."""
+    x = np.random.default_rng().uniform(0, 255, (2, 8, 8, 3)).astype(np.float32)
+    for v in (0.5, 0.485, 1 / 3):
+        f = per_channel([v, v, v], np)
+        assert isinstance(f, float)
+        arr = np.full(3, v, np.float32)
+        np.testing.assert_array_equal((x / 255.0 - f) / f, (x / 255.0 - arr) / arr)
+        assert ((x / 255.0 - f) / f).dtype == np.float32
+    a = per_channel([0.485, 0.456, 0.406], np, (1, -1, 1, 1))
+    assert a.shape == (1, 3, 1, 1) and a.dtype == np.float32
 
 
 def test_resize_bilinear_matches_cv2() -> None:
