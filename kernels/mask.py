@@ -112,10 +112,9 @@ def _gaussian_blur_cuda(src: Any, sigma: float, out: Any, scratch: Any | None) -
     dst = out if out.flags.c_contiguous else cupy.empty(src.shape, cupy.float32)
     if tmp is a or tmp is dst:  # the row pass must not overwrite what it or the column pass reads
         tmp = cupy.empty(src.shape, cupy.float32)
-    defs = taps_defines(sigma)
-    dims = (np.int32(h), np.int32(w), np.int32(c))
-    kernel("blur.cu", "blur_rows", defs)(grid(n), (256,), (a, *dims, tmp))
-    kernel("blur.cu", "blur_cols", defs)(grid(n), (256,), (tmp, *dims, dst))
+    blur = kernel("blur.cu", "blur_axis", taps_defines(sigma))
+    blur(grid(n), (256,), (a, np.int64(n), np.int32(w), np.int64(c), tmp))          # rows
+    blur(grid(n), (256,), (tmp, np.int64(n), np.int32(h), np.int64(w * c), dst))    # columns
     if dst is not out:
         out[...] = dst
     return out

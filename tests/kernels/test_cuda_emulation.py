@@ -74,8 +74,9 @@ _BLUR_WRAPPERS = r'''
 #include "resize.cu"
 extern "C" {
 void blur(const float* src, int h, int w, int c, float* tmp, float* out) {
-  LAUNCH(h * w * c, blur_rows, src, h, w, c, tmp);
-  LAUNCH(h * w * c, blur_cols, tmp, h, w, c, out);
+  long long n = (long long)h * w * c;
+  LAUNCH(n, blur_axis, src, n, w, (long long)c, tmp);
+  LAUNCH(n, blur_axis, tmp, n, h, (long long)w * c, out);
 }
 void resize(const float* src, int n, int h, int w, int c, int size, float sy, float sx, float* out) {
   LAUNCH(n * size * size * c, resize_bilinear_f32, src, n, h, w, c, size, sy, sx, out);
