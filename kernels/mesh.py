@@ -107,17 +107,11 @@ def _covered_ref(st: dict[str, np.ndarray], h: int, w: int) -> tuple[np.ndarray,
     return row[inside], px[inside], py[inside]
 
 
-def _covered_spans(st: dict[str, np.ndarray], h: int, w: int) -> tuple[np.ndarray, ...]:
+def _covered_spans(st: dict[str, np.ndarray], h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
     """The same pairs as `_covered_ref`, found per (triangle, row) span: each edge function is
     linear in x along a row, so the covered pixels of a row are an interval whose ends come out of
-    exact divisions. Visits only covered pixels, not whole bounding boxes."""
-    row, flat = _covered_flat(st, h, w)
-    return row, flat % w, flat // w
-
-
-def _covered_flat(st: dict[str, np.ndarray], h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
-    """`_covered_spans` as (kept-triangle row, flat pixel index py * w + px), the form `_owner`
-    takes, in the order of the rows (triangle-index order)."""
+    exact divisions. Visits only covered pixels, not whole bounding boxes. Returns (kept-triangle
+    row, flat pixel index py * w + px), in the order of the rows (triangle-index order)."""
     d, tl = st["d"], st["tl"]
     bx0, bx1, by0, by1 = _boxes(d, h, w)
     rows_per = np.maximum(by1 - by0, 0)
@@ -153,10 +147,9 @@ def _covered_flat(st: dict[str, np.ndarray], h: int, w: int) -> tuple[np.ndarray
     return np.repeat(row, n_px), np.repeat(start, n_px) + np.arange(int(n_px.sum()))
 
 
-def _owner(st: dict[str, np.ndarray], covered: tuple[np.ndarray, ...], h: int, w: int) -> np.ndarray:
-    """(h*w,) int64: per pixel, the kept-triangle row with the highest triangle index that covers
-    it, or -1. `covered`: (row, px, py) or (row, flat index)."""
-    row, flat = (covered[0], covered[2] * w + covered[1]) if len(covered) == 3 else covered
+def _owner(row: np.ndarray, flat: np.ndarray, h: int, w: int) -> np.ndarray:
+    """(h*w,) int64: per pixel (`flat` = py * w + px), the kept-triangle row with the highest
+    triangle index that covers it, or -1."""
     owner = np.full(h * w, -1, np.int64)
     np.maximum.at(owner, flat, row)   # kept rows are in triangle-index order
     return owner
@@ -212,7 +205,8 @@ def rasterize_mesh(dst_pts: Any, src_pts: Any, tris: Any, origin: tuple[int, int
     h, w = out_map.shape[:2]
     st = _setup(dst_pts, src_pts, tris, tris if src_tris is None else src_tris, origin,
                 cull_backfaces, _front(front))
-    _map_from_owner(st, _owner(st, _covered_ref(st, h, w), h, w), out_map)
+    row, px, py = _covered_ref(st, h, w)
+    _map_from_owner(st, _owner(row, py * w + px, h, w), out_map)
     return out_map
 
 
@@ -258,7 +252,7 @@ def rasterize_mesh_fast(dst_pts: np.ndarray, src_pts: np.ndarray, tris: np.ndarr
     h, w = out_map.shape[:2]
     st = _setup(dst_pts, src_pts, tris, tris if src_tris is None else src_tris, origin,
                 cull_backfaces, _front(front))
-    _map_from_owner_affine(st, _owner(st, _covered_flat(st, h, w), h, w), out_map)
+    _map_from_owner_affine(st, _owner(*_covered_spans(st, h, w), h, w), out_map)
     return out_map
 
 
