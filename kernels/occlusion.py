@@ -277,7 +277,9 @@ def _clean_cuda(score: Any, grow: int, sigma: float, state: Any, alpha: float, f
         a, b = cupy.empty_like(score), cupy.empty_like(score)
         kernel("occlusion_clean.cu", "occl_median_dilate", defs)(
             grid(n), (256,), (score, np.int32(h), np.int32(w), np.int32(grow), a))
-        kernel("occlusion_clean.cu", "occl_blur_rows", defs)(grid(n), (256,), (a, np.int32(h), np.int32(w), b))
+        # The row pass is the generic blur's (cuda/blur.cu); the column pass is fused with the average.
+        kernel("blur.cu", "blur_axis", taps_defines(sigma))(grid(n), (256,), (a, np.int64(n), np.int32(w),
+                                                                               np.int64(1), b))
         kernel("occlusion_clean.cu", "occl_blur_cols_ema", defs)(
             grid(n), (256,), (b, np.int32(h), np.int32(w), np.float32(alpha), np.int32(bool(fresh)), state))
     return state

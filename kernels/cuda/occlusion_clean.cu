@@ -1,6 +1,7 @@
 // The occlusion mask's clean-up and temporal average on the GPU: the CUDA twins of
 // kernels/occlusion.py:clean_occluder (3x3 median, square dilation, separable Gaussian blur) and
-// ema_update, in three launches, each float operation rounded in the reference's order (same bits).
+// ema_update, in three launches (the blur's row pass is blur.cu's), each float operation rounded in
+// the reference's order (same bits).
 // The loader defines OCCL_RADIUS and OCCL_TAPS (the blur's 2 OCCL_RADIUS + 1 float32 taps, as
 // kernels/mask.py:gaussian_kernel gives them, written as exact hexadecimal literals).
 
@@ -36,20 +37,9 @@ extern "C" __global__ void occl_median_dilate(const float* __restrict__ src, int
     out[i] = m;
 }
 
-// kernels/mask.py:gaussian_blur, one pass: acc = 0; acc += tap[t] * src[clamped] for t = 0..2R, in
-// float32 in that order. OCCL_TAPS (2 OCCL_RADIUS + 1 float32 values) is defined by the loader.
+// The blur's taps for the column pass below (its row pass is cuda/blur.cu's blur_axis, the same
+// sums): OCCL_TAPS (2 OCCL_RADIUS + 1 float32 values) is defined by the loader.
 __constant__ float occl_taps[2 * OCCL_RADIUS + 1] = OCCL_TAPS;
-
-extern "C" __global__ void occl_blur_rows(const float* __restrict__ src, int h, int w, float* __restrict__ out)
-{
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= h * w) return;
-    int y = i / w, x = i % w;
-    float acc = 0.0f;
-    for (int t = 0; t <= 2 * OCCL_RADIUS; ++t)
-        acc = __fadd_rn(acc, __fmul_rn(occl_taps[t], src[y * w + clampi(x - OCCL_RADIUS + t, 0, w - 1)]));
-    out[i] = acc;
-}
 
 // The column pass, and the track's moving average of the result in place (ema_update: state +=
 // alpha * (new - state)), or, for a track's first mask (fresh != 0), the result itself.

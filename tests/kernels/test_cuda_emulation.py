@@ -27,6 +27,7 @@ f32 = np.float32
 _WRAPPERS = r'''
 #include "cuda_emu.h"
 #include "occlusion.cu"
+#include "blur.cu"
 namespace clean {
 #include "occlusion_clean.cu"
 }
@@ -48,7 +49,7 @@ void score(const unsigned char* patch, const float* allow, const float* w, const
 void clean_avg(const float* s, int h, int w, int grow, float alpha, int fresh, float* t1, float* t2,
                float* state) {
   LAUNCH(h * w, clean::occl_median_dilate, s, h, w, grow, t1);
-  LAUNCH(h * w, clean::occl_blur_rows, t1, h, w, t2);
+  LAUNCH(h * w, blur_axis, t1, (long long)h * w, w, 1LL, t2);
   LAUNCH(h * w, clean::occl_blur_cols_ema, t2, h, w, alpha, fresh, state);
 }
 void to_region(const float* occ, int ch, int cw, const double* a, int h, int w, float* out) {
@@ -64,7 +65,7 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     if gxx is None:
         pytest.skip("g++ is not installed (the CUDA emulation compiles the kernels with it)")
     work = tmp_path_factory.mktemp("cuda_emu")
-    return _build(gxx, work, _WRAPPERS, taps_defines(0.8, "OCCL"))
+    return _build(gxx, work, _WRAPPERS, {**taps_defines(0.8, "OCCL"), **taps_defines(0.8)})
 
 
 _BLUR_SIGMA = 5.0  # the face stack's MASK_SIGMA: 31 taps
