@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -89,9 +90,16 @@ def taps_defines(sigma: float, prefix: str = "BLUR") -> dict[str, str]:
     """The blur's taps as compile-time constants for a CUDA source: `<prefix>_RADIUS` and
     `<prefix>_TAPS`, exact hexadecimal literals of the float32 values `gaussian_kernel` gives (the
     same numbers the reference multiplies by)."""
+    return dict(_taps_items(float(sigma), prefix))
+
+
+@functools.lru_cache(maxsize=64)
+def _taps_items(sigma: float, prefix: str) -> tuple[tuple[str, str], ...]:
+    # Memoised: the GPU blurs ask for their taps at every launch (per face and frame), and building
+    # the literals costs about 65 us of host time; a few sigmas are ever used. Immutable values.
     k = gaussian_kernel(sigma)
-    return {f"{prefix}_RADIUS": str((k.size - 1) // 2),
-            f"{prefix}_TAPS": "{" + ", ".join(f"(float){float(v).hex()}" for v in k) + "}"}
+    return ((f"{prefix}_RADIUS", str((k.size - 1) // 2)),
+            (f"{prefix}_TAPS", "{" + ", ".join(f"(float){float(v).hex()}" for v in k) + "}"))
 
 
 def _gaussian_blur_cuda(src: Any, sigma: float, out: Any, scratch: Any | None) -> Any:
