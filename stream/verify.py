@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .errors import InputError, InputNotFoundError
+from .live.streams import rtmp_input_options
 from .provenance import ManifestCheck, read_manifest
 from .watermark import CODED_BITS, Detection, Payload, decode_soft, detect
 from .watermark_v2 import WindowDetector
@@ -204,8 +205,12 @@ def _open(source: str) -> Any:
             raise InputNotFoundError(f"input '{source}' does not exist. Check the path.")
         if p.is_dir():
             raise InputError(f"input '{source}' is a folder. Give a video file or a URL.")
+    # A live RTMP stream is probed as the live reader probes it: FFmpeg's RTMP client always announces
+    # audio, and on a video-only stream the default probe waited 5 s for it before the first frame.
+    options = rtmp_input_options() if source.lower().startswith(("rtmp://", "rtmps://")) else None
     try:
-        return av.open(source, "r", timeout=(10.0, 10.0) if is_url else None, metadata_errors="replace")
+        return av.open(source, "r", timeout=(10.0, 10.0) if is_url else None, metadata_errors="replace",
+                       options=options)
     except (av.error.FFmpegError, OSError, ValueError) as e:
         why = getattr(e, "strerror", None) or str(e).splitlines()[0]
         raise InputError(f"cannot open '{source}' as a video: {why}. Give a video file (MP4, MKV, "

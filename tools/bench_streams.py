@@ -41,9 +41,11 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+MS = Fraction(1, 1000)  # FLV's time base: what the publishers' timestamps count
 LATENCY_WINDOW_S = 10.0  # a stream's `latency_window_ms` in the API (runtime.stream.LATENCY_WINDOW_S)
 
 
@@ -84,7 +86,11 @@ def publish(clip: str, url: str) -> None:
                     time.sleep(wait)
                 last = t
                 pkt.stream = vout
-                pkt.pts = pkt.dts = round(t / vout.time_base)
+                # The packet's own time base says what its numbers count: left as the clip's (1/15360
+                # for an MP4 at 15 fps), milliseconds were read as ticks of that, and the stream ran 15
+                # times too slow in its timestamps while the packets came in real time.
+                pkt.time_base = MS
+                pkt.pts = pkt.dts = round(t * 1000)
                 out.mux(pkt)
             offset = last + period
             src.close()
@@ -395,7 +401,13 @@ def check_outputs(rtmp_base: str | None, ids: list[str]) -> dict[str, bool]:
     from swapstream.verify import verify
 
     assert rtmp_base is not None
-    return {sid: verify(f"{rtmp_base}/out-{sid}", max_frames=60).found for sid in ids}
+    found: dict[str, bool] = {}
+    for sid in ids:
+        t0 = time.monotonic()
+        found[sid] = verify(f"{rtmp_base}/out-{sid}", max_frames=60).found
+        print(f"out-{sid}: watermark {'found' if found[sid] else 'NOT found'} ({time.monotonic() - t0:.1f} s)",
+              flush=True)
+    return found
 
 
 # -- results ---------------------------------------------------------------------------------------
