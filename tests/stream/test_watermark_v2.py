@@ -211,7 +211,7 @@ def test_found_on_a_pan_after_x264(payload: Payload, tmp_path: Path) -> None:
     passing by does not average out of the window sum. The plain sum finds no sync (it did not before
     the motion-compensated try existed: 0 of 2 windows); the window less its motion-registered mean
     decodes."""
-    av = pytest.importorskip("av")
+    pytest.importorskip("av")
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
     import watermark_robustness as wr
 
