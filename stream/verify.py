@@ -196,6 +196,21 @@ def luma_plane(frame: Any) -> np.ndarray:
 
 
 def _open(source: str) -> Any:
+    """`source` opened for reading. A live RTMP stream is first joined with the live reader's short
+    probe; when that probe saw no video (a stream whose audio runs more than a second ahead of its
+    video, as a busy server's output can), it is joined again with FFmpeg's full probe."""
+    container = _open_with(source, quick=True)
+    if container.streams.video or not _is_rtmp(source):
+        return container
+    container.close()
+    return _open_with(source, quick=False)
+
+
+def _is_rtmp(source: str) -> bool:
+    return source.lower().startswith(("rtmp://", "rtmps://"))
+
+
+def _open_with(source: str, *, quick: bool) -> Any:
     import av
 
     is_url = "://" in source
@@ -207,7 +222,7 @@ def _open(source: str) -> Any:
             raise InputError(f"input '{source}' is a folder. Give a video file or a URL.")
     # A live RTMP stream is probed as the live reader probes it: FFmpeg's RTMP client always announces
     # audio, and on a video-only stream the default probe waited 5 s for it before the first frame.
-    options = rtmp_input_options() if source.lower().startswith(("rtmp://", "rtmps://")) else None
+    options = rtmp_input_options() if quick and _is_rtmp(source) else None
     try:
         return av.open(source, "r", timeout=(10.0, 10.0) if is_url else None, metadata_errors="replace",
                        options=options)

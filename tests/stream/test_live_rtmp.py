@@ -267,3 +267,28 @@ def test_non_h264_and_malformed_inputs_give_clear_errors(server, tmp_path: Path)
     with pytest.raises(InputError, match=rf"cannot open live input 'rtmp://127.0.0.1:{port}/live/x'"):
         LiveReader(f"rtmp://127.0.0.1:{port}/live/x").open()
     srv.close()
+
+
+def test_verify_joins_a_stream_whose_audio_runs_ahead_of_its_video(tmp_path: Path) -> None:
+    """`swapstream verify` joins a live RTMP URL with the live reader's 1 s probe. A stream whose
+    audio comes 3 s before its video (here the publisher delays the video: a busy server's output can
+    look like that) shows no video in that second: verify joins again with FFmpeg's full probe and
+    reads the frames, where it used to stop at "has no video stream"."""
+    from swapstream.verify import verify
+
+    clip = tmp_path / "av.mp4"
+    make_clip(clip, seconds=6.0)
+    with NginxRtmp(tmp_path / "nginx") as nginx:
+        url = nginx.url("late-video")
+        pub = subprocess.Popen(["ffmpeg", "-hide_banner", "-loglevel", "error", "-re", "-stream_loop", "-1",
+                                "-i", str(clip), "-re", "-stream_loop", "-1", "-itsoffset", "3", "-i", str(clip),
+                                "-map", "1:v", "-map", "0:a", "-c", "copy", "-f", "flv", url],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            time.sleep(0.5)  # the publisher connected; its video is still 2.5 s away
+            report = verify(url, max_frames=10)
+        finally:
+            pub.kill()
+            pub.wait()
+    assert report.frame_count == 10, report
+    assert (report.width, report.height) == (640, 360)
