@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .errors import InputError, InputNotFoundError
-from .live.streams import rtmp_input_options
+from .live.streams import join_rtmp
 from .provenance import ManifestCheck, read_manifest
 from .watermark import CODED_BITS, Detection, Payload, decode_soft, detect
 from .watermark_v2 import WindowDetector
@@ -196,21 +196,8 @@ def luma_plane(frame: Any) -> np.ndarray:
 
 
 def _open(source: str) -> Any:
-    """`source` opened for reading. A live RTMP stream is first joined with the live reader's short
-    probe; when that probe saw no video (a stream whose audio runs more than a second ahead of its
-    video, as a busy server's output can), it is joined again with FFmpeg's full probe."""
-    container = _open_with(source, quick=True)
-    if container.streams.video or not _is_rtmp(source):
-        return container
-    container.close()
-    return _open_with(source, quick=False)
-
-
-def _is_rtmp(source: str) -> bool:
-    return source.lower().startswith(("rtmp://", "rtmps://"))
-
-
-def _open_with(source: str, *, quick: bool) -> Any:
+    """`source` opened for reading; a live RTMP URL is joined as the live reader joins it
+    (`join_rtmp`: a short probe, and FFmpeg's full one when that saw no video)."""
     import av
 
     is_url = "://" in source
@@ -220,12 +207,15 @@ def _open_with(source: str, *, quick: bool) -> Any:
             raise InputNotFoundError(f"input '{source}' does not exist. Check the path.")
         if p.is_dir():
             raise InputError(f"input '{source}' is a folder. Give a video file or a URL.")
-    # A live RTMP stream is probed as the live reader probes it: FFmpeg's RTMP client always announces
-    # audio, and on a video-only stream the default probe waited 5 s for it before the first frame.
-    options = rtmp_input_options() if quick and _is_rtmp(source) else None
-    try:
+
+    def open_once(options: dict[str, str] | None) -> Any:
         return av.open(source, "r", timeout=(10.0, 10.0) if is_url else None, metadata_errors="replace",
                        options=options)
+
+    try:
+        if source.lower().startswith(("rtmp://", "rtmps://")):
+            return join_rtmp(open_once, lambda c: c.close())
+        return open_once(None)
     except (av.error.FFmpegError, OSError, ValueError) as e:
         why = getattr(e, "strerror", None) or str(e).splitlines()[0]
         raise InputError(f"cannot open '{source}' as a video: {why}. Give a video file (MP4, MKV, "

@@ -43,10 +43,26 @@ def is_file_input(url: str) -> bool:
     return not _NETWORK_URL.match(url)
 
 
-def rtmp_input_options() -> dict[str, str]:
-    """FFmpeg options for pulling a live RTMP stream with the least buffering."""
-    return {"rtmp_live": "live", "fflags": "nobuffer", "flags": "low_delay",
-            "analyzeduration": "1000000", "probesize": "500000"}
+def rtmp_input_options(*, quick_probe: bool = True) -> dict[str, str]:
+    """FFmpeg options for pulling a live RTMP stream with the least buffering; with `quick_probe`,
+    1 s of probing (FFmpeg's RTMP client always announces audio, and on a video-only stream its
+    default probe waits 5 s for it), else FFmpeg's full probe."""
+    opts = {"rtmp_live": "live", "fflags": "nobuffer", "flags": "low_delay"}
+    if quick_probe:
+        opts.update(analyzeduration="1000000", probesize="500000")
+    return opts
+
+
+def join_rtmp(open_once: Callable[[dict[str, str]], Any], close: Callable[[Any], None]) -> Any:
+    """Join a live RTMP stream: `open_once(options)` makes one connection with `rtmp_input_options`
+    and returns its open container. When the quick probe saw no video (a stream whose audio runs more
+    than a second ahead of its video, as a busy server's output can), the container is closed with
+    `close` and the stream joined once more with FFmpeg's full probe, on a new connection."""
+    c = open_once(rtmp_input_options())
+    if c.streams.video:
+        return c
+    close(c)
+    return open_once(rtmp_input_options(quick_probe=False))
 
 
 MEDIA_FORMATS = ("mov", "mp4", "matroska", "flv", "mpegts", "avi", "nut", "h264", "hevc", "mpeg")
@@ -316,20 +332,25 @@ class LiveReader:
         if self.is_file:
             return av.open(self.url, options=media_file_options() if self.media else {},
                            timeout=self.timeouts)
-        # Each connection is checked (and pinned, or relayed over verified TLS) on its own: a
-        # reconnect looks the name up again.
-        conn = self.outbound.connect(self.url, timeout=self.timeouts[0])
-        try:
-            opts = rtmp_input_options() if conn.url.startswith("rtmp") else {}
-            if self.outbound.policy is not None:
-                opts["protocol_whitelist"] = "rtmp,tcp"  # what was checked, and nothing it leads to
-            timeouts = self.timeouts if open_timeout is None else (open_timeout, self.timeouts[1])
-            c = av.open(conn.url, options=opts, timeout=timeouts)
-        except BaseException:
-            conn.close()
-            raise
-        self._connections[id(c)] = conn
-        return c
+        timeouts = self.timeouts if open_timeout is None else (open_timeout, self.timeouts[1])
+
+        def open_once(opts: dict[str, str]) -> Any:
+            # Each connection is checked (and pinned, or relayed over verified TLS: one connection
+            # per relay) on its own: a reconnect, or a second join, looks the name up again.
+            conn = self.outbound.connect(self.url, timeout=self.timeouts[0])
+            try:
+                if self.outbound.policy is not None:
+                    opts["protocol_whitelist"] = "rtmp,tcp"  # what was checked, and nothing it leads to
+                c = av.open(conn.url, options=opts, timeout=timeouts)
+            except BaseException:
+                conn.close()
+                raise
+            self._connections[id(c)] = conn
+            return c
+
+        if self.url.lower().startswith(("rtmp://", "rtmps://")):
+            return join_rtmp(open_once, self._close_container)
+        return open_once({})
 
     def _close_container(self, c: Any) -> None:
         c.close()
