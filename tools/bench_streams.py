@@ -156,14 +156,17 @@ def start_serve(args: argparse.Namespace, work: Path, port: int, token: str,
     return subprocess.Popen(cmd)
 
 
-def wait_ready(api: Api, proc: subprocess.Popen[bytes], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
+def wait_ready(api: Api, proc: subprocess.Popen[bytes], timeout: float) -> float:
+    """Seconds until serve answered /readyz (every worker started, its networks compiled)."""
+    t0 = time.monotonic()
+    deadline = t0 + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             sys.exit(f"error: swapstream serve exited with code {proc.returncode} while starting")
         try:
             if api.call("GET", "/readyz", timeout=5)[0] == 200:
-                return
+                print(f"serve ready after {time.monotonic() - t0:.1f} s", flush=True)
+                return time.monotonic() - t0
         except OSError:
             pass
         time.sleep(0.5)
@@ -444,6 +447,9 @@ def records(rows: list[dict[str, Any]], args: argparse.Namespace, command: str) 
                         "stat": "max", "config": {**cfg, "device_mib_peak": r["gpu_memory_mib_peak"],
                                                   "device_mib_before_serve": r["gpu_memory_mib_idle"],
                                                   "processes_mib": r.get("gpu_processes_mib")}, **common})
+    if getattr(args, "start_s", None) is not None:
+        out.append({"metric": "serve_start_s", "value": args.start_s, "unit": "s", "stat": "once",
+                    "config": {"workers": args.workers, "swapper": args.swapper, "set": args.set}, **common})
     for res in sorted({r["res"] for r in rows}):
         for sink in sorted({r["sink"] for r in rows}):
             ok = [r["n"] for r in rows if r["res"] == res and r["sink"] == sink and r["within_budget"]]
@@ -489,7 +495,7 @@ def markdown(rows: list[dict[str, Any]], recs: list[dict[str, Any]], workers: in
                       f"{r['res']} N={r['n']}: {(r['gpu_memory_mib_peak'] - r['gpu_memory_mib_idle']) / workers:.0f} "
                       f"MiB per worker" for r in mem)]
     lines += ["", "| summary | value |", "|---|---|"]
-    lines += [f"| {x['metric']} | {x['value']} {x['unit']} |" for x in recs if x["stat"] == "max"]
+    lines += [f"| {x['metric']} | {x['value']} {x['unit']} |" for x in recs if x["stat"] in ("max", "once")]
     return "\n".join(lines) + "\n"
 
 
@@ -579,7 +585,7 @@ def main() -> None:
         (args.out / f"{args.name}.md").write_text(markdown(rows, recs, args.workers))
 
     try:
-        wait_ready(api, proc, 600)
+        args.start_s = round(wait_ready(api, proc, 600), 1)
         face = (work / "face.png").read_bytes()
         for res in resolutions:
             for n in ns:

@@ -337,3 +337,41 @@ def test_frames_behind_a_stream_start_do_not_refuse_new_streams() -> None:
     # Without a recent start the same stalled frames count: the worker is over budget.
     new.changed_mono = now - 120.0
     assert load_report(runtime)["p99_over_budget"]["old"] == round(80.0 / 33.0, 3)
+
+
+class _TimedLaunches(WorkerPool):
+    """A pool whose launcher records when each worker started and became ready (the placement and
+    start-up logic is WorkerPool's own; only the process launch, the part runtime.cluster also
+    overrides, is replaced, since this machine has no GPU to start a CUDA worker on)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.spans: dict[str, tuple[float, float]] = {}
+
+    async def _prepare(self) -> None:
+        pass
+
+    async def _launch(self, w: Any) -> None:
+        t0 = time.monotonic()
+        await asyncio.sleep(0.2)
+        self.spans[w.name] = (t0, time.monotonic())
+
+
+@pytest.mark.parametrize("devices,overrides,serial", [
+    (["cuda:0"], (), True),  # the multi_stream preset compiles its networks on a GPU
+    (["cuda:0"], ("neural.compile=false", "landmarks.compile=false"), False),
+    (["cpu"], (), False),
+])
+def test_gpu_workers_that_compile_start_one_first(devices: list[str], overrides: tuple[str, ...],
+                                                  serial: bool, tmp_path: Path) -> None:
+    pool = _TimedLaunches(runtime_config(*overrides), devices=devices, per_device=3)
+
+    async def go() -> None:
+        await pool.start()
+        await pool.close()
+
+    asyncio.run(go())
+    (a0, r0), (a1, r1), (a2, r2) = (pool.spans[n] for n in ("w0", "w1", "w2"))
+    # Serial: w1 and w2 start once w0 is ready (torch.compile's cache is then filled), together.
+    assert (min(a1, a2) >= r0) is serial
+    assert abs(a1 - a2) < 0.1
