@@ -198,16 +198,11 @@ class WorkerPool:
         loop = asyncio.get_running_loop()
         try:
             await self._prepare()
-            first = self._compiles_first()
-            if first is not None:
-                # torch.compile keeps what it compiled (Inductor's graphs and Triton kernels) in an
-                # on-disk cache that the processes of one user share. Eight workers that compile the
-                # same graphs at once each do all the work, on shared cores (4 minutes each for the
-                # face stack on the H200's 16 cores): one compiles alone, the rest load its results.
-                log.info("worker %s starts first and compiles; the other workers reuse its compiled kernels",
-                         first.name)
-                await self._spawn(first)
-            await asyncio.gather(*(self._spawn(w) for w in self.workers if w is not first))
+            # All at once, even when they compile: one worker alone first, so that the others
+            # load torch.compile's on-disk cache, was measured slower on the H200 (390 s to start 8
+            # face-stack workers against about 360 s at once: the first one's compile takes 225 s of
+            # mostly single-threaded work, and a cached start still 70-100 s).
+            await asyncio.gather(*(self._spawn(w) for w in self.workers))
         except BaseException as e:
             await self.close()
             # The server cannot start: one line for the user, not a traceback.
@@ -218,13 +213,6 @@ class WorkerPool:
             raise
         self._tasks = [loop.create_task(self._watch(), name="workers-watch"),
                        loop.create_task(self._refresh_loads(), name="workers-load")]
-
-    def _compiles_first(self) -> Worker | None:
-        """The worker that starts alone so that the others find torch.compile's cache filled: the
-        first GPU worker, when there are several workers and the configuration compiles networks."""
-        gpu = [w for w in self.workers if w.device.startswith("cuda")]
-        compiles = self.config.neural.compile or self.config.landmarks.compile
-        return gpu[0] if compiles and gpu and len(self.workers) > 1 else None
 
     # -- the launcher: local worker processes (runtime.cluster overrides these for Ray actors) ----
 
