@@ -227,7 +227,10 @@ def run_config(api: Api, args: argparse.Namespace, n: int, res: str, rtmp_base: 
         workers = api.call("GET", "/api/workers")[1]
     finally:
         for sid in ids:
-            api.call("DELETE", f"/api/streams/{sid}")
+            try:
+                api.call("DELETE", f"/api/streams/{sid}")
+            except OSError:  # the server is gone (an interrupted run): what raised first matters
+                break
         for p in pubs:
             p.kill()
             p.wait()
@@ -591,6 +594,8 @@ def main() -> None:
             for n in ns:
                 rows.append(run_config(api, args, n, res, rtmp_base, face, rng))
                 save()
+    except KeyboardInterrupt:  # a time limit (timeout -s INT) or Ctrl+C: keep what finished
+        print(f"interrupted: {len(rows)} configuration(s) finished and kept", flush=True)
     finally:
         proc.terminate()
         try:

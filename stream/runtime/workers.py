@@ -54,6 +54,8 @@ WorkerState = Literal["starting", "ready", "dead", "stopped"]
 START_TIMEOUT_S = 600.0
 """A worker's start: importing the stack and, on a GPU, CUDA's context and the warm-up (analysis,
 kernels, the configured swapper's and mesh's swap backends); other backends build on first use."""
+WORKER_STOP_S = 20.0
+"""How long a worker has to stop its streams and exit when the server stops, before it is killed."""
 MAX_MOVES = 3
 """A stream whose workers died this many times under it is not started again: it may be what kills
 them (an input that crashes a decoder), and moving it on would take its next worker down too."""
@@ -314,9 +316,9 @@ class WorkerPool:
             assert w.proc.stdin is not None
             w.proc.stdin.close()  # the worker stops its streams and exits
             try:
-                await asyncio.wait_for(w.proc.wait(), 20.0)
+                await asyncio.wait_for(w.proc.wait(), WORKER_STOP_S)
             except asyncio.TimeoutError:
-                log.warning("worker %s (pid %s) did not stop in 20 s: killed", w.name, w.pid)
+                log.warning("worker %s (pid %s) did not stop in %.0f s: killed", w.name, w.pid, WORKER_STOP_S)
                 w.proc.kill()
                 await w.proc.wait()
 
