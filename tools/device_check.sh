@@ -214,7 +214,9 @@ if want stack stack_profile; then
   # Where a one-face (and four-face) swap call with the face stack goes: wall time, GPU time and
   # host profile of serve's backend with the swapper alone, + occluder, + occluder and GFPGAN, on a
   # 1080p frame (needs .whl-av and .bench). Against face_stack's per-network times: the glue's cost.
-  timeout -s INT -k 10 "${STACK_PROFILE_S:-300}" python3 tools/profile_mesh_gpu.py --neural \
+  # STACK_PROFILE_ARGS narrows it, e.g. "--cases inswapper+occluder+gfpgan --batches 1" (GFPGAN alone
+  # compiles for minutes; the JSON is written after each case, so a cut run keeps what finished).
+  timeout -s INT -k 10 "${STACK_PROFILE_S:-300}" python3 tools/profile_mesh_gpu.py --neural ${STACK_PROFILE_ARGS:-} \
     --clip .bench/streams_1080p30.mp4 --out "$OUT" 2>&1 | tee "$OUT/profile_neural_gpu.log" || rc=1
 fi
 if want stack stack_tests; then

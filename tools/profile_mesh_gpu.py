@@ -114,18 +114,24 @@ def profile_case(name: str, backend: Any, frame: Any, faces: list[Any], source: 
     return out
 
 
-def neural_configs(models: Path) -> list[tuple[str, Any]]:
-    """The synthetic zoo models written into `models`, and the three stack variants' settings."""
+NEURAL_CASES: dict[str, list[str]] = {
+    "inswapper": [],
+    "inswapper+occluder": ["mask.types=box,occlusion"],
+    "inswapper+occluder+gfpgan": ["mask.types=box,occlusion", "enhancer=gfpgan_1.4"],
+}
+"""The face stack's variants: their settings over the swapper's."""
+
+
+def neural_configs(models: Path, names: list[str], max_batch: int) -> list[tuple[str, Any]]:
+    """The synthetic zoo models written into `models`, and the named stack variants' settings.
+    `max_batch`: the most faces a call of the run has (the backend compiles every size up to it)."""
     from bench_pipeline import write_synthetic_models
 
     from swapstream.config import load_config
 
     write_synthetic_models(models, face_stack=True)
-    base = [f"models_dir={models}", "swapper=inswapper_128", "neural.download=false", "neural.max_batch=4"]
-    return [(name, load_config("multi_stream", base + extra)) for name, extra in (
-        ("inswapper", []),
-        ("inswapper+occluder", ["mask.types=box,occlusion"]),
-        ("inswapper+occluder+gfpgan", ["mask.types=box,occlusion", "enhancer=gfpgan_1.4"]))]
+    base = [f"models_dir={models}", "swapper=inswapper_128", "neural.download=false", f"neural.max_batch={max_batch}"]
+    return [(name, load_config("multi_stream", base + NEURAL_CASES[name])) for name in names]
 
 
 def main() -> None:
@@ -135,8 +141,15 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--neural", action="store_true", help="the zoo swapper with the face stack's variants")
     ap.add_argument("--batches", default="1,4", help="with --neural: faces per call, comma-separated (1-4)")
+    ap.add_argument("--cases", default=None,
+                    help="with --neural: the variants to run, comma-separated (default: all of "
+                         f"{', '.join(NEURAL_CASES)}); each compiles its networks first, minutes for GFPGAN")
     args = ap.parse_args()
     batches = batch_sizes(args.batches, 4)  # up to neural.max_batch
+    wanted = list(NEURAL_CASES) if args.cases is None else [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = [c for c in wanted if c not in NEURAL_CASES]
+    if unknown or not wanted:
+        sys.exit(f"error: --cases {args.cases!r}: choose from {', '.join(NEURAL_CASES)}")
     if not args.clip.is_file():
         sys.exit(f"error: no clip at '{args.clip}': make one with python tools/make_bench_clips.py")
 
@@ -165,13 +178,15 @@ def main() -> None:
     cases: list[tuple[str, Any, list[int]]] = []  # (label, backend maker, faces per call of each run)
     if args.neural:
         models = Path(tempfile.mkdtemp(prefix="profile-neural-")) / "models"
-        for name, c in neural_configs(models):
+        for name, c in neural_configs(models, wanted, max(batches)):
             cases.append((name, lambda c=c: NeuralBackend("inswapper_128", c, "cuda:0"), batches))
     else:
         for name, occlusion in (("mesh", False), ("mesh+occlusion", True)):
             c = cfg.model_copy(deep=True)
             c.mask.occlusion = occlusion
             cases.append((name, lambda c=c: MeshBackend(c, "cuda:0"), [len(faces)]))
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out / ("profile_neural_gpu.json" if args.neural else "profile_mesh_gpu.json")
     for name, make, sizes in cases:
         # A serve worker's swap thread runs on a non-blocking stream of its own (runtime/manager.py).
         with cupy.cuda.Stream(non_blocking=True):
@@ -180,12 +195,13 @@ def main() -> None:
                 for n in sizes:
                     label = f"{name} b{n}" if args.neural else name
                     result[label] = profile_case(label, backend, frame, (faces * 4)[:n], astronaut(), args.reps)
+                    # After every case: a run stopped by a time limit (GFPGAN's compile takes
+                    # minutes) keeps the cases it finished.
+                    out.write_text(json.dumps(result, indent=1) + "\n")
             finally:
                 backend.close()
     analyser.close()
-    args.out.mkdir(parents=True, exist_ok=True)
-    name = "profile_neural_gpu.json" if args.neural else "profile_mesh_gpu.json"
-    (args.out / name).write_text(json.dumps(result, indent=1) + "\n")
+    out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))
 
 
