@@ -205,9 +205,11 @@ if want stack serve_stack; then
   # off (the whole stack runs however late); STACK_WORKERS sets the workers (fewer: bigger batches);
   # STACK_SETS adds settings, which win over the setup's (e.g. "--set neural.max_batch=2": each
   # worker then compiles GFPGAN for 2 batch sizes, not 4, about a minute each on a fresh machine).
+  # 8 workers take about 5 minutes to compile on a fresh machine: give each resolution its own call,
+  # and STACK_SETS="--warmup-timeout 40" so that an N past saturation does not wait 2 minutes.
   timeout -s INT -k 30 "${STACK_SERVE_S:-270}" python3 tools/bench_streams.py "${SERVE_CLIPS[@]}" --out "$OUT" \
     --name "${STACK_NAME:-serve_face_stack}" ${SERVE_SETUP/--workers 8/--workers ${STACK_WORKERS:-8}} --face-stack ${STACK_SETS:-} \
-    --ns "${STACK_NS:-8,16,24}" --res "${STACK_RES:-720p}" 2>&1 \
+    --ns "${STACK_NS:-4,6,8,10}" --res "${STACK_RES:-720p}" 2>&1 \
     | tee "$OUT/bench_serve_stack.log" || rc=1
 fi
 if want stack stack_profile; then
