@@ -201,9 +201,9 @@ class WorkerPool:
         try:
             await self._prepare()
             # All at once, even when they compile: one worker alone first, so that the others
-            # load torch.compile's on-disk cache, was measured slower on the H200 (390 s to start 8
-            # face-stack workers against about 360 s at once: the first one's compile takes 225 s of
-            # mostly single-threaded work, and a cached start still 70-100 s).
+            # load torch.compile's on-disk cache, was measured slower on the H200 (390.5 s to start
+            # 8 face-stack workers against 298.5 s at once: the first one's compile took 270 s
+            # alone, mostly single-threaded work, and a start from the cache still about 105 s).
             await asyncio.gather(*(self._spawn(w) for w in self.workers))
         except BaseException as e:
             await self.close()
