@@ -480,11 +480,30 @@ def _run_app(app_: object, host: str, port: int) -> None:
 
     from .runtime.api import RedactingAccessLogger
 
+    assert isinstance(app_, web.Application)
+    app_.on_shutdown.insert(0, _finish_stopping)
     try:
         # The access log (with -v) without ?token= queries, tokens in Referers or HLS view keys.
         web.run_app(app_, host=host, port=port, print=None, access_log_class=RedactingAccessLogger)  # type: ignore[arg-type]
     except OSError as e:
         raise _listen_error(e, host, port) from None
+
+
+async def _finish_stopping(_app: object) -> None:
+    """Once serve stops, a second Ctrl+C or a SIGTERM after the SIGINT (a supervisor's, a script's
+    time limit) is logged, not raised: raised, it broke off the cleanup that stops the streams and
+    the workers, whose sessions and pipes were left open (every one a traceback as the loop closed).
+    That cleanup is bounded: each worker has WORKER_STOP_S to stop, each stream its own timeouts."""
+    import asyncio
+    import signal
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, logging.getLogger("swapstream").warning,
+                                    "already stopping: the streams and workers are finishing")
+        except (NotImplementedError, RuntimeError):  # no signal handlers here (Windows, a thread)
+            pass
 
 
 INSECURE_TLS_HELP = ("Do not verify rtmps:// servers' certificates (a lab server with a self-signed "

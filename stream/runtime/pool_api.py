@@ -12,13 +12,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import signal
 from typing import Any
 
 from aiohttp import web
 
 from .api import HLS_FILE, STATIC, _read_if_file, add_api_routes, authorize
-from .workers import WORKER_STOP_S, Placed, PoolError, Worker, WorkerPool, label_text, merge_metrics
+from .workers import Placed, PoolError, Worker, WorkerPool, label_text, merge_metrics
 
 log = logging.getLogger(__name__)
 
@@ -251,17 +250,6 @@ def mount_pool(app: web.Application, pool: WorkerPool, token: str, upload_max_by
 
     async def on_shutdown(_app: web.Application) -> None:
         pool.closing = True  # workers stopping from here on are not crashes to recover from
-        # A second Ctrl+C, or a SIGTERM after the SIGINT (a supervisor's or a script's), would raise
-        # in the middle of stopping the workers: their sessions and pipes were left open, and every
-        # one printed a traceback as the loop closed. Stopping is bounded (each worker has 20 s to
-        # finish its streams), so it is let finish.
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                loop.add_signal_handler(sig, log.warning, "already stopping: the workers are finishing "
-                                                          "their streams (at most %.0f s)", WORKER_STOP_S)
-            except (NotImplementedError, RuntimeError):  # no signal handlers here (Windows, a thread)
-                pass
 
     async def on_cleanup(_app: web.Application) -> None:
         await pool.close()
