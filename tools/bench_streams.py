@@ -165,8 +165,9 @@ def wait_ready(api: Api, proc: subprocess.Popen[bytes], timeout: float) -> float
             sys.exit(f"error: swapstream serve exited with code {proc.returncode} while starting")
         try:
             if api.call("GET", "/readyz", timeout=5)[0] == 200:
-                print(f"serve ready after {time.monotonic() - t0:.1f} s", flush=True)
-                return time.monotonic() - t0
+                took = time.monotonic() - t0
+                print(f"serve ready after {took:.1f} s", flush=True)
+                return took
         except OSError:
             pass
         time.sleep(0.5)
@@ -450,7 +451,7 @@ def records(rows: list[dict[str, Any]], args: argparse.Namespace, command: str) 
                         "stat": "max", "config": {**cfg, "device_mib_peak": r["gpu_memory_mib_peak"],
                                                   "device_mib_before_serve": r["gpu_memory_mib_idle"],
                                                   "processes_mib": r.get("gpu_processes_mib")}, **common})
-    if getattr(args, "start_s", None) is not None:
+    if args.start_s is not None:
         out.append({"metric": "serve_start_s", "value": args.start_s, "unit": "s", "stat": "once",
                     "config": {"workers": args.workers, "swapper": args.swapper, "set": args.set}, **common})
     for res in sorted({r["res"] for r in rows}):
@@ -587,6 +588,7 @@ def main() -> None:
         (args.out / f"{args.name}.json").write_text(json.dumps(recs, indent=1) + "\n")
         (args.out / f"{args.name}.md").write_text(markdown(rows, recs, args.workers))
 
+    args.start_s = None  # until serve is ready
     try:
         args.start_s = round(wait_ready(api, proc, 600), 1)
         face = (work / "face.png").read_bytes()
