@@ -50,7 +50,9 @@ def is_bisenet(inits: dict[str, np.ndarray]) -> bool:
     return all(k in inits for k in _BISENET_MARKERS)
 
 
-def _load(module: Any, inits: dict[str, np.ndarray], unused: tuple[str, ...] = ()) -> Any:
+def load_initializers(module: Any, inits: dict[str, np.ndarray], unused: tuple[str, ...] = ()) -> Any:
+    """`module` with its state loaded from the ONNX initializers of the same names (fp32, eval mode);
+    a ValueError if the file lacks any of them (then it is not this architecture)."""
     import torch
 
     # Batch norm's step counter only matters in training, and `unused` prefixes name weights the
@@ -73,7 +75,7 @@ def is_gfpgan(inits: dict[str, np.ndarray]) -> bool:
 def build_gfpgan(inits: dict[str, np.ndarray]) -> Any:
     """A GFPGAN (v1.4 configuration) module with the given initializers loaded."""
     # toRGB's intermediate images are a training loss; the style MLP is skipped (input_is_latent).
-    return _load(_classes()["GFPGAN"](), inits, unused=("toRGB.", "stylegan_decoder.style_mlp."))
+    return load_initializers(_classes()["GFPGAN"](), inits, unused=("toRGB.", "stylegan_decoder.style_mlp."))
 
 
 def new_gfpgan() -> Any:
@@ -84,14 +86,14 @@ def new_gfpgan() -> Any:
 def build_xseg(inits: dict[str, np.ndarray]) -> Any:
     """An XSeg module with the given initializers loaded (fp32, on the CPU)."""
     base = int(inits["conv01.conv.weight"].shape[0])
-    return _load(_classes()["XSeg"](base), inits)
+    return load_initializers(_classes()["XSeg"](base), inits)
 
 
 def build_bisenet(inits: dict[str, np.ndarray]) -> Any:
     """A BiSeNet module with the given initializers loaded; the backbone depth is read from the names."""
     backbone = "resnet34" if "fpn.backbone.layer3.5.conv1.weight" in inits else "resnet18"
     classes = int(inits["conv_out.conv.weight"].shape[0])
-    return _load(_classes()["BiSeNet"](classes, backbone), inits)
+    return load_initializers(_classes()["BiSeNet"](classes, backbone), inits)
 
 
 def new_xseg(base_ch: int = XSEG_BASE_CH) -> Any:

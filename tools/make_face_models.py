@@ -37,14 +37,18 @@ IR_VERSION = 8
 """As tools/make_test_models.py: ONNX Runtime 1.31 rejects onnx 1.23's default IR version."""
 
 
-def _export(module: object, example: object, output_names: list[str]) -> onnx.ModelProto:
+def _export(module: object, example: object, output_names: list[str],
+            extra: Sequence[tuple[str, object]] = ()) -> onnx.ModelProto:
+    """Export `module` with its first input named `input` (dynamic batch) and, after it, the
+    `extra` inputs (name, example tensor) with fixed shapes, such as CodeFormer's `weight`."""
     import torch
 
     buf = io.BytesIO()
     dynamic = {n: {0: "batch"} for n in ["input", *output_names]}
     # The TorchScript exporter (dynamo=False) keeps parameter names as initializer names, which the
     # torch runner's loaders read; constant folding off so that batch norm is not folded away.
-    torch.onnx.export(module, (example,), buf, input_names=["input"], output_names=output_names,
+    torch.onnx.export(module, (example, *(t for _, t in extra)), buf,
+                      input_names=["input", *(n for n, _ in extra)], output_names=output_names,
                       dynamic_axes=dynamic, opset_version=OPSET, do_constant_folding=False,
                       dynamo=False)
     model = onnx.load_from_string(buf.getvalue())
