@@ -61,12 +61,12 @@ def make_runner(model: str | Path, preference: RunnerName = "auto", *,
     if name == "torch" and preference == "auto":
         import onnx
 
-        from .face_models import is_bisenet, is_gfpgan, is_xseg
-        from .torch_models import is_inswapper, onnx_initializers
+        from .native import native_for
+        from .torch_models import onnx_initializers
 
         loaded = onnx.load(str(model))
         inits = onnx_initializers(loaded)
-        if not (is_inswapper(inits) or is_xseg(inits) or is_bisenet(inits) or is_gfpgan(inits)):
+        if native_for(inits) is None:
             name, why = "onnxruntime", "no native PyTorch module for this architecture"
             loaded = None
     log.info("runner for %s: %s (%s)", Path(str(model)).name, name, why)

@@ -18,8 +18,8 @@ from typing import Any, Literal
 import numpy as np
 
 from .runner import FeedError, Runner, RunnerError, TensorSpec, array_module_name
-from .face_models import build_bisenet, build_gfpgan, build_xseg, is_bisenet, is_gfpgan, is_xseg
-from .torch_models import build_inswapper, is_inswapper, onnx_initializers
+from .native import native_for
+from .torch_models import onnx_initializers
 
 log = logging.getLogger(__name__)
 
@@ -99,24 +99,17 @@ class TorchRunner(Runner):
         self.device = dev
         self.precision = pick_precision(self._precision_pref, dev)
         inits = onnx_initializers(model)
-        if is_inswapper(inits):
-            module = build_inswapper(inits)
-            self.architecture = "inswapper"
-        elif is_xseg(inits):
-            module = build_xseg(inits)
-            self.architecture = "xseg"
-        elif is_gfpgan(inits):
-            module = build_gfpgan(inits)
-            self.architecture = "gfpgan"
-        elif is_bisenet(inits):
-            # Only the first head is read (FaceFusion's `[0]`); the two auxiliary heads are training
-            # aids, and one tensor out keeps the CUDA-graph and fp32-rerun paths single-output.
-            module = build_bisenet(inits)
-            module.first_only = True
-            self.architecture = "bisenet"
-        else:
+        native = native_for(inits)
+        if native is None:
             module = self._fallback(model)
             self.architecture = "onnx2torch"
+        else:
+            module = native.build(inits)
+            self.architecture = native.architecture
+        if self.architecture == "bisenet":
+            # Only the first head is read (FaceFusion's `[0]`); the two auxiliary heads are training
+            # aids, and one tensor out keeps the CUDA-graph and fp32-rerun paths single-output.
+            module.first_only = True
         dtype = torch.float16 if self.precision == "fp16" else torch.float32
         if dev != "cpu":
             # cuDNN autotuning picks the fastest convolution for each fixed shape (we have four batch

@@ -1,14 +1,15 @@
 """Face-stack benchmark: the occluder, the parser and the enhancer per face, in the real architectures.
 
-    python tools/bench_face_stack.py --out DIR [--models xseg_1,bisenet_resnet_18,gfpgan_1.4]
+    python tools/bench_face_stack.py --out DIR [--models xseg_1,bisenet_resnet_18,gfpgan_1.4,...]
         [--batches 1,4] [--device cuda|cpu] [--reps 50]    (tools/device_check.sh face_stack)
 
 Each model is built in its real architecture with random weights by tools/make_face_models.py (the
 real weights cannot be downloaded here; the cost is the architecture's) and run by the product's
 `TorchRunner`, as the face stack runs it: on a GPU in fp16, channels_last, one CUDA graph per batch
 size; on the CPU in fp32 (a smoke run: its times are not the product's CPU path, which is ONNX
-Runtime). Inputs are random, in each model's own layout and size (docs/neural.md). The figure is the
-median over `--reps` calls of CUDA-event time on a GPU (wall time on the CPU), per call and per face.
+Runtime). Inputs are random, in each model's own layout and size (docs/neural.md); CodeFormer's
+`weight` (its fidelity) gets the face stack's 0.5. The figure is the median over `--reps` calls of
+CUDA-event time on a GPU (wall time on the CPU), per call and per face.
 Memory: PyTorch's peak allocation after the model's weights and every batch size's graph, per model.
 Writes face_stack.json and face_stack.md into --out.
 """
@@ -33,6 +34,9 @@ MODELS: dict[str, tuple[str, str]] = {
     "xseg_1": ("xseg", "occluder (XSeg)"),
     "bisenet_resnet_18": ("bisenet", "region parser (BiSeNet, ResNet-18)"),
     "gfpgan_1.4": ("gfpgan_1_4", "enhancer (GFPGAN v1.4 architecture)"),
+    "codeformer": ("codeformer", "enhancer (CodeFormer architecture)"),
+    "gpen_bfr_512": ("gpen_bfr_512", "enhancer (GPEN-BFR-512 architecture)"),
+    "restoreformer_plus_plus": ("restoreformer_plus_plus", "enhancer (RestoreFormer++ architecture)"),
 }
 
 
@@ -99,11 +103,12 @@ def main() -> None:
             print(f"{name}: {tr.architecture} on {args.device} in {precision}", flush=True)
             for b in batches:
                 x = rng.uniform(-1, 1, (b, *shape)).astype(np.float32)
+                extra = {s.name: np.full((1,), 0.5, np.float32) for s in tr.inputs if s.name == "weight"}
                 if gpu:
-                    feed = {input_name: cp.asarray(x)}
+                    feed = {input_name: cp.asarray(x), **{k: cp.asarray(v) for k, v in extra.items()}}
                     per_call[b] = median_ms(cp, lambda r=tr, f=feed: r.infer(f, stream), stream, reps=args.reps)
                 else:
-                    feed = {input_name: x}
+                    feed = {input_name: x, **extra}
                     per_call[b] = wall_median_ms(lambda r=tr, f=feed: r.infer(f, None), args.reps)
                 print(f"{name}: batch {b}: {per_call[b]:.3f} ms a call, {per_call[b] / b:.3f} ms a face",
                       flush=True)
@@ -126,15 +131,23 @@ def main() -> None:
                             **common})
         rows.append((name, what, per_call, peak))
         del model
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "face_stack.json").write_text(json.dumps(records, indent=1) + "\n")
+        # After every model, so that a run cut by a time limit keeps the models that finished.
+        write(args.out, records, rows, batches, device, common, command, precision, gpu, args.reps)
+
+
+def write(out: Path, records: list[dict[str, Any]], rows: list[tuple[str, str, dict[int, float], float | None]],
+          batches: list[int], device: str, common: dict[str, Any], command: str, precision: str, gpu: bool,
+          reps: int) -> None:
+    """face_stack.json and face_stack.md in `out`, for the models measured so far."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "face_stack.json").write_text(json.dumps(records, indent=1) + "\n")
     timer = "CUDA events" if gpu else "wall time"
     head = " | ".join(f"batch {b}: ms a face (a call)" for b in batches)
     lines = [f"# Face stack per face ({device}, {common['commit']}, {common['date']})", "",
              f"Command: `{command}`. Real architectures, random weights (tools/make_face_models.py), run "
              f"by the product's TorchRunner in {precision}" + (", channels_last, one CUDA graph per batch size"
                                                                 if gpu else "") +
-             f"; median of {args.reps} calls, {timer}, inputs already on the device.", "",
+             f"; median of {reps} calls, {timer}, inputs already on the device.", "",
              f"| model | what | {head} | peak memory |", "|---|---|" + "---|" * len(batches) + "---|"]
     for name, what, per_call, peak in rows:
         cells = " | ".join(f"{per_call[b] / b:.3f} ({per_call[b]:.3f})" for b in batches)
@@ -142,7 +155,7 @@ def main() -> None:
         lines.append(f"| {name} | {what} | {cells} | {mem} |")
     if not gpu:
         lines += ["", "A CPU smoke run of the tool: the product's CPU path runs these models in ONNX Runtime."]
-    (args.out / "face_stack.md").write_text("\n".join(lines) + "\n")
+    (out / "face_stack.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -192,8 +192,8 @@ if want run_ab; then
     | tee "$OUT/bench_run_ab.log" || rc=1
 fi
 if want face_stack stack; then
-  # Issue 23: the occluder, the parser and the GFPGAN-architecture enhancer per face at batch 1 and 4,
-  # fp16 with CUDA graphs, through the product's TorchRunner (models built here with random weights:
+  # Issue 23: the occluder, the parser and the four enhancers' architectures (GFPGAN 1.4, CodeFormer,
+  # GPEN-BFR-512, RestoreFormer++) per face at batch 1 and 4, fp16 with CUDA graphs, through the product's TorchRunner (models built here with random weights:
   # needs torch and onnx, which the image has; nothing carried).
   timeout -s INT -k 10 "${FACE_STACK_S:-300}" python3 tools/bench_face_stack.py --out "$OUT" 2>&1 \
     | tee "$OUT/bench_face_stack.log" || rc=1

@@ -13,6 +13,12 @@ files' input and output names, layouts and sizes (docs/neural.md, "Occluders and
 - `bisenet(seed)`: random weights; (N, 3, 512, 512) in, three (N, 19, 512, 512) logits out.
 - `gfpgan_1_4(seed)`: GFPGAN v1.4's architecture (GFPGANv1Clean as TencentARC configures v1.4) with
   random weights; (N, 3, 512, 512) RGB in [-1, 1] in and out.
+- `gpen_bfr_512(seed)`: GPEN-BFR-512's architecture (yangxy/GPEN's FullGenerator as GPEN-BFR-512
+  configures it, `engines/gpen_model.py`) with random weights; (N, 3, 512, 512) RGB in [-1, 1] in
+  and out.
+- `restoreformer_plus_plus(seed)`: RestoreFormer++'s architecture (wzhouxiff's
+  VQVAEGANMultiHeadTransformer, `engines/restoreformer_model.py`) with random weights;
+  (N, 3, 512, 512) RGB in [-1, 1] in and out.
 - `bisenet_all_skin()`: the same with a crafted last layer that parses (practically) every pixel as
   skin, so that an end-to-end run has a known region mask.
 
@@ -189,6 +195,68 @@ def gfpgan_1_4(seed: int = 0) -> onnx.ModelProto:
     m = new_gfpgan()
     _randomise(m, seed)
     return _export(m, torch.rand(1, 3, GFPGAN_SIZE, GFPGAN_SIZE) * 2 - 1, ["output"])
+
+
+def codeformer(seed: int = 0) -> onnx.ModelProto:
+    """CodeFormer as inference_codeformer.py configures it (94.1 M parameters, about 377 MB) with
+    random weights; `input` (N, 3, 512, 512) in [-1, 1] and `weight` ((1,) float64, the fidelity w)
+    in, as FaceFusion's file, and (N, 3, 512, 512) out. Never commit one."""
+    import torch
+
+    from swapstream.engines.codeformer_model import CODEFORMER_SIZE, new_codeformer
+
+    torch.manual_seed(seed)
+    m = new_codeformer()
+    _randomise(m, seed)
+    return _export(m, torch.rand(1, 3, CODEFORMER_SIZE, CODEFORMER_SIZE) * 2 - 1, ["output"],
+                   extra=[("weight", torch.tensor([0.5], dtype=torch.float64))])
+
+
+def gpen_bfr_512(seed: int = 0) -> onnx.ModelProto:
+    """GPEN-BFR-512's architecture (yangxy/GPEN's FullGenerator, 71.0 M parameters, about 285 MB)
+    with random weights drawn for its equalised learning rate (`new_gpen`); input `input`,
+    (N, 3, 512, 512) RGB in [-1, 1], output `output`, the same. Never commit one."""
+    import torch
+
+    from swapstream.engines.gpen_model import GPEN_SIZE, new_gpen
+
+    m = new_gpen(seed=seed)
+    example = torch.rand(1, 3, GPEN_SIZE, GPEN_SIZE, generator=torch.Generator().manual_seed(seed)) * 2 - 1
+    model = _export(m, example, ["output"])
+    # The exporter's shape inference leaves the output's height and width symbolic; the contract
+    # fixes them.
+    for dim, value in zip(model.graph.output[0].type.tensor_type.shape.dim[1:], (3, GPEN_SIZE, GPEN_SIZE)):
+        dim.Clear()
+        dim.dim_value = value
+    onnx.checker.check_model(model)
+    return model
+
+
+def restoreformer_plus_plus(seed: int = 0) -> onnx.ModelProto:
+    """RestoreFormer++ (wzhouxiff's VQVAEGANMultiHeadTransformer, head_size 4, ex_multi_scale_num 1;
+    `engines/restoreformer_model.py`; 73.5 M parameters, about 294 MB) with random weights; input
+    `input`, (N, 3, 512, 512) RGB in [-1, 1], output `output`, the same. Never commit one.
+
+    The codebook gets `_randomise`'s N(0, 1/256) entries like any matrix (PyTorch's U(+-1/1024) would
+    crowd them at the origin): a face then uses about a hundred of the 1024 codes, and each position's
+    two nearest entries are nearly equidistant, which makes fp16's code flips frequent here
+    (engines/restoreformer_model.py)."""
+    import torch
+
+    from swapstream.engines.restoreformer_model import RESTOREFORMER_SIZE, new_restoreformer
+
+    torch.manual_seed(seed)
+    m = new_restoreformer()
+    _randomise(m, seed)
+    model = _export(m, torch.rand(1, 3, RESTOREFORMER_SIZE, RESTOREFORMER_SIZE) * 2 - 1, ["output"])
+    # The exporter's shape inference loses the output's sizes (it names one after the batch axis);
+    # the contract fixes them.
+    for dim, value in zip(model.graph.output[0].type.tensor_type.shape.dim[1:],
+                          (3, RESTOREFORMER_SIZE, RESTOREFORMER_SIZE)):
+        dim.Clear()
+        dim.dim_value = value
+    onnx.checker.check_model(model)
+    return model
 
 
 def build_all() -> dict[str, onnx.ModelProto]:
