@@ -23,10 +23,43 @@ image. This module's forward is `forward(input, weight)` and returns that image 
 also returns the logits and the latent, training outputs).
 
 Parameter names are the original's state_dict keys (`encoder.blocks.N...`, `quantize.embedding.weight`,
-`ft_layers.N.self_attn.in_proj_weight`, `fuse_convs_dict.32...`), so a file exported with names
-kept loads by name; `tools/make_face_models.py` exports this module so. A file whose exporter renamed
-or folded the weights is not recognised by `is_codeformer` and runs in ONNX Runtime.
-Torch is imported lazily so that importing this module never requires it.
+`ft_layers.N.self_attn.in_proj_weight`, `fuse_convs_dict.32...`; 515 tensors, no buffers), so a
+file exported with names kept loads by name; `tools/make_face_models.py` exports this module so.
+Whether FaceFusion's released file kept them is not known here (it was never downloaded): if not,
+`is_codeformer` says no and the file runs in ONNX Runtime. Against the original code (its two arch
+files run here with this module's random weights) the output agreed within 3.2e-6 relative L2 at
+w = 0, 0.5 and 1.
+
+Departures that do not change the fp32 result beyond rounding:
+
+- The code lookup is argmax of the logits + an embedding gather (ONNX ArgMax, Gather), where the
+  original takes top-1 of their softmax and multiplies a one-hot matrix with the codebook.
+- Attention (the transformer's 8 heads, and the VQGAN's single head over 512 channels) runs through
+  `F.scaled_dot_product_attention`; the transformer's parameters keep nn.MultiheadAttention's names
+  (`in_proj_weight`, `in_proj_bias`, `out_proj`), and it runs batch-first.
+- The fuse blocks always run, w-weighted, where the original skips them at w == 0: the same result,
+  with no branch on w's value (the torch runner's CUDA graph reads w from a static buffer).
+
+fp16 and the codes. The argmax is discontinuous: a token whose two best logits nearly tie can pick
+the other code under fp16's rounding, and with this architecture one different code moves the whole
+face, not one patch (the generator's attention at 16 x 16 and the per-channel AdaIN spread it). On
+the random test model (make_face_models' `codeformer`, seed 0), with fp16 emulated on the CPU
+(weights rounded to fp16, each operation computed in fp32 and its result rounded to fp16; the CPU's
+real fp16 convolutions took over 10 minutes a face), against fp32, in 5 faces (3 of noise in
+[-1, 1], skimage's astronaut's face and the same with noise):
+
+| precision | tokens whose code flips | relative L2 per face |
+|---|---|---|
+| fp16 throughout | 7 of 1280 (4 faces of 5) | 0.0038 without a flip; 0.12-0.41 with one to three |
+| fp16 throughout, fp32's codes forced in | none | 0.0038-0.0056 |
+| `mixed_precision`: fp32 encoder + transformer, fp16 generator | none | 0.0031-0.0035 |
+
+What flips them (logits alone, same faces): the transformer's fp16 operations (6 flips), the fp16
+rounding of the weights (4), the encoder's fp16 operations on fp32 weights (none); an fp16 encoder
+(weights and operations) before an fp32 transformer still flipped 8 tokens in 12 noise faces, so
+`mixed_precision` keeps the encoder fp32 too. The random model's logits are close to a standard
+normal per token (median gap between the best two 0.15-0.18, against fp16 logit errors up to 0.01);
+a trained model's are probably more decided, but that was not measured. Not measured on a GPU.
 """
 
 from __future__ import annotations
@@ -251,17 +284,19 @@ def _classes() -> dict[str, type]:
         flat = x.flatten(2)
         return flat.mean(dim=2)[:, :, None, None], (flat.var(dim=2) + eps).sqrt()[:, :, None, None]
 
-    def adain(content: torch.Tensor, style: torch.Tensor) -> torch.Tensor:
-        # Statistics in fp32: 256 values per channel, and the variance's eps of 1e-5 is near fp16's
-        # resolution around the variances of a trained latent.
+    def adain(content: torch.Tensor, style: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """`content` with each channel's mean and std over the positions made `style`'s, in `dtype`."""
+        # Statistics in fp32 whatever the dtype: 256 values per channel, and the variance's eps of
+        # 1e-5 is near fp16's resolution around the variances of a trained latent.
         c, s = content.float(), style.float()
         c_mean, c_std = mean_std(c)
         s_mean, s_std = mean_std(s)
-        return ((c - c_mean) / c_std * s_std + s_mean).to(content.dtype)
+        return ((c - c_mean) / c_std * s_std + s_mean).to(dtype)
 
     class CodeFormer(nn.Module):
         """sczhou's CodeFormer as inference_codeformer.py runs it (adain=True): (N, 3, 512, 512) RGB in
-        [-1, 1] and the fidelity weight w ((1,) or (N,)) -> (N, 3, 512, 512) RGB, about [-1, 1]."""
+        [-1, 1] and the fidelity weight w ((1,) or (N,)) -> (N, 3, 512, 512) RGB, about [-1, 1]
+        (fp32 out whatever the module's dtype)."""
 
         def __init__(self, dim_embd: int = 512, n_head: int = 8, n_layers: int = 9,
                      codebook_size: int = CODEFORMER_CODEBOOK, latent_size: int = 256,
@@ -282,28 +317,50 @@ def _classes() -> dict[str, type]:
             self._enc_taps = {_FUSE_ENCODER_BLOCK[s]: s for s in connect_list}
             self._gen_taps = {_FUSE_GENERATOR_BLOCK[s]: s for s in connect_list}
 
-        def forward(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-            dt = self.feat_emb.weight.dtype
-            x = x.to(dt)
-            # w is read as a tensor (the torch runner's CUDA graph copies each call's value into a
-            # static buffer): (1,) or one per face, broadcast over (C, H, W).
-            w = weight.to(dt).reshape(-1, 1, 1, 1)
-            enc_feats: dict[str, torch.Tensor] = {}
+        def mixed_precision(self, dtype: torch.dtype = torch.float16) -> CodeFormer:
+            """The generator and the fuse blocks in `dtype`; the encoder, the transformer, its logits
+            head and the codebook stay as they are (fp32), so that the codes are fp32's. 112 of the
+            405 G multiply-adds a face stay fp32. An fp16 code path flips codes whose two best
+            logits nearly tie, and one flipped code moves the whole face (the module docstring has
+            the figures). On a GPU the fp32 part needs TF32 off, or its convolutions and matmuls
+            round their inputs to fp16's 10-bit mantissa again. In place; returns the module."""
+            self.generator.to(dtype)
+            self.fuse_convs_dict.to(dtype)
+            return self
+
+        def _encode(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            """The (N, 256, 16, 16) latent and the features kept for the fuse blocks."""
+            x = x.to(self.encoder.blocks[0].weight.dtype)
+            feats: dict[str, torch.Tensor] = {}
             for i, block in enumerate(self.encoder.blocks):
                 x = block(x)
                 if i in self._enc_taps:
-                    enc_feats[self._enc_taps[i]] = x
-            lq_feat = x                                                   # (N, 256, 16, 16)
+                    feats[self._enc_taps[i]] = x
+            return x, feats
+
+        def _logits(self, lq_feat: torch.Tensor) -> torch.Tensor:
+            """(N, 256 tokens, 1024) code logits, in the transformer's dtype."""
             # The original runs the transformer sequence-first, (HW, N, C); batch-first is the same
             # computation. Token t is latent pixel (t // 16, t % 16).
-            query = self.feat_emb(lq_feat.flatten(2).transpose(1, 2))      # (N, 256 tokens, 512)
+            dt = self.feat_emb.weight.dtype
+            query = self.feat_emb(lq_feat.to(dt).flatten(2).transpose(1, 2))   # (N, 256, 512)
             for layer in self.ft_layers:
                 query = layer(query, self.position_emb)
-            logits = self.idx_pred_layer(query)                           # (N, 256, 1024)
+            return self.idx_pred_layer(query)
+
+        def codes(self, x: torch.Tensor) -> torch.Tensor:
+            """(N, 256) codebook indices the transformer picks for the input (for tests)."""
+            return self._logits(self._encode(x)[0]).argmax(dim=2)
+
+        def forward(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+            dt = self.generator.blocks[0].weight.dtype
+            lq_feat, enc_feats = self._encode(x)
             # The original takes top-1 of softmax(logits): the same index as argmax of the logits.
-            codes = self.quantize.embedding(logits.argmax(dim=2))          # (N, 256 tokens, 256)
-            quant_feat = adain(codes.transpose(1, 2).reshape(lq_feat.shape), lq_feat)
-            x = quant_feat
+            codes = self.quantize.embedding(self._logits(lq_feat).argmax(dim=2))   # (N, 256 tokens, 256)
+            x = adain(codes.transpose(1, 2).reshape(lq_feat.shape), lq_feat, dt)
+            # w is read as a tensor (the torch runner's CUDA graph copies each call's value into a
+            # static buffer): (1,) or one per face, broadcast over (C, H, W).
+            w = weight.to(dt).reshape(-1, 1, 1, 1)
             for i, block in enumerate(self.generator.blocks):
                 x = block(x)
                 if i in self._gen_taps:
@@ -312,7 +369,7 @@ def _classes() -> dict[str, type]:
                     # they add w * (...) = 0 (the residual is finite), so the result is the same.
                     # (A negative w, which the original treats as 0, is not.)
                     s = self._gen_taps[i]
-                    x = self.fuse_convs_dict[s](enc_feats[s], x, w)
+                    x = self.fuse_convs_dict[s](enc_feats[s].to(dt), x, w)
             return x.float()
 
     return {"CodeFormer": CodeFormer, "SelfAttention": SelfAttention}

@@ -124,7 +124,19 @@ class TorchRunner(Runner):
         self._module32_on_device = None
         import copy
 
-        module = copy.deepcopy(module).to(device=dev, dtype=dtype)
+        module = copy.deepcopy(module).to(device=dev)
+        if dtype != torch.float32 and hasattr(module, "mixed_precision"):
+            # Codebook models (CodeFormer, RestoreFormer++) keep what picks their codes in fp32: an
+            # fp16 pick flips near ties, and one flipped code moves the whole face (docs/neural.md,
+            # "Enhancers in PyTorch"). The module says which part may run in `dtype`.
+            module.mixed_precision(dtype)
+            if dev != "cpu":
+                # Their fp32 part must be fp32: TF32 rounds to fp16's 10-bit mantissa and brings the
+                # flips back. Process-wide, as in fp32 mode; fp16 work is not affected.
+                torch.backends.cudnn.allow_tf32 = False
+                torch.backends.cuda.matmul.allow_tf32 = False
+        else:
+            module = module.to(dtype=dtype)
         if self.channels_last and dev != "cpu":
             # The 4-D tensors alone: `module.to(memory_format=...)` refuses a module that also holds
             # others of rank 5, as GFPGAN's modulated convolutions do (their per-sample weights).

@@ -208,8 +208,15 @@ def codeformer(seed: int = 0) -> onnx.ModelProto:
     torch.manual_seed(seed)
     m = new_codeformer()
     _randomise(m, seed)
-    return _export(m, torch.rand(1, 3, CODEFORMER_SIZE, CODEFORMER_SIZE) * 2 - 1, ["output"],
-                   extra=[("weight", torch.tensor([0.5], dtype=torch.float64))])
+    model = _export(m, torch.rand(1, 3, CODEFORMER_SIZE, CODEFORMER_SIZE) * 2 - 1, ["output"],
+                    extra=[("weight", torch.tensor([0.5], dtype=torch.float64))])
+    # The exporter's shape inference loses the spatial sizes at the downsampling's zero padding (it
+    # labelled the output (batch, 3, batch, ?)); the contract fixes them (the input is 512 x 512).
+    for dim, value in zip(model.graph.output[0].type.tensor_type.shape.dim[1:], (3, CODEFORMER_SIZE, CODEFORMER_SIZE)):
+        dim.Clear()
+        dim.dim_value = value
+    onnx.checker.check_model(model)
+    return model
 
 
 def gpen_bfr_512(seed: int = 0) -> onnx.ModelProto:

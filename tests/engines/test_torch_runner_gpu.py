@@ -80,10 +80,6 @@ def test_fp16_overflow_guard(cp: ModuleType, mode: str) -> None:
 # as the product runs them on a GPU (fp16, channels_last, one CUDA graph per batch size) against
 # ONNX Runtime in fp32 on the host.
 ENHANCERS = ("gfpgan_1.4", "gpen_bfr_512", "codeformer", "restoreformer_plus_plus")
-TOL_CODEBOOK = 5e-2
-"""CodeFormer and RestoreFormer++ quantise to their nearest codebook entries (arg max of logits, arg
-min of distances): where fp16 rounding flips a near tie, those tokens decode from another entry, a
-local change that no finer tolerance survives. PLACEHOLDER: set from the fp16 measurements."""
 FACE_STACK = [
     # XSeg: a U-Net of 3x3 convolutions ending in a sigmoid; fp16 keeps ~3 decimal digits through
     # it, the runners' 1e-2 contract.
@@ -94,9 +90,11 @@ FACE_STACK = [
     ("gfpgan_1.4", "gfpgan_1_4", (3, 512, 512), 1e-2),
     # GPEN-BFR-512: a StyleGAN2 generator fed by a U-Net encoder, 71 M parameters; the same contract.
     ("gpen_bfr_512", "gpen_bfr_512", (3, 512, 512), 1e-2),
-    # CodeFormer and RestoreFormer++ pick codebook entries by arg max / arg min: TOL_CODEBOOK below.
-    ("codeformer", "codeformer", (3, 512, 512), TOL_CODEBOOK),
-    ("restoreformer_plus_plus", "restoreformer_plus_plus", (3, 512, 512), TOL_CODEBOOK),
+    # CodeFormer and RestoreFormer++ pick codebook entries (arg max of logits, arg min of distances):
+    # the runner keeps that part in fp32 (their `mixed_precision`), since an fp16 pick flips near ties
+    # and one flip moves the whole face by 0.1-0.4; with fp32 codes the decoder's fp16 is the same contract.
+    ("codeformer", "codeformer", (3, 512, 512), 1e-2),
+    ("restoreformer_plus_plus", "restoreformer_plus_plus", (3, 512, 512), 1e-2),
 ]
 
 
