@@ -70,6 +70,9 @@ Torch is imported lazily so that importing this module never requires it.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -122,13 +125,10 @@ def unused_prefixes(module: Any) -> tuple[str, ...]:
                  if isinstance(m, attn))
 
 
-_CLASSES: dict[str, type] = {}
-
-
-def _classes() -> dict[str, type]:
-    """The module classes, defined once and lazily so that importing this file never requires torch."""
-    if _CLASSES:
-        return _CLASSES
+@functools.cache
+def _classes() -> Mapping[str, type]:
+    """The module classes, defined lazily so that importing this file never requires torch; cached,
+    so that `isinstance` against them (`_unused`) sees the classes the modules were built from."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -364,5 +364,4 @@ def _classes() -> dict[str, type]:
             hs = {k: v.to(dt) for k, v in hs.items()}
             return self.decoder(self.post_quant_conv(quant.to(dt)), hs).float()
 
-    _CLASSES.update(RestoreFormerPlusPlus=RestoreFormerPlusPlus, MultiHeadAttnBlock=MultiHeadAttnBlock)
-    return _CLASSES
+    return MappingProxyType({"RestoreFormerPlusPlus": RestoreFormerPlusPlus, "MultiHeadAttnBlock": MultiHeadAttnBlock})

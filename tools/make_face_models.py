@@ -1,10 +1,12 @@
-"""Build ONNX test models of the face stack's mask models, in their real architectures.
+"""Build ONNX test models of the face stack's masks and enhancers, in their real architectures.
 
     python tools/make_face_models.py OUT_DIR
 
 The architectures are the native modules of `engines/face_models.py` (XSeg as in DeepFaceLab,
-BiSeNet-ResNet18 as in yakhyo/face-parsing), exported with PyTorch's ONNX exporter with the real
-files' input and output names, layouts and sizes (docs/neural.md, "Occluders and parsers"):
+BiSeNet-ResNet18 as in yakhyo/face-parsing, GFPGAN v1.4) and `engines/gpen_model.py`,
+`codeformer_model.py` and `restoreformer_model.py`, exported with PyTorch's ONNX exporter with the
+real files' input and output names, layouts and sizes (docs/neural.md, "Occluders and parsers",
+"Enhancers"):
 
 - `xseg(seed)`: random weights; (N, 256, 256, 3) in, (N, 256, 256, 1) sigmoid out.
 - `xseg_green_occluder()`: the same architecture with crafted weights that make a known mask: a
@@ -16,6 +18,9 @@ files' input and output names, layouts and sizes (docs/neural.md, "Occluders and
 - `gpen_bfr_512(seed)`: GPEN-BFR-512's architecture (yangxy/GPEN's FullGenerator as GPEN-BFR-512
   configures it, `engines/gpen_model.py`) with random weights; (N, 3, 512, 512) RGB in [-1, 1] in
   and out.
+- `codeformer(seed)`: CodeFormer's architecture (sczhou/CodeFormer, `engines/codeformer_model.py`)
+  with random weights; `input` (N, 3, 512, 512) in [-1, 1] and `weight` ((1,) float64, the
+  fidelity) in, (N, 3, 512, 512) out.
 - `restoreformer_plus_plus(seed)`: RestoreFormer++'s architecture (wzhouxiff's
   VQVAEGANMultiHeadTransformer, `engines/restoreformer_model.py`) with random weights;
   (N, 3, 512, 512) RGB in [-1, 1] in and out.
@@ -32,8 +37,9 @@ from __future__ import annotations
 
 import argparse
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 import onnx
@@ -197,6 +203,16 @@ def gfpgan_1_4(seed: int = 0) -> onnx.ModelProto:
     return _export(m, torch.rand(1, 3, GFPGAN_SIZE, GFPGAN_SIZE) * 2 - 1, ["output"])
 
 
+def _fix_image_output(model: onnx.ModelProto, size: int) -> onnx.ModelProto:
+    """The enhancers' contract fixes their output at (batch, 3, size, size) where the exporter's shape
+    inference left sizes symbolic or wrong; `model`, checked again."""
+    for dim, value in zip(model.graph.output[0].type.tensor_type.shape.dim[1:], (3, size, size)):
+        dim.Clear()
+        dim.dim_value = value
+    onnx.checker.check_model(model)
+    return model
+
+
 def codeformer(seed: int = 0) -> onnx.ModelProto:
     """CodeFormer as inference_codeformer.py configures it (94.1 M parameters, about 377 MB) with
     random weights; `input` (N, 3, 512, 512) in [-1, 1] and `weight` ((1,) float64, the fidelity w)
@@ -211,12 +227,8 @@ def codeformer(seed: int = 0) -> onnx.ModelProto:
     model = _export(m, torch.rand(1, 3, CODEFORMER_SIZE, CODEFORMER_SIZE) * 2 - 1, ["output"],
                     extra=[("weight", torch.tensor([0.5], dtype=torch.float64))])
     # The exporter's shape inference loses the spatial sizes at the downsampling's zero padding (it
-    # labelled the output (batch, 3, batch, ?)); the contract fixes them (the input is 512 x 512).
-    for dim, value in zip(model.graph.output[0].type.tensor_type.shape.dim[1:], (3, CODEFORMER_SIZE, CODEFORMER_SIZE)):
-        dim.Clear()
-        dim.dim_value = value
-    onnx.checker.check_model(model)
-    return model
+    # labelled the output (batch, 3, batch, ?)).
+    return _fix_image_output(model, CODEFORMER_SIZE)
 
 
 def gpen_bfr_512(seed: int = 0) -> onnx.ModelProto:
@@ -230,13 +242,8 @@ def gpen_bfr_512(seed: int = 0) -> onnx.ModelProto:
     m = new_gpen(seed=seed)
     example = torch.rand(1, 3, GPEN_SIZE, GPEN_SIZE, generator=torch.Generator().manual_seed(seed)) * 2 - 1
     model = _export(m, example, ["output"])
-    # The exporter's shape inference leaves the output's height and width symbolic; the contract
-    # fixes them.
-    for dim, value in zip(model.graph.output[0].type.tensor_type.shape.dim[1:], (3, GPEN_SIZE, GPEN_SIZE)):
-        dim.Clear()
-        dim.dim_value = value
-    onnx.checker.check_model(model)
-    return model
+    # The exporter's shape inference leaves the output's height and width symbolic.
+    return _fix_image_output(model, GPEN_SIZE)
 
 
 def restoreformer_plus_plus(seed: int = 0) -> onnx.ModelProto:
@@ -256,19 +263,16 @@ def restoreformer_plus_plus(seed: int = 0) -> onnx.ModelProto:
     m = new_restoreformer()
     _randomise(m, seed)
     model = _export(m, torch.rand(1, 3, RESTOREFORMER_SIZE, RESTOREFORMER_SIZE) * 2 - 1, ["output"])
-    # The exporter's shape inference loses the output's sizes (it names one after the batch axis);
-    # the contract fixes them.
-    for dim, value in zip(model.graph.output[0].type.tensor_type.shape.dim[1:],
-                          (3, RESTOREFORMER_SIZE, RESTOREFORMER_SIZE)):
-        dim.Clear()
-        dim.dim_value = value
-    onnx.checker.check_model(model)
-    return model
+    # The exporter's shape inference loses the output's sizes (it names one after the batch axis).
+    return _fix_image_output(model, RESTOREFORMER_SIZE)
 
 
-def build_all() -> dict[str, onnx.ModelProto]:
-    """Every model the script writes, by file name (zoo names, so a folder of them serves `run`)."""
-    return {"xseg_1.onnx": xseg(), "bisenet_resnet_18.onnx": bisenet(), "gfpgan_1.4.onnx": gfpgan_1_4()}
+BUILDERS: Mapping[str, Callable[[], onnx.ModelProto]] = MappingProxyType({
+    "xseg_1.onnx": xseg, "bisenet_resnet_18.onnx": bisenet, "gfpgan_1.4.onnx": gfpgan_1_4,
+    "codeformer.onnx": codeformer, "gpen_bfr_512.onnx": gpen_bfr_512,
+    "restoreformer_plus_plus.onnx": restoreformer_plus_plus})
+"""Every model the script writes, by file name (zoo names, so a folder of them serves `run`). Built
+one at a time: the enhancers are 285-377 MB each."""
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -276,9 +280,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("out_dir", type=Path)
     args = ap.parse_args(argv)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    for name, model in build_all().items():
+    for name, build in BUILDERS.items():
         path = args.out_dir / name
-        onnx.save(model, path)
+        onnx.save(build(), path)
         print(f"{path}: {path.stat().st_size / 1e6:.1f} MB")
 
 

@@ -167,3 +167,14 @@ def test_module_matches_onnxruntime(model: onnx.ModelProto) -> None:
     # near fp16's 65504, not a constant, and another face gives another output.
     assert np.abs(got).max() < 1e3 and got[0].std() > 0.1
     assert rel_err(got[1], got[0]) > 0.1
+
+
+def test_the_runner_takes_the_native_module(model: onnx.ModelProto) -> None:
+    """`neural.runner=auto` gives the file to PyTorch only if engines/native.py recognises it; the
+    runner sees both inputs, so the face stack feeds the fidelity."""
+    from swapstream.engines.native import native_for
+    from swapstream.engines.torch_runner import TorchRunner
+
+    assert native_for(onnx_initializers(model)).architecture == "codeformer"  # type: ignore[union-attr]
+    with TorchRunner(model, device="cpu", precision="fp32") as tr:
+        assert tr.architecture == "codeformer" and [s.name for s in tr.inputs] == ["input", "weight"]

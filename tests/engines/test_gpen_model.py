@@ -260,3 +260,13 @@ def test_gpen_bfr_512_fp16_channels_last_in_a_cuda_graph(cp: ModuleType, gpen_51
         torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) / 20 * 1e3
         print(f"gpen_bfr_512 fp16 graph, batch {batch}: {ms:.2f} ms a call")
+
+
+def test_the_runner_takes_the_native_module(gpen_512: object) -> None:
+    """`neural.runner=auto` gives the file to PyTorch only if engines/native.py recognises it."""
+    from swapstream.engines.native import native_for
+    from swapstream.engines.torch_runner import TorchRunner
+
+    assert native_for(onnx_initializers(gpen_512)).architecture == "gpen"  # type: ignore[arg-type, union-attr]
+    with TorchRunner(gpen_512, device="cpu", precision="fp32") as tr:  # type: ignore[arg-type]
+        assert tr.architecture == "gpen" and [s.name for s in tr.inputs] == ["input"]

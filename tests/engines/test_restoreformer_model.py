@@ -279,3 +279,13 @@ def test_fp16_on_the_gpu_flips_few_codes_and_mixed_precision_none(cp: object, fu
                 assert err <= 1e-2
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def test_the_runner_takes_the_native_module(full: "object") -> None:
+    """`neural.runner=auto` gives the file to PyTorch only if engines/native.py recognises it."""
+    from swapstream.engines.native import native_for
+    from swapstream.engines.torch_runner import TorchRunner
+
+    assert native_for(onnx_initializers(full)).architecture == "restoreformer"  # type: ignore[arg-type, union-attr]
+    with TorchRunner(full, device="cpu", precision="fp32") as tr:  # type: ignore[arg-type]
+        assert tr.architecture == "restoreformer" and [s.name for s in tr.inputs] == ["input"]
