@@ -328,6 +328,26 @@ def skews(session: Session, fps: int, t0: float) -> list[tuple[float, float, flo
     return out
 
 
+def describe(receiver: Receiver, t0: float, marks: dict[str, float]) -> dict[str, object]:
+    """What a receiver got, in seconds since `t0`: each session's video and audio counts, first and
+    last arrival and pts, and its tone onsets; the plays given up for no video; what ended each
+    session; and the test's own `marks`. For the message of a failed assertion."""
+    out: list[dict[str, object]] = []
+    with receiver.lock:
+        sessions = [Session(list(s.video), list(s.audio)) for s in receiver.sessions]
+    for s in sessions:
+        info: dict[str, object] = {"video": len(s.video), "audio": len(s.audio)}
+        if s.video:
+            info["arrived"] = (round(s.video[0][2] - t0, 2), round(s.video[-1][2] - t0, 2))
+            info["video_pts"] = (round(s.video[0][1], 2), round(s.video[-1][1], 2))
+        if s.audio:
+            info["audio_pts"] = (round(s.audio[0][1], 2), round(s.audio[-1][1], 2))
+            info["onsets"] = [round(at, 2) for at, _code in onsets(s.audio)]
+        out.append(info)
+    return {"sessions": out, "reopens": receiver.reopens, "errors": receiver.errors[-5:],
+            "marks": {k: round(v - t0, 2) for k, v in marks.items()}}
+
+
 def latencies(session: Session, fps: int, t0: float) -> list[tuple[float, float]]:
     """(arrival wall time, arrival minus due time) of each video frame of a session."""
     out = []
