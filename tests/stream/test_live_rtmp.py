@@ -102,7 +102,7 @@ def test_rtmp_in_swap_rtmp_and_hls_out(server, tmp_path: Path) -> None:
     nginx, auth = server
     clip = tmp_path / "src.mp4"
     # Long enough that the job (joined about 3 s in on the 2-core machine: its start, a 1 s probe)
-    # puts out its 45 frames and a viewer who joins the output later still sees 20 of them: at 6 s
+    # puts out its 60 frames and a viewer who joins the output later still sees 20 of them: at 6 s
     # the input ended after 30 frames on a slow day.
     src = make_clip(clip, seconds=10.0)
     pub = publish(clip, nginx.url("in"))
@@ -112,7 +112,7 @@ def test_rtmp_in_swap_rtmp_and_hls_out(server, tmp_path: Path) -> None:
     hls = tmp_path / "hls"
     result: dict = {}
     worker = threading.Thread(target=lambda: result.setdefault(
-        "stats", job.run_live(nginx.url("in"), rtmp_out=nginx.url("out"), hls_dir=hls, max_frames=45,
+        "stats", job.run_live(nginx.url("in"), rtmp_out=nginx.url("out"), hls_dir=hls, max_frames=60,
                               reconnect_seconds=8.0)))
     time.sleep(0.8)  # let the publisher start
     # The job waits up to 8 s for the input: in a clean-clone run of the whole suite on 2 cores,
