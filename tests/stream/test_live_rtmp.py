@@ -101,9 +101,9 @@ def server(tmp_path: Path):
 def test_rtmp_in_swap_rtmp_and_hls_out(server, tmp_path: Path) -> None:
     nginx, auth = server
     clip = tmp_path / "src.mp4"
-    # Long enough that the job (joined about 3 s in on the 2-core machine: its start, a 1 s probe)
-    # puts out its 60 frames and a viewer who joins the output later still sees 20 of them: at 6 s
-    # the input ended after 30 frames on a slow day.
+    # Long enough that a viewer who joins the output late on the loaded 2-core machine (the job's
+    # start and its 1 s probe, then the viewer's own) still sees 20 frames before the input ends:
+    # at 6 s the input ended after 30 frames on a slow day.
     src = make_clip(clip, seconds=10.0)
     pub = publish(clip, nginx.url("in"))
     t_pub = time.monotonic()
@@ -111,8 +111,11 @@ def test_rtmp_in_swap_rtmp_and_hls_out(server, tmp_path: Path) -> None:
     job.set_source_image(astronaut(), "astronaut")
     hls = tmp_path / "hls"
     result: dict = {}
+    # The job runs until the viewer has its frames (or the input ends), not for a fixed count: with
+    # a fixed 45 or 60 frames, a viewer that joined late on a loaded machine saw only 15 of them.
+    done = threading.Event()
     worker = threading.Thread(target=lambda: result.setdefault(
-        "stats", job.run_live(nginx.url("in"), rtmp_out=nginx.url("out"), hls_dir=hls, max_frames=60,
+        "stats", job.run_live(nginx.url("in"), rtmp_out=nginx.url("out"), hls_dir=hls, stop=done,
                               reconnect_seconds=8.0)))
     time.sleep(0.8)  # let the publisher start
     # The job waits up to 8 s for the input: in a clean-clone run of the whole suite on 2 cores,
@@ -135,6 +138,14 @@ def test_rtmp_in_swap_rtmp_and_hls_out(server, tmp_path: Path) -> None:
                         break
         except (av.error.FFmpegError, OSError):
             time.sleep(0.3)
+    # ... and until its HLS playlist lists two segments, which a fast viewer may not wait for.
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and worker.is_alive():
+        playlist_path = hls / "index.m3u8"
+        if playlist_path.exists() and playlist_path.read_text().count(".ts") >= 2:
+            break
+        time.sleep(0.2)
+    done.set()
     worker.join(timeout=30)
     pub.terminate()
     pub.wait(timeout=5)
@@ -165,7 +176,8 @@ def test_rtmp_in_swap_rtmp_and_hls_out(server, tmp_path: Path) -> None:
     segs = [line for line in playlist.splitlines() if line.endswith(".ts")]
     durations = [float(line.split(":")[1].rstrip(",")) for line in playlist.splitlines()
                  if line.startswith("#EXTINF")]
-    assert len(segs) >= 2 and all(0.5 <= d <= 2.5 for d in durations)
+    # The last segment is as long as the run went on after the one before: shorter when stopped.
+    assert len(segs) >= 2 and all(0.5 <= d <= 2.5 for d in durations[:-1]) and 0 < durations[-1] <= 2.5, durations
     numbers = []
     for s in segs:
         data = urllib.request.urlopen(base + s, timeout=5).read()
