@@ -42,7 +42,7 @@ from benchlib import cpu_name, run_fields
 from swapstream.kernels.watermark_v2 import MASK_BLOCK, block_scale_ref, integer_luma
 from swapstream.watermark import PRODUCT_SWAPSTREAM, Payload
 from swapstream.watermark_v2 import AMPLITUDE, MASK, TILE, WatermarkerV2, chip_size, detect_v2, tile_values
-from watermark_robustness import ATTACKS, CLIPS, WINDOW, _even, decode, encode, psnr, render_clip
+from watermark_robustness import ATTACKS, CLIPS, WINDOW, attacked_lumas, decode, encode, psnr, render_clip
 
 T_LO, T_HI = 1.0, 3.0
 """Mean |blurred luma change| of a block (levels) under which it keeps the mark, over which it loses it."""
@@ -187,13 +187,7 @@ def main() -> None:
                 encode(marked, up, "crf")
                 uploaded = decode(up, "rgb24")
                 for attack in args.detect_attacks:
-                    fn, mode, kbps = ATTACKS[attack]
-                    if mode == "none":
-                        lumas = decode(up)
-                    else:
-                        out = tmp / f"{name}_{attack}.mp4"
-                        encode([_even(fn(f)) for f in uploaded], out, mode, kbps=kbps or 2000)
-                        lumas = decode(out)
+                    lumas = attacked_lumas(up, uploaded, attack, tmp / f"{name}_{attack}.mp4")
                     found, syncs = 0, []
                     for i in range(0, len(lumas) - WINDOW + 1, WINDOW):
                         d = detect_v2([y.astype(np.float32) for y in lumas[i:i + WINDOW]])

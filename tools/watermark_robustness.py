@@ -319,6 +319,16 @@ ATTACKS: dict[str, tuple[Any, str, int]] = {
     "rotate_-5deg": (lambda f: _rotate(f, -5.0), "platform", 0),
     "screen_capture": (_screen, "platform", 0),
 }
+def attacked_lumas(up: Path, uploaded: list[np.ndarray], attack: str, out: Path) -> list[np.ndarray]:
+    """The luma planes a viewer gets after `attack` on an uploaded clip (`up`, decoded as `uploaded`):
+    the upload itself, or the attacked frames encoded again into `out` and decoded."""
+    fn, mode, kbps = ATTACKS[attack]
+    if mode == "none":
+        return decode(up)
+    encode([_even(fn(f)) for f in uploaded], out, mode, kbps=kbps or 2000)
+    return decode(out)
+
+
 WINDOW = 2 * FPS
 """Frames per 2 s window."""
 PER_FRAME_V2 = 30
@@ -433,15 +443,10 @@ def main_v2(args: argparse.Namespace) -> None:
                 up = tmp / f"{clip}_{scheme}_up.mp4"
                 encode(frames, up, "crf")                    # the upload: CRF 23 capped at 2 Mbit/s
                 uploaded = decode(up, "rgb24")
-                for attack, (fn, mode, kbps) in ATTACKS.items():
+                for attack in ATTACKS:
                     if args.attacks and attack not in args.attacks:
                         continue
-                    if mode == "none":
-                        lumas = decode(up)
-                    else:
-                        out = tmp / f"{clip}_{scheme}_{attack}.mp4"
-                        encode([_even(fn(f)) for f in uploaded], out, mode, kbps=kbps or 2000)
-                        lumas = decode(out)
+                    lumas = attacked_lumas(up, uploaded, attack, tmp / f"{clip}_{scheme}_{attack}.mp4")
                     if scheme == "unmarked":
                         for i in range(0, len(lumas) - WINDOW + 1, WINDOW):
                             d = detect_v2([y.astype(np.float32) for y in lumas[i:i + WINDOW]]).detection
