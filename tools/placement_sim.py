@@ -161,6 +161,10 @@ def main() -> None:
                  f"give the repository's docs/benchmarks with --bench")
     mix = {"inswapper_720p30": 0.4, "inswapper_1080p30": 0.4, "mesh_1080p30": 0.2}
     res = simulate(args.gpus, args.streams, args.offered, mix, kinds, args.seed)
+    if res["utilisation_mean"] is None:
+        # The utilisation is measured while the cluster is full, and it never filled.
+        sys.exit(f"error: {args.streams} streams never filled {args.gpus} GPUs at --offered {args.offered}: "
+                 f"give more streams (--streams) or fewer GPUs (--gpus)")
     command = "python tools/placement_sim.py " + " ".join(sys.argv[1:])
     common = {"device": cpu_name(), "commit": git_sha(), "date": datetime.date.today().isoformat(),
               "command": command, "config": {k: res[k] for k in ("gpus", "streams", "offered", "mix", "mean_cost")}
