@@ -16,8 +16,9 @@ its own copy of the frame. (aiortc's MediaRelay hands one frame object to every 
 encoder threads converting one frame at once hung in PyAV here, see `video_copies`.) aiortc's RTCP sender reports map RTP time to the time a
 packet is *sent*, so a receiver lines audio and video up by send time: audio sent as soon as it
 arrives would play ahead of the video by the swap's delay. Each audio frame is therefore held back
-by the video's measured delay: the swap stage, plus the frame interval aiortc's video jitter buffer
-adds, less the 80 ms its audio jitter buffer adds.
+by the video's measured delay: the swap stage. (aiortc's jitter buffers would add a frame interval
+to the video and 80 ms to the audio: `live.rtp` replaces both with buffers that hand each frame over
+once it is complete, and where it cannot, the hold counts them.)
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from aiortc.mediastreams import MediaStreamError
 from ..config import WebRtcConfig
 from ..errors import ConfigError
 from ..queues import DropOldestQueue
+from .rtp import prompt_frames
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -75,7 +77,8 @@ that only sends) must not make them pile up."""
 AIORTC_AUDIO_PREFETCH_S = 0.08
 """aiortc's audio jitter buffer releases a frame only once 4 more packets are in: 80 ms at Opus's
 20 ms. (Its video buffer releases a frame when the next frame's first packet comes: one frame
-interval, measured per session.) Both are part of how late each medium reaches us."""
+interval, measured per session.) Both are part of how late each medium reaches us, unless
+`live.rtp` replaced the buffers; a player (the benchmark's, the tests') keeps its own."""
 DELAY_SMOOTHING = 0.2
 """Weight of the newest measurement in the video delay's moving average: follows a change within
 about five frames, while one slow frame moves the audio by a fifth of its excess."""
@@ -140,9 +143,12 @@ class Session:
     video_delay_s: float = 0.0
     """Moving average of `latency_ms`, in seconds."""
     in_interval_s: float = 0.0
-    """Moving average of the publisher's frame interval (from the frames' timestamps). aiortc hands
-    a video frame over only when the next one starts arriving: the video reaches the swap this much
-    after it was sent."""
+    """Moving average of the publisher's frame interval (from the frames' timestamps). aiortc's own
+    jitter buffer hands a video frame over only when the next one starts arriving: without
+    "video" in `prompt` the video reaches the swap this much after it was sent."""
+    prompt: set[str] = field(default_factory=set)
+    """The kinds ("audio", "video") whose receiver hands each frame over once it is complete
+    (`live.rtp`), not one frame interval (video) or 80 ms (audio) later."""
     audio_frames_in: int = 0
     audio_frames_out: int = 0
     audio_line: DropOldestQueue[tuple[float, Any]] = field(
@@ -612,6 +618,9 @@ class WhipServer:
 
             @pc.on("track")
             def on_track(track: Any) -> None:
+                receiver = next((t.receiver for t in pc.getTransceivers() if t.receiver.track is track), None)
+                if receiver is not None and prompt_frames(receiver, track.kind):
+                    session.prompt.add(track.kind)
                 if track.kind == "video":
                     pc.addTrack(session.out)
                     session.tasks.append(asyncio.ensure_future(self._consume(session, track)))
@@ -680,7 +689,9 @@ class WhipServer:
             arrived, frame = await s.audio_line.get()
             # Held for the video's current delay, so that both leave as far apart as they came.
             # Frames leave in arrival order even when the delay shrinks.
-            hold = min(s.video_delay_s + s.in_interval_s, AUDIO_HOLD_MAX_S) - AIORTC_AUDIO_PREFETCH_S
+            video_late = s.video_delay_s + (0.0 if "video" in s.prompt else s.in_interval_s)
+            audio_late = 0.0 if "audio" in s.prompt else AIORTC_AUDIO_PREFETCH_S
+            hold = min(video_late, AUDIO_HOLD_MAX_S) - audio_late
             wait = arrived + hold - loop.time()
             if wait > 0:
                 await asyncio.sleep(wait)
