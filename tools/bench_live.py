@@ -163,7 +163,8 @@ def bench_rtmp(cfg: Config, size: tuple[int, int], fps: float, seconds: float,
     return {"latency_ms": lat, "frames_sent": len(sent), "frames_back": len(got),
             "dropped": stats.dropped if stats else None,
             "nvdec_frames": getattr(job, "nvdec_frames", 0),
-            "swap_ms": statistics.median(stats.latency_ms) if stats and stats.latency_ms else None}
+            "swap_ms": statistics.median(stats.latency_ms) if stats and stats.latency_ms else None,
+            "swap_p99_ms": percentile(list(stats.latency_ms), 99) if stats and stats.latency_ms else None}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -246,9 +247,16 @@ async def bench_webrtc(cfg: Config, size: tuple[int, int], fps: float, seconds: 
                                             unwrap(back.video, video.sent)) if reached >= start]
     a = [x - AIORTC_AUDIO_PREFETCH_S for x, t in zip(audio_lag(tone_edges(back.audio), clock),
                                                      tone_edges(back.audio)) if t >= start]
+    # Where the GPU swap stage goes (`GpuFrameSwap.steps_ms`): its steps, and what is outside them
+    # (the hop to the swap thread and back to the event loop, the outgoing frames' conversion).
+    steps_ms = {k: statistics.median(x[k] for x in session.swap.steps_ms)
+                for k in ("upload", "analyse", "submit_rest", "gpu_wait", "total")
+                } if getattr(session.swap, "steps_ms", None) else {}
     return {"latency_ms": lat, "handover_ms": handed, "frames_sent": len(video.sent),
             "frames_back": len(back.video), "dropped": session.dropped,
+            "max_backlog": session.max_backlog, "swap_steps_ms": steps_ms,
             "swap_ms": statistics.median(session.latency_ms) if session.latency_ms else None,
+            "swap_p99_ms": percentile(list(session.latency_ms), 99) if session.latency_ms else None,
             "nvdec_frames": nvdec, "video_codec": codec,
             "av_offset_ms": (statistics.median(a) - statistics.median(v)) * 1e3 if a and v else None}
 
@@ -274,6 +282,9 @@ def records_for(path: str, res: dict[str, Any], common: dict[str, Any], size: st
         add(f"webrtc_roundtrip_latency_aiortc_handover_{size}", percentile(res["handover_ms"], 50), "ms", "p50")
         add(f"webrtc_audio_minus_video_offset_{size}", res["av_offset_ms"], "ms", "p50")
     add(f"{path}_swap_stage_{size}", res["swap_ms"], "ms", "p50")
+    add(f"{path}_swap_stage_{size}", res.get("swap_p99_ms"), "ms", "p99")
+    for step, ms in res.get("swap_steps_ms", {}).items():
+        add(f"{path}_swap_step_{step}_{size}", ms, "ms", "p50")
     add(f"{path}_frames_measured_{size}", len(lat), "frames", "count")
     add(f"{path}_frames_dropped_{size}", res["dropped"], "frames", "count")
     add(f"{path}_frames_decoded_on_nvdec_{size}", res.get("nvdec_frames", 0), "frames", "count")
@@ -336,6 +347,18 @@ def table(records: list[dict[str, Any]]) -> list[str]:
             lines.append(f"An aiortc player hands each frame over one frame interval later than it "
                          f"arrives (it waits for the next frame's first packet; browsers do not): "
                          f"measured that way the WebRTC round trip is {r['value']:g} ms (p50).")
+        if "_swap_step_total_" in r["metric"]:
+            kind, size = r["metric"].split("_", 1)[0], r["metric"].rsplit("_", 1)[1]
+            steps = ", ".join(f"{what} {by[(f'{kind}_swap_step_{step}_{size}', 'p50')]['value']:g}"
+                              for step, what in (("upload", "upload"), ("analyse", "analysis (waits "
+                                                 "for the landmarks)"), ("submit_rest", "rest of the "
+                                                 "submission"), ("gpu_wait", "GPU wait and download"))
+                              if (f"{kind}_swap_step_{step}_{size}", "p50") in by)
+            stage = by.get((f"{kind}_swap_stage_{size}", "p50"))
+            lines.append(f"The {kind} swap stage (p50 {stage['value'] if stage else '-'} ms, taken from "
+                         f"the receive queue to handed to the outgoing tracks) in the GPU swap: "
+                         f"{r['value']:g} ms p50 ({steps}); the rest is the hop to the swap thread "
+                         f"and back to the event loop and the outgoing frames' conversion.")
         if "offset" in r["metric"]:
             lines.append(f"WebRTC audio minus video delay at the publisher, after the server's "
                          f"hold: {r['value']:+g} ms (positive: audio later).")
@@ -377,6 +400,8 @@ def main() -> None:
             res = bench_rtmp(cfg, (w, h), args.fps, args.seconds, args.warmup, gpu)
         else:
             res = asyncio.run(bench_webrtc(cfg, (w, h), args.fps, args.seconds, args.warmup, gpu))
+        if res.get("max_backlog") is not None:
+            print(f"  most frames waiting at once in the receive queue: {res['max_backlog']}")
         new = records_for(path, res, common, args.size)
         for r in new:
             print(f"  {r['metric']} {r['stat']}: {r['value']:g} {r['unit']}")

@@ -22,6 +22,8 @@ import asyncio
 import logging
 import queue
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -219,6 +221,9 @@ class GpuFrameSwap:
     number of faces swapped. An odd width or height loses its last column or row (4:2:0). One
     caller at a time (the server's single swap thread)."""
 
+    STEPS_KEPT = 1800
+    """Frames whose step timings `steps_ms` keeps: a minute at 30 fps, bounded for long sessions."""
+
     SIZES_KEPT = 4
     """Loops (and their buffers) kept per picture size: browsers step their resolution with the
     bandwidth, and publishers of different sizes share this swap, so a size comes back often."""
@@ -234,6 +239,10 @@ class GpuFrameSwap:
         self._upload = cupy.cuda.Stream(non_blocking=True)
         self._download = cupy.cuda.Stream(non_blocking=True)
         self.frames = 0
+        self.steps_ms: deque[dict[str, float]] = deque(maxlen=self.STEPS_KEPT)
+        """Per swapped frame, the newest: host milliseconds of its steps, where the swap stage's
+        time goes (upload; analysis, which waits for the landmarks; the rest of the submission; the
+        wait for the GPU and the download)."""
 
     def _sized(self, width: int, height: int) -> GpuSwapLoop:
         import cupyx
@@ -255,6 +264,7 @@ class GpuFrameSwap:
     def __call__(self, frame: Any, index: int) -> tuple[np.ndarray, int]:
         import cupy
 
+        t0 = time.perf_counter()
         if isinstance(frame, DeviceVideoFrame):
             h, w = frame.rgb.shape[0] & ~1, frame.rgb.shape[1] & ~1
             loop = self._sized(w, h)
@@ -272,9 +282,15 @@ class GpuFrameSwap:
             with nvtx("upload"):
                 slot.buffer.set(np.ascontiguousarray(rgb[:h, :w]), stream=self._upload)
                 ready = self._upload.record()
+        t1 = time.perf_counter()
         flight = loop.submit(slot, ready, index=index, pts=frame.pts, time_base=frame.time_base)
+        t2 = time.perf_counter()
         with nvtx("download"):
             loop.download_nv12(flight, self._download, self._pinned).synchronize()
+        t3 = time.perf_counter()
+        self.steps_ms.append({"upload": (t1 - t0) * 1e3, "analyse": flight.host_analyse_s * 1e3,
+                              "submit_rest": (t2 - t1 - flight.host_analyse_s) * 1e3,
+                              "gpu_wait": (t3 - t2) * 1e3, "total": (t3 - t0) * 1e3})
         self.frames += 1
         # A copy: the caller makes the encoders' frames of it while the next frame is swapped.
         return self._pinned.copy(), flight.swapped

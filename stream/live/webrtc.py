@@ -44,7 +44,7 @@ from aiortc.mediastreams import MediaStreamError
 from ..config import WebRtcConfig
 from ..errors import ConfigError
 from ..queues import DropOldestQueue
-from .rtp import prompt_frames
+from .rtp import fast_h264, prompt_frames
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -555,6 +555,11 @@ class WhipServer:
                 if after is not None:
                     after(pc, session)
                 await pc.setLocalDescription(await pc.createAnswer())
+                if first_codec(pc.localDescription.sdp) == "H264":
+                    # x264's default preset costs 8 ms more a 720p frame than the one it gets here.
+                    for t in pc.getTransceivers():
+                        if t.kind == "video":
+                            fast_h264(t.sender)
             except asyncio.CancelledError:
                 self._spawn(pc.close())  # the client left: the connection ends without us
                 raise

@@ -25,6 +25,7 @@ from aiohttp import ClientSession  # noqa: E402
 
 from swapstream.gpu.rtc import (DivertingQueue, divert_video, h264_first, prefer_h264,  # noqa: E402
                                 RTP_VIDEO_TIME_BASE)
+from swapstream.live.rtp import LiveH264Encoder  # noqa: E402
 from swapstream.live.webrtc import WhipServer, first_codec  # noqa: E402
 
 from ..helpers.probe import ProbeClock, Received, StampedVideoTrack  # noqa: E402
@@ -65,17 +66,21 @@ def run_scenario(make_decode: Callable[[], Callable[[bytes, int], list[Any]]],
             await connect(http, base + "/whip", pc)
             await until(lambda: len(got.video) >= 15, 30, "15 swapped frames back at the publisher")
             session = next(iter(server.sessions.values()))
+            encoders = [getattr(t.sender, "_RTCRtpSender__encoder", None) for t in session.pc.getTransceivers()
+                        if t.kind == "video"]
         answer = pc.remoteDescription.sdp
         await pc.close()
         await runner.cleanup()
         return {"got": got.video, "sources": source.sources, "answer": answer, "queue": diverted[0],
-                "frames_in": session.frames_in, "faces": session.faces}
+                "frames_in": session.frames_in, "faces": session.faces, "encoders": encoders}
 
     return asyncio.run(scenario())
 
 
 def check_result(res: dict[str, Any]) -> None:
     assert first_codec(res["answer"]) == "H264", res["answer"]
+    # The swapped video went out through our H.264 encoder (its frames are checked below).
+    assert [type(e) for e in res["encoders"]] == [LiveH264Encoder], res["encoders"]
     q: DivertingQueue = res["queue"]
     # Every received video frame was decoded by the diverted function: aiortc's decoder got none.
     assert q.access_units > 0 and q.errors == 0
