@@ -41,6 +41,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import av  # noqa: E402
+from av.video.frame import PictureType  # noqa: E402
 import numpy as np  # noqa: E402
 
 from swapstream.config import Config, load_config  # noqa: E402
@@ -89,6 +90,11 @@ def publish_rtmp(url: str, clip: StampedClip, sent: dict[int, float], stop: thre
             time.sleep(max(0.0, t0 + n / fps - time.monotonic()))
             f = av.VideoFrame.from_ndarray(clip.frame(n), format="rgb24")
             f.pts, f.time_base = round(n * 1000 / fps), Fraction(1, 1000)
+            if n % max(1, round(fps)) == 0:
+                # A keyframe every second, as OBS sends (x264_live_options leaves keyframes to the
+                # caller): nginx-rtmp starts a new player at a keyframe, so without them the job
+                # joining after the first frame saw no video for 10 s.
+                f.pict_type = PictureType.I
             sent[n] = time.monotonic()
             c.mux(v.encode(f))
             while samples < (n + 1) * AUDIO_RATE / fps:

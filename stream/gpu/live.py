@@ -24,7 +24,7 @@ from ..live.streams import LiveReader, VideoPacket
 from ..redact import RedactingFilter
 from ..types import Frame
 from .job import GpuFileJob
-from .loop import HOST_NV12_MATRIX, GpuSwapLoop, nvtx
+from .loop import HOST_NV12_MATRIX, GpuSwapLoop, face_picture, nvtx
 from .ring import Ring
 
 log = logging.getLogger(__name__)
@@ -151,19 +151,11 @@ class GpuLiveJob(LiveJob, GpuFileJob):
         log.info("GPU live warm-up: %.0f ms", self.warm_up_ms)
 
     def _warm_up(self, reader: LiveReader) -> None:
-        import cv2
-        import numpy as np
-
         width, height = reader.size
         image = self.source_image
         if not width or not height or width % 2 or height % 2 or image is None:
             return
-        frame = np.full((height, width, 3), 127, np.uint8)
-        scale = 0.6 * min(height / image.shape[0], width / image.shape[1])
-        face = cv2.resize(image, (max(1, int(image.shape[1] * scale)), max(1, int(image.shape[0] * scale))),
-                          interpolation=cv2.INTER_AREA)
-        y0, x0 = (height - face.shape[0]) // 2, (width - face.shape[1]) // 2
-        frame[y0:y0 + face.shape[0], x0:x0 + face.shape[1]] = face
+        frame = face_picture(image, width, height)
         loop = self._swap_loop(width, height)
         with nvtx("warm-up"):
             # Every landmark batch size one frame can need (GpuFaceAnalyser sizes them by

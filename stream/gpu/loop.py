@@ -52,6 +52,21 @@ def nvtx(name: str) -> Iterator[None]:
         _nvtx.RangePop()
 
 
+def face_picture(image: Any, width: int, height: int) -> Any:
+    """A mid-grey `width` x `height` RGB picture with `image` (a face, RGB) in its middle at 60% of
+    the height: what a warm-up runs through the analysis and the swap before the first real frame."""
+    import cv2
+    import numpy as np
+
+    frame = np.full((height, width, 3), 127, np.uint8)
+    scale = 0.6 * min(height / image.shape[0], width / image.shape[1])
+    face = cv2.resize(image, (max(1, int(image.shape[1] * scale)), max(1, int(image.shape[0] * scale))),
+                      interpolation=cv2.INTER_AREA)
+    y0, x0 = (height - face.shape[0]) // 2, (width - face.shape[1]) // 2
+    frame[y0:y0 + face.shape[0], x0:x0 + face.shape[1]] = face
+    return frame
+
+
 @dataclass
 class InFlight:
     """A frame whose GPU work has been queued; `done` marks its NV12 output as complete."""

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .loop import HOST_NV12_MATRIX, GpuSwapLoop, nvtx
+from .loop import HOST_NV12_MATRIX, GpuSwapLoop, face_picture, nvtx
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +167,10 @@ class DeviceVideoFrame:
         return self.rgb.get()
 
 
+WARM_UP_SIZE = (1280, 720)
+"""The picture size the WHIP path is warmed up at before its first publisher: a webcam's usual.
+Another size shares the compiled networks and kernels, and costs only its buffers."""
+
 RTC_MAX_SIZE = (1920, 1088)
 """The largest WebRTC picture the first decoder is made for: browsers step their resolution up and
 down with the bandwidth, up to the camera's (1080p for most). A larger one fails; the next decoder,
@@ -261,6 +265,32 @@ class GpuFrameSwap:
         self._pinned = entry[1]
         return entry[0]
 
+    def warm_up(self, width: int, height: int) -> float:
+        """Run frames showing the job's source face through this swap at `width` x `height`, so
+        that the first publisher's first frame does not pay for the analysis networks' CUDA graphs,
+        the swapper's and the kernels' first use (on the H200 its frames queued for 4.4 s behind
+        it). The tracker forgets the warm-up face after. Returns the milliseconds it took."""
+        import av
+
+        image = getattr(self.job, "source_image", None)
+        if image is None:
+            return 0.0
+        t0 = time.perf_counter()
+        prepare = getattr(self.job.analyser, "prepare", None)
+        if prepare is not None:
+            log.info("analysis prepared: %s", prepare())
+        picture = av.VideoFrame.from_ndarray(face_picture(image, width, height), format="rgb24")
+        for i in range(3):  # detection, then tracking (landmarks only): both paths are compiled
+            self(picture, i)
+        reset = getattr(self.analyser, "reset", None)
+        if reset is not None:
+            reset()
+        for loop, _pinned in self._loops.values():
+            loop.tracks.clear()
+        self.frames = 0
+        self.steps_ms.clear()
+        return (time.perf_counter() - t0) * 1e3
+
     def __call__(self, frame: Any, index: int) -> tuple[np.ndarray, int]:
         import cupy
 
@@ -313,10 +343,13 @@ def gpu_whip_hooks(job: Any, gpu_id: int = 0) -> tuple[Callable[[], GpuFrameSwap
             return divert_video(transceiver.receiver, nvdec_decode(gpu_id), asyncio.get_event_loop())
         return None
 
-    where = (f"WebRTC video: H.264 preferred, decoded on NVDEC ({why})" if nvdec else
-             f"WebRTC video: decoded on the CPU and uploaded ({why})")
     def session_swap() -> GpuFrameSwap:
         make_tracker = getattr(job.analyser, "tracker", None)
         return GpuFrameSwap(job, make_tracker() if make_tracker is not None else None)
 
+    # Before the first publisher, on a tracker of its own (its warm-up face is not a session's).
+    warm_ms = session_swap().warm_up(*WARM_UP_SIZE)
+    where = (f"WebRTC video: H.264 preferred, decoded on NVDEC ({why})" if nvdec else
+             f"WebRTC video: decoded on the CPU and uploaded ({why})")
+    where += f"; the GPU swap warmed up at {WARM_UP_SIZE[0]}x{WARM_UP_SIZE[1]} in {warm_ms:.0f} ms"
     return session_swap, on_publisher, where

@@ -128,6 +128,9 @@ def test_whip_on_nvdec_and_the_gpu_swap_loop() -> None:
     job.set_source_image(astronaut(), "astronaut")
     kinds: list[type] = []
     frame_swap = GpuFrameSwap(job)
+    # Warmed up as serve does before its first publisher: the session then starts from nothing.
+    assert frame_swap.warm_up(320, 240) > 0
+    assert frame_swap.frames == 0 and not frame_swap.steps_ms and not frame_swap.analyser._tracks
 
     def swap(frame: Any, index: int) -> tuple[np.ndarray, int]:
         kinds.append(type(frame))
