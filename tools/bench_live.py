@@ -166,7 +166,10 @@ def bench_rtmp(cfg: Config, size: tuple[int, int], fps: float, seconds: float,
         cand = [n for n in numbers if n % 256 == n8 and sent[n] <= t]
         if cand and t >= start:
             lat.append((t - sent[cand[-1]]) * 1e3)
+    steps = list(getattr(job, "steps_ms", []))
     return {"latency_ms": lat, "frames_sent": len(sent), "frames_back": len(got),
+            "swap_steps_ms": step_medians(steps), "first_steps_ms": steps[:3],
+            "first_items": getattr(job, "first_items", None),
             "dropped": stats.dropped if stats else None,
             "nvdec_frames": getattr(job, "nvdec_frames", 0),
             "swap_ms": statistics.median(stats.latency_ms) if stats and stats.latency_ms else None,
@@ -255,12 +258,12 @@ async def bench_webrtc(cfg: Config, size: tuple[int, int], fps: float, seconds: 
                                                      tone_edges(back.audio)) if t >= start]
     # Where the GPU swap stage goes (`GpuFrameSwap.steps_ms`): its steps, and what is outside them
     # (the hop to the swap thread and back to the event loop, the outgoing frames' conversion).
-    steps_ms = {k: statistics.median(x[k] for x in session.swap.steps_ms)
-                for k in ("upload", "analyse", "submit_rest", "gpu_wait", "total")
-                } if getattr(session.swap, "steps_ms", None) else {}
+    steps = list(getattr(session.swap, "steps_ms", []))
+    opens = [ms for q in diverted for ms in getattr(q._decode, "open_ms", [])]
     return {"latency_ms": lat, "handover_ms": handed, "frames_sent": len(video.sent),
             "frames_back": len(back.video), "dropped": session.dropped,
-            "max_backlog": session.max_backlog, "swap_steps_ms": steps_ms,
+            "max_backlog": session.max_backlog, "swap_steps_ms": step_medians(steps),
+            "first_steps_ms": steps[:3], "nvdec_open_ms": opens,
             "swap_ms": statistics.median(session.latency_ms) if session.latency_ms else None,
             "swap_p99_ms": percentile(list(session.latency_ms), 99) if session.latency_ms else None,
             "nvdec_frames": nvdec, "video_codec": codec,
@@ -268,6 +271,11 @@ async def bench_webrtc(cfg: Config, size: tuple[int, int], fps: float, seconds: 
 
 
 # --------------------------------------------------------------------------------------------------
+
+
+def step_medians(steps: list[dict[str, float]]) -> dict[str, float]:
+    """The median of each step of the GPU swap (`steps_ms` of the live job or the WHIP swap)."""
+    return {k: statistics.median(x[k] for x in steps) for k in steps[0]} if steps else {}
 
 
 def records_for(path: str, res: dict[str, Any], common: dict[str, Any], size: str) -> list[dict[str, Any]]:
@@ -408,6 +416,9 @@ def main() -> None:
             res = asyncio.run(bench_webrtc(cfg, (w, h), args.fps, args.seconds, args.warmup, gpu))
         if res.get("max_backlog") is not None:
             print(f"  most frames waiting at once in the receive queue: {res['max_backlog']}")
+        for key in ("first_items", "first_steps_ms", "nvdec_open_ms"):
+            if res.get(key):  # where a slow start goes (the frames dropped behind it)
+                print(f"  {key}: {res[key]}")
         new = records_for(path, res, common, args.size)
         for r in new:
             print(f"  {r['metric']} {r['stat']}: {r['value']:g} {r['unit']}")

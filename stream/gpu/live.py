@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from typing import Any
 
 from ..errors import InputError
@@ -32,6 +33,9 @@ log.addFilter(RedactingFilter())  # its lines quote input and output URLs: no st
 
 FIRST_ITEMS = 8
 """Input items whose timings `first_items` keeps (where a slow start goes)."""
+
+STEPS_KEPT = 1800
+"""Frames whose step timings `steps_ms` keeps: a minute at 30 fps, bounded for long runs."""
 
 PINNED_SLOTS = 4
 """Host NV12 buffers for the frames of one `_live_frames` call (one in low-latency decoding); the
@@ -68,6 +72,8 @@ class GpuLiveJob(LiveJob, GpuFileJob):
         self.first_items: list[dict[str, Any]] = []
         """Per input item, the first few: decode and swap milliseconds, frames out, backlog."""
         self._last_timing: dict[str, Any] = {}
+        self.steps_ms: deque[dict[str, float]] = deque(maxlen=STEPS_KEPT)
+        """Per swapped frame, the newest: host milliseconds of its steps (`GpuSwapLoop.to_host`)."""
         self._reader = LiveReader(url, reconnect_seconds=reconnect_seconds, loop=loop, realtime=True,
                                   packets=ok, outbound=self._outbound())
         return self._reader
@@ -213,20 +219,15 @@ class GpuLiveJob(LiveJob, GpuFileJob):
         if pts is None or (last is not None and pts <= last):
             pts = 0 if last is None else last + 1
         self._last_pts = pts
-        t0 = time.perf_counter()
-        flight = loop.submit(slot, ready, index=self._index, pts=pts, time_base=time_base)
-        t1 = time.perf_counter()
-        self._index += 1
         host = self._pinned.acquire(pts)
-        with nvtx("download"):
-            # The hand-over to the encoder: the one host wait per frame.
-            loop.download_nv12(flight, self._download, host.buffer).synchronize()
+        # The hand-over to the encoder: the one host wait per frame.
+        flight, steps = loop.to_host(slot, ready, index=self._index, pts=pts, time_base=time_base,
+                                     stream=self._download, out=host.buffer)
+        self._index += 1
+        self.steps_ms.append({**steps, "total": sum(steps.values())})
         if len(self.first_items) < FIRST_ITEMS:
-            # For `first_items`: the host time of the analysis (which waits for the landmarks), of
-            # the rest of the submission, and the wait for the GPU to finish the frame.
-            self._last_timing = {"analyse_ms": round(flight.host_analyse_s * 1e3, 2),
-                                 "submit_ms": round((t1 - t0 - flight.host_analyse_s) * 1e3, 2),
-                                 "gpu_wait_ms": round((time.perf_counter() - t1) * 1e3, 2),
+            # For `first_items`: where the swap's time went (`GpuSwapLoop.to_host`).
+            self._last_timing = {**{f"{k}_ms": round(v, 2) for k, v in steps.items()},
                                  "size": (loop.width, loop.height), "faces": len(flight.faces)}
         return LiveFrame(host.buffer, pts, time_base, flight.swapped, nv12=True)
 

@@ -175,6 +175,21 @@ class GpuSwapLoop:
         self.finished(item, copied)
         return copied
 
+    def to_host(self, slot: Slot[Any], ready: Any, *, index: int, pts: int | None,
+                time_base: Fraction | None, stream: Any, out: Any) -> tuple[InFlight, dict[str, float]]:
+        """One live frame, start to end: `submit`, then `download_nv12` into `out` on `stream`,
+        waited for (the one host wait per frame). Returns the flight and the host milliseconds of
+        its steps: `analyse` (which waits for the landmarks), `submit_rest` (queueing the swap,
+        the label, the mark and the NV12 conversion), `gpu_wait` (the GPU finishing, the copy)."""
+        t0 = time.perf_counter()
+        flight = self.submit(slot, ready, index=index, pts=pts, time_base=time_base)
+        t1 = time.perf_counter()
+        with nvtx("download"):
+            self.download_nv12(flight, stream, out).synchronize()
+        t2 = time.perf_counter()
+        return flight, {"analyse": flight.host_analyse_s * 1e3,
+                        "submit_rest": (t1 - t0 - flight.host_analyse_s) * 1e3, "gpu_wait": (t2 - t1) * 1e3}
+
     def finished(self, item: InFlight, consumer_event: Any = None) -> None:
         """The consumer is done with `item`'s NV12 planes (after `consumer_event`, if given)."""
         self.nv12_ring.release(item.nv12, consumer_event if consumer_event is not None else item.done)

@@ -186,6 +186,9 @@ class NvdecRtcDecoder:
         self.gpu_id = gpu_id
         self._dec: Any = None
         self._max_size: tuple[int, int] | None = RTC_MAX_SIZE
+        self.open_ms: list[float] = []
+        """Milliseconds each decoder took to open (the first at the first access unit; one more
+        after each failed access unit): time the session's first frame waits."""
 
     def reset(self) -> None:
         if self._dec is not None:
@@ -200,8 +203,10 @@ class NvdecRtcDecoder:
 
         dec = self._dec
         if dec is None:
+            t0 = time.perf_counter()
             dec = self._dec = NvdecAccessUnits(codec="h264", gpu_id=self.gpu_id, max_size=self._max_size,
                                                time_base=RTP_VIDEO_TIME_BASE, name="WebRTC video")
+            self.open_ms.append((time.perf_counter() - t0) * 1e3)
         out = []
         with nvtx("nvdec"):
             for f in dec.decode(data, timestamp):
@@ -313,14 +318,9 @@ class GpuFrameSwap:
                 slot.buffer.set(np.ascontiguousarray(rgb[:h, :w]), stream=self._upload)
                 ready = self._upload.record()
         t1 = time.perf_counter()
-        flight = loop.submit(slot, ready, index=index, pts=frame.pts, time_base=frame.time_base)
-        t2 = time.perf_counter()
-        with nvtx("download"):
-            loop.download_nv12(flight, self._download, self._pinned).synchronize()
-        t3 = time.perf_counter()
-        self.steps_ms.append({"upload": (t1 - t0) * 1e3, "analyse": flight.host_analyse_s * 1e3,
-                              "submit_rest": (t2 - t1 - flight.host_analyse_s) * 1e3,
-                              "gpu_wait": (t3 - t2) * 1e3, "total": (t3 - t0) * 1e3})
+        flight, steps = loop.to_host(slot, ready, index=index, pts=frame.pts, time_base=frame.time_base,
+                                     stream=self._download, out=self._pinned)
+        self.steps_ms.append({"upload": (t1 - t0) * 1e3, **steps, "total": (time.perf_counter() - t0) * 1e3})
         self.frames += 1
         # A copy: the caller makes the encoders' frames of it while the next frame is swapped.
         return self._pinned.copy(), flight.swapped
