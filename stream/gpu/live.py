@@ -161,7 +161,8 @@ class GpuLiveJob(LiveJob, GpuFileJob):
         image = self.source_image
         if not width or not height or width % 2 or height % 2 or image is None:
             return
-        frame = face_picture(image, width, height)
+        face = getattr(self, "source_face", None)
+        frame = face_picture(image, width, height, None if face is None else face.box)
         loop = self._swap_loop(width, height)
         with nvtx("warm-up"):
             # Every landmark batch size one frame can need (GpuFaceAnalyser sizes them by

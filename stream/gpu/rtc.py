@@ -284,9 +284,13 @@ class GpuFrameSwap:
         prepare = getattr(self.job.analyser, "prepare", None)
         if prepare is not None:
             log.info("analysis prepared: %s", prepare())
-        picture = av.VideoFrame.from_ndarray(face_picture(image, width, height), format="rgb24")
-        for i in range(3):  # detection, then tracking (landmarks only): both paths are compiled
-            self(picture, i)
+        face = getattr(self.job, "source_face", None)
+        picture = av.VideoFrame.from_ndarray(face_picture(image, width, height, None if face is None else face.box),
+                                             format="rgb24")
+        swapped = [self(picture, i)[1] for i in range(3)]  # detection, then tracking: both compiled
+        if not any(swapped):
+            log.warning("the WHIP warm-up found no face in its picture of the source: the first "
+                        "publisher's first face will wait for the swap's first use")
         reset = getattr(self.analyser, "reset", None)
         if reset is not None:
             reset()
