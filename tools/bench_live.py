@@ -16,6 +16,10 @@ player's decoding are all in it; only capture and display are not. The first `--
   runs it) and receives the swapped video and the audio back on the same connection. The audio's
   offset from the video is measured too.
 
+The server side (the live job; the WHIP server) runs in a process of its own, as `swapstream live`
+and `serve` do; the publisher and the player share this one. (In one process, the peers' Python
+work competed with the server's for the interpreter: the GPU swap's host time doubled.)
+
 Writes `live_latency.json` (records as docs/performance.md, "Benchmark records", describes) and
 `live_latency.md` into --out. With --only, the other path's records already in the JSON are kept.
 """
@@ -25,7 +29,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing as mp
 import os
+import queue
 import statistics
 import sys
 import tempfile
@@ -115,19 +121,35 @@ def live_job(cfg: Config, gpu: bool) -> LiveJob:
     return LiveJob(cfg)
 
 
-def bench_rtmp(cfg: Config, size: tuple[int, int], fps: float, seconds: float,
+def live_job_process(config: str, gpu: bool, in_url: str, out_url: str, stop: Any, result: Any) -> None:
+    """The server side of the RTMP path, in a process of its own (as `swapstream live` runs): the
+    live job pulls `in_url`, swaps and pushes `out_url` until `stop`; its figures go on `result`."""
+    job = live_job(load_config(config), gpu)
+    job.set_source_image(astronaut(), "astronaut")
+    try:
+        stats = job.run_live(in_url, rtmp_out=out_url, stop=stop, reconnect_seconds=10.0)
+        steps = list(getattr(job, "steps_ms", []))
+        result.put({"dropped": stats.dropped, "latency_ms": list(stats.latency_ms),
+                    "nvdec_frames": getattr(job, "nvdec_frames", 0), "steps": steps,
+                    "first_items": getattr(job, "first_items", None)})
+    except Exception as e:  # noqa: BLE001 - reported by the parent, which would otherwise wait
+        result.put({"error": f"{type(e).__name__}: {e}"})
+    finally:
+        job.close()
+
+
+def bench_rtmp(config: str, size: tuple[int, int], fps: float, seconds: float,
                warmup: float, gpu: bool = False) -> dict[str, Any]:
     clip = StampedClip(size=size, fps=fps)
     sent: dict[int, float] = {}
     got: list[tuple[int, float]] = []
     stop = threading.Event()
+    ctx = mp.get_context("spawn")  # CUDA in the child; the peers' threads stay in this process
+    job_stop, result = ctx.Event(), ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp, NginxRtmp(Path(tmp) / "nginx") as nginx:
         pub = threading.Thread(target=publish_rtmp, args=(nginx.url("in"), clip, sent, stop),
                                name="publisher")
         pub.start()
-        job = live_job(cfg, gpu)
-        job.set_source_image(astronaut(), "astronaut")
-        result: dict[str, Any] = {}
         # The job's first connection must find a stream (later ones reconnect): wait until the
         # publisher has sent half a second.
         deadline = time.monotonic() + 10
@@ -136,13 +158,13 @@ def bench_rtmp(cfg: Config, size: tuple[int, int], fps: float, seconds: float,
                 stop.set()
                 raise RuntimeError("the RTMP publisher did not start")
             time.sleep(0.05)
-        worker = threading.Thread(target=lambda: result.setdefault("stats", job.run_live(
-            nginx.url("in"), rtmp_out=nginx.url("out"), stop=stop, reconnect_seconds=10.0)),
-            name="live-job")
-        worker.start()
-        # The player: from its first frame, `warmup` then `seconds` of frames.
-        give_up, end = time.monotonic() + 30, float("inf")
-        while time.monotonic() < min(give_up, end) and pub.is_alive():
+        server = ctx.Process(target=live_job_process, name="live-job",
+                             args=(config, gpu, nginx.url("in"), nginx.url("out"), job_stop, result))
+        server.start()
+        # The player: from its first frame, `warmup` then `seconds` of frames (the job's start,
+        # its models and warm-up, can take a minute on a fresh machine).
+        give_up, end = time.monotonic() + 120, float("inf")
+        while time.monotonic() < min(give_up, end) and pub.is_alive() and server.is_alive():
             try:
                 with av.open(nginx.url("out"), options=rtmp_input_options(), timeout=(5, 3)) as c:
                     for f in c.decode(video=0):
@@ -152,11 +174,10 @@ def bench_rtmp(cfg: Config, size: tuple[int, int], fps: float, seconds: float,
                             break
             except (av.error.FFmpegError, OSError):
                 time.sleep(0.2)  # the output is not published yet: try again
+        job_stop.set()
         stop.set()
         pub.join(timeout=10)
-        worker.join(timeout=20)
-        job.close()
-    stats = result.get("stats")
+        stats = child_result(server, result)
     if not got:
         raise RuntimeError("no frame came out of the RTMP path")
     start = got[0][1] + warmup
@@ -166,27 +187,39 @@ def bench_rtmp(cfg: Config, size: tuple[int, int], fps: float, seconds: float,
         cand = [n for n in numbers if n % 256 == n8 and sent[n] <= t]
         if cand and t >= start:
             lat.append((t - sent[cand[-1]]) * 1e3)
-    steps = list(getattr(job, "steps_ms", []))
+    swap = stats["latency_ms"]
     return {"latency_ms": lat, "frames_sent": len(sent), "frames_back": len(got),
-            "swap_steps_ms": step_medians(steps), "first_steps_ms": steps[:3],
-            "first_items": getattr(job, "first_items", None),
-            "dropped": stats.dropped if stats else None,
-            "nvdec_frames": getattr(job, "nvdec_frames", 0),
-            "swap_ms": statistics.median(stats.latency_ms) if stats and stats.latency_ms else None,
-            "swap_p99_ms": percentile(list(stats.latency_ms), 99) if stats and stats.latency_ms else None}
+            "swap_steps_ms": step_medians(stats["steps"]), "first_steps_ms": stats["steps"][:3],
+            "first_items": stats["first_items"], "dropped": stats["dropped"],
+            "nvdec_frames": stats["nvdec_frames"],
+            "swap_ms": statistics.median(swap) if swap else None,
+            "swap_p99_ms": percentile(swap, 99) if swap else None}
+
+
+def child_result(child: Any, result: Any, timeout: float = 60) -> dict[str, Any]:
+    """What the server process put on `result` once told to stop; its error, if it had one."""
+    try:
+        out = result.get(timeout=timeout)
+    except queue.Empty:
+        out = {"error": f"the {child.name} process gave no result (exit code {child.exitcode})"}
+    child.join(timeout=20)
+    if child.is_alive():
+        child.kill()
+    if "error" in out:
+        raise RuntimeError(f"{child.name}: {out['error']}")
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
 # WebRTC round trip
 
 
-async def bench_webrtc(cfg: Config, size: tuple[int, int], fps: float, seconds: float,
-                       warmup: float, gpu: bool = False) -> dict[str, Any]:
-    from aiohttp import ClientSession, web
-    from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+async def whip_server(config: str, fps: float, gpu: bool, ready: Any, stop: Any, result: Any) -> None:
+    from aiohttp import web
 
-    from swapstream.live.webrtc import AIORTC_AUDIO_PREFETCH_S, WhipServer, first_codec
+    from swapstream.live.webrtc import WhipServer
 
+    cfg = load_config(config)
     diverted: list[Any] = []
     if gpu:
         # As `swapstream serve` runs on a GPU: H.264 preferred, NVDEC, the GPU swap loop.
@@ -196,7 +229,6 @@ async def bench_webrtc(cfg: Config, size: tuple[int, int], fps: float, seconds: 
         job: FileJob = GpuFileJob(cfg, live=True)
         job.set_source_image(astronaut(), "astronaut")
         session_swap, on_publisher, where = gpu_whip_hooks(job)
-        print(f"  {where}", flush=True)
 
         def hook(pc: Any) -> None:
             q = on_publisher(pc)
@@ -207,6 +239,7 @@ async def bench_webrtc(cfg: Config, size: tuple[int, int], fps: float, seconds: 
     else:
         job = FileJob(cfg, live=True)
         job.set_source_image(astronaut(), "astronaut")
+        where = "WebRTC video decoded by aiortc, swapped on the CPU"
 
         def swap(rgb: np.ndarray, index: int) -> int:
             return job.swap_frame(Frame(rgb, pts=index, time_base=Fraction(1, round(fps)), index=index))
@@ -216,8 +249,51 @@ async def bench_webrtc(cfg: Config, size: tuple[int, int], fps: float, seconds: 
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    base = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    ready.put((f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", where))  # type: ignore[union-attr]
+    session = None
+    while not stop.is_set():  # the session is kept: it leaves `sessions` at the publisher's DELETE
+        session = next(iter(server.sessions.values()), session)
+        await asyncio.sleep(0.05)
+    await runner.cleanup()
+    job.close()
+    if session is None:
+        result.put({"error": "no WHIP session was made"})
+        return
+    steps = list(getattr(session.swap, "steps_ms", []))
+    result.put({"dropped": session.dropped, "max_backlog": session.max_backlog,
+                "latency_ms": list(session.latency_ms), "steps": steps,
+                "nvdec_frames": sum(q.frames for q in diverted),
+                "nvdec_open_ms": [ms for q in diverted for ms in getattr(q._decode, "open_ms", [])]})
+
+
+def whip_server_process(config: str, fps: float, gpu: bool, ready: Any, stop: Any, result: Any) -> None:
+    """The server side of the WebRTC path, in a process of its own (as `swapstream serve` runs):
+    the WHIP endpoint, its URL on `ready`, until `stop`; its session's figures go on `result`."""
+    try:
+        asyncio.run(whip_server(config, fps, gpu, ready, stop, result))
+    except Exception as e:  # noqa: BLE001 - reported by the parent, which would otherwise wait
+        ready.put(None)
+        result.put({"error": f"{type(e).__name__}: {e}"})
+
+
+async def bench_webrtc(config: str, size: tuple[int, int], fps: float, seconds: float,
+                       warmup: float, gpu: bool = False) -> dict[str, Any]:
+    from aiohttp import ClientSession
+    from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+
+    from swapstream.live.webrtc import AIORTC_AUDIO_PREFETCH_S, first_codec
+
+    ctx = mp.get_context("spawn")  # CUDA in the child; the peers stay in this process
+    ready, stop, result = ctx.Queue(), ctx.Event(), ctx.Queue()
+    server = ctx.Process(target=whip_server_process, name="whip-server",
+                         args=(config, fps, gpu, ready, stop, result))
+    server.start()
     loop = asyncio.get_running_loop()
+    up = await loop.run_in_executor(None, ready.get, True, 180)  # models and warm-up: up to minutes
+    if up is None:
+        child_result(server, result)  # raises with the server's error
+    base, where = up
+    print(f"  {where}", flush=True)
     clock = ProbeClock(loop.time())
     video = StampedVideoTrack(clock, size=size, fps=fps)
     back = Received()
@@ -226,26 +302,26 @@ async def bench_webrtc(cfg: Config, size: tuple[int, int], fps: float, seconds: 
     pc.addTransceiver(ToneTrack(clock), direction="sendrecv")
     pc.on("track", lambda track: asyncio.ensure_future(receive(track, back, keep_pixels=False)))
     await pc.setLocalDescription(await pc.createOffer())
-    async with ClientSession() as http:
-        r = await http.post(base + "/whip", data=pc.localDescription.sdp,
-                            headers={"Content-Type": "application/sdp"})
-        if r.status != 201:
-            raise RuntimeError(f"WHIP answered {r.status}: {await r.text()}")
-        await pc.setRemoteDescription(RTCSessionDescription(sdp=await r.text(), type="answer"))
-        give_up = loop.time() + 30
-        while not back.video:
-            if loop.time() > give_up:
-                raise RuntimeError("no frame came back over WebRTC")
-            await asyncio.sleep(0.05)
-        first = back.video[0][2]
-        await asyncio.sleep(warmup + seconds)  # the measurement window, from the first frame back
-        session = next(iter(server.sessions.values()))
-        await http.delete(base + r.headers["Location"])
-    answer = pc.remoteDescription.sdp
-    await pc.close()
-    await runner.cleanup()
-    job.close()
-    nvdec = sum(q.frames for q in diverted)
+    try:
+        async with ClientSession() as http:
+            r = await http.post(base + "/whip", data=pc.localDescription.sdp,
+                                headers={"Content-Type": "application/sdp"})
+            if r.status != 201:
+                raise RuntimeError(f"WHIP answered {r.status}: {await r.text()}")
+            await pc.setRemoteDescription(RTCSessionDescription(sdp=await r.text(), type="answer"))
+            give_up = loop.time() + 30
+            while not back.video:
+                if loop.time() > give_up:
+                    raise RuntimeError("no frame came back over WebRTC")
+                await asyncio.sleep(0.05)
+            first = back.video[0][2]
+            await asyncio.sleep(warmup + seconds)  # the measurement window, from the first frame back
+            await http.delete(base + r.headers["Location"])
+    finally:
+        answer = pc.remoteDescription.sdp if pc.remoteDescription else ""
+        await pc.close()
+        stop.set()
+    stats = await loop.run_in_executor(None, child_result, server, result)
     codec = first_codec(answer) or "?"
     start = first + warmup
     frames = [(n, handed, reached) for n, handed, reached in unwrap(back.video, video.sent)
@@ -256,17 +332,16 @@ async def bench_webrtc(cfg: Config, size: tuple[int, int], fps: float, seconds: 
                                             unwrap(back.video, video.sent)) if reached >= start]
     a = [x - AIORTC_AUDIO_PREFETCH_S for x, t in zip(audio_lag(tone_edges(back.audio), clock),
                                                      tone_edges(back.audio)) if t >= start]
+    swap = stats["latency_ms"]
     # Where the GPU swap stage goes (`GpuFrameSwap.steps_ms`): its steps, and what is outside them
     # (the hop to the swap thread and back to the event loop, the outgoing frames' conversion).
-    steps = list(getattr(session.swap, "steps_ms", []))
-    opens = [ms for q in diverted for ms in getattr(q._decode, "open_ms", [])]
     return {"latency_ms": lat, "handover_ms": handed, "frames_sent": len(video.sent),
-            "frames_back": len(back.video), "dropped": session.dropped,
-            "max_backlog": session.max_backlog, "swap_steps_ms": step_medians(steps),
-            "first_steps_ms": steps[:3], "nvdec_open_ms": opens,
-            "swap_ms": statistics.median(session.latency_ms) if session.latency_ms else None,
-            "swap_p99_ms": percentile(list(session.latency_ms), 99) if session.latency_ms else None,
-            "nvdec_frames": nvdec, "video_codec": codec,
+            "frames_back": len(back.video), "dropped": stats["dropped"],
+            "max_backlog": stats["max_backlog"], "swap_steps_ms": step_medians(stats["steps"]),
+            "first_steps_ms": stats["steps"][:3], "nvdec_open_ms": stats["nvdec_open_ms"],
+            "swap_ms": statistics.median(swap) if swap else None,
+            "swap_p99_ms": percentile(swap, 99) if swap else None,
+            "nvdec_frames": stats["nvdec_frames"], "video_codec": codec,
             "av_offset_ms": (statistics.median(a) - statistics.median(v)) * 1e3 if a and v else None}
 
 
@@ -411,9 +486,9 @@ def main() -> None:
                 sys.exit(f"error: the RTMP path needs nginx-rtmp: {e} (or use --only webrtc)")
         print(f"{path}: {args.warmup:g} s warm-up + {args.seconds:g} s ...", flush=True)
         if path == "rtmp":
-            res = bench_rtmp(cfg, (w, h), args.fps, args.seconds, args.warmup, gpu)
+            res = bench_rtmp(args.config, (w, h), args.fps, args.seconds, args.warmup, gpu)
         else:
-            res = asyncio.run(bench_webrtc(cfg, (w, h), args.fps, args.seconds, args.warmup, gpu))
+            res = asyncio.run(bench_webrtc(args.config, (w, h), args.fps, args.seconds, args.warmup, gpu))
         if res.get("max_backlog") is not None:
             print(f"  most frames waiting at once in the receive queue: {res['max_backlog']}")
         for key in ("first_items", "first_steps_ms", "nvdec_open_ms"):
