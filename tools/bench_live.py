@@ -129,7 +129,10 @@ def live_job_process(config: str, gpu: bool, in_url: str, out_url: str, stop: An
     try:
         stats = job.run_live(in_url, rtmp_out=out_url, stop=stop, reconnect_seconds=10.0)
         steps = list(getattr(job, "steps_ms", []))
-        result.put({"dropped": stats.dropped, "latency_ms": list(stats.latency_ms),
+        # Frames dropped once the output ran: those before (the models' warm-up, the outputs'
+        # opening, while the publisher already sent) are the job's start, not its live work.
+        result.put({"dropped": stats.dropped - stats.dropped_at_start, "dropped_at_start": stats.dropped_at_start,
+                    "latency_ms": list(stats.latency_ms),
                     "nvdec_frames": getattr(job, "nvdec_frames", 0), "steps": steps,
                     "first_items": getattr(job, "first_items", None)})
     except Exception as e:  # noqa: BLE001 - reported by the parent, which would otherwise wait
@@ -191,6 +194,7 @@ def bench_rtmp(config: str, size: tuple[int, int], fps: float, seconds: float,
     return {"latency_ms": lat, "frames_sent": len(sent), "frames_back": len(got),
             "swap_steps_ms": step_medians(stats["steps"]), "first_steps_ms": stats["steps"][:3],
             "first_items": stats["first_items"], "dropped": stats["dropped"],
+            "dropped_at_start": stats["dropped_at_start"],
             "nvdec_frames": stats["nvdec_frames"],
             "swap_ms": statistics.median(swap) if swap else None,
             "swap_p99_ms": percentile(swap, 99) if swap else None}
@@ -376,6 +380,7 @@ def records_for(path: str, res: dict[str, Any], common: dict[str, Any], size: st
         add(f"{path}_swap_step_{step}_{size}", ms, "ms", "p50")
     add(f"{path}_frames_measured_{size}", len(lat), "frames", "count")
     add(f"{path}_frames_dropped_{size}", res["dropped"], "frames", "count")
+    add(f"{path}_frames_dropped_at_start_{size}", res.get("dropped_at_start"), "frames", "count")
     add(f"{path}_frames_decoded_on_nvdec_{size}", res.get("nvdec_frames", 0), "frames", "count")
     for r in out:
         if path == "webrtc":
@@ -448,6 +453,10 @@ def table(records: list[dict[str, Any]]) -> list[str]:
                          f"the receive queue to handed to the outgoing tracks) in the GPU swap: "
                          f"{r['value']:g} ms p50 ({steps}); the rest is the hop to the swap thread "
                          f"and back to the event loop and the outgoing frames' conversion.")
+        if "_frames_dropped_at_start_" in r["metric"]:
+            lines.append(f"Before its first frame out, the RTMP job skipped {r['value']:g} frames the "
+                         f"publisher had sent while the job loaded, warmed up and opened its output "
+                         f"(not in the table's dropped count, which starts at that frame).")
         if "offset" in r["metric"]:
             lines.append(f"WebRTC audio minus video delay at the publisher, after the server's "
                          f"hold: {r['value']:+g} ms (positive: audio later).")
@@ -491,7 +500,7 @@ def main() -> None:
             res = asyncio.run(bench_webrtc(args.config, (w, h), args.fps, args.seconds, args.warmup, gpu))
         if res.get("max_backlog") is not None:
             print(f"  most frames waiting at once in the receive queue: {res['max_backlog']}")
-        for key in ("first_items", "first_steps_ms", "nvdec_open_ms"):
+        for key in ("dropped_at_start", "first_items", "first_steps_ms", "nvdec_open_ms"):
             if res.get(key):  # where a slow start goes (the frames dropped behind it)
                 print(f"  {key}: {res[key]}")
         new = records_for(path, res, common, args.size)

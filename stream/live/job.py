@@ -50,6 +50,9 @@ class LiveStats:
     """Compressed video packets read (the GPU path, which decodes them itself)."""
     dropped: int = 0
     """Frames dropped because the swap fell behind the input."""
+    dropped_at_start: int = 0
+    """Of `dropped`, those before the first frame out: what arrived while the job warmed up and
+    opened its outputs, which it skips to catch up with the live input."""
     faces_swapped: int = 0
     audio_packets: int = 0
     reconnects: int = 0
@@ -154,6 +157,8 @@ class LiveJob(FileJob):
                                              reconnect_seconds=reconnect_seconds)
             stats.faces_swapped += out.faces
             send(write_frame, out, list(writers))
+            if stats.frames_out == 0:
+                stats.dropped_at_start = stats.dropped
             stats.frames_out += 1
             now = time.monotonic()
             stats.latency_ms.append((now - arrived) * 1e3)
