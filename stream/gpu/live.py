@@ -25,7 +25,7 @@ from ..live.streams import LiveReader, VideoPacket
 from ..redact import RedactingFilter
 from ..types import Frame
 from .job import GpuFileJob
-from .loop import HOST_NV12_MATRIX, GpuSwapLoop, face_picture, nvtx
+from .loop import HOST_NV12_MATRIX, WARM_UP_SIZE, GpuSwapLoop, face_picture, nvtx
 from .ring import Ring
 
 log = logging.getLogger(__name__)
@@ -145,46 +145,66 @@ class GpuLiveJob(LiveJob, GpuFileJob):
                 out[-PINNED_SLOTS].data = out[-PINNED_SLOTS].data.copy()
         return out
 
-    def _live_warm_up(self, reader: LiveReader) -> None:
-        """Run frames showing the source face, at the input's size, through the swap loop before
-        the input is read: the analysis networks' CUDA graphs, the swapper and the kernels are
-        ready when the first real frame comes (on the H200 the first frame otherwise took 3-5 s,
-        and the frames behind it were dropped; with this, about 1 s, cause not yet found:
-        docs/performance.md). The tracker forgets the warm-up face after."""
+    def _live_prepare(self) -> None:
+        """Run frames showing the source face through the swap loop at `WARM_UP_SIZE` before the
+        input is opened: the analysis networks' CUDA graphs, the swapper's and the kernels' first
+        use are done when the first real frame comes. Done after the input was opened, the 3-6 s
+        it takes on a fresh machine left that much of the stream waiting in the connection, read
+        in a burst and skipped (201 frames at 720p30 on the H200). Without a face found, the first
+        real face paid for the swap's kernels instead (3.9 s)."""
         t0 = time.perf_counter()
-        self._warm_up(reader)
-        self.warm_up_ms = (time.perf_counter() - t0) * 1e3
-        log.info("GPU live warm-up: %.0f ms", self.warm_up_ms)
-
-    def _warm_up(self, reader: LiveReader) -> None:
-        width, height = reader.size
-        image = self.source_image
-        if not width or not height or width % 2 or height % 2 or image is None:
-            return
-        face = getattr(self, "source_face", None)
-        frame = face_picture(image, width, height, None if face is None else face.box)
-        loop = self._swap_loop(width, height)
         with nvtx("warm-up"):
             # Every landmark batch size one frame can need (GpuFaceAnalyser sizes them by
             # detector.max_faces), whether or not the frames below show that many faces. Each
             # size costs up to seconds, once.
             log.info("analysis prepared: %s", self.analyser.prepare())
-            for i in range(3):  # detection, then tracking (landmarks only): both paths compile
+        swapped = self._warm_swap(*WARM_UP_SIZE)
+        if self.source_image is not None and not swapped:
+            log.warning("the GPU live warm-up found no face in its picture of the source: the "
+                        "first real face will wait for the swap's first use")
+        self.warm_up_ms = (time.perf_counter() - t0) * 1e3
+        log.info("GPU live warm-up: %.0f ms", self.warm_up_ms)
+
+    def _live_warm_up(self, reader: LiveReader) -> None:
+        """Once the input is open: a frame at its size, if another (its loop's buffers; what was
+        compiled is shared), and its decoder, on a picture of that size."""
+        t0 = time.perf_counter()
+        width, height = reader.size
+        if width and height and not width % 2 and not height % 2:
+            if (width, height) != WARM_UP_SIZE:
+                self._warm_swap(width, height, frames=1)
+            if reader.packets:
+                from .nvdec import warm_nvdec
+
+                with nvtx("warm-up"):
+                    # The decoder the stream will use (its first connection's codec and reordering).
+                    dec = self._nvdec(reader.codec, reader.reorders, reader.time_base)
+                    warm_nvdec(dec, width, height)
+                self._nvdec_warm = dec.frames
+        self.warm_up_ms += (time.perf_counter() - t0) * 1e3
+
+    def _warm_swap(self, width: int, height: int, *, frames: int = 3) -> int:
+        """`frames` frames showing the source face through the swap loop at this size (the first
+        detects, the next track: both paths get compiled); the tracker forgets the face after.
+        Returns the faces swapped."""
+        image = self.source_image
+        if image is None:
+            return 0
+        face = getattr(self, "source_face", None)
+        frame = face_picture(image, width, height, None if face is None else face.box)
+        loop = self._swap_loop(width, height)
+        swapped = 0
+        with nvtx("warm-up"):
+            for i in range(frames):
                 slot = loop.rgb_slot(None)
                 slot.buffer.set(frame, stream=self._upload)
                 flight = loop.submit(slot, self._upload.record(), index=i, pts=i, time_base=None)
                 flight.done.synchronize()
                 loop.finished(flight)
+                swapped += flight.swapped
         self.analyser.reset()
         loop.tracks.clear()
-        if reader.packets:
-            from .nvdec import warm_nvdec
-
-            with nvtx("warm-up"):
-                # The decoder the stream will use (its first connection's codec and reordering).
-                dec = self._nvdec(reader.codec, reader.reorders, reader.time_base)
-                warm_nvdec(dec, width, height)
-            self._nvdec_warm = dec.frames
+        return swapped
 
     def _nvdec(self, codec: str, reorders: bool, time_base: Any) -> Any:
         if self._decoder is None:

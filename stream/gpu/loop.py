@@ -77,6 +77,10 @@ def face_picture(image: Any, width: int, height: int, box: Any = None) -> Any:
     return frame
 
 
+WARM_UP_SIZE = (1280, 720)
+"""The picture size the live paths warm up at before their input is known: a webcam's and a
+stream's usual. Another size shares what was compiled and captured, and costs only its buffers."""
+
 WARM_UP_FACE_HEIGHT = 0.8
 """The share of a warm-up picture's height that the source face and its margin fill."""
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .loop import HOST_NV12_MATRIX, GpuSwapLoop, face_picture, nvtx
+from .loop import HOST_NV12_MATRIX, WARM_UP_SIZE, GpuSwapLoop, face_picture, nvtx
 
 log = logging.getLogger(__name__)
 
@@ -166,10 +166,6 @@ class DeviceVideoFrame:
         self.ready.synchronize()
         return self.rgb.get()
 
-
-WARM_UP_SIZE = (1280, 720)
-"""The picture size the WHIP path is warmed up at before its first publisher: a webcam's usual.
-Another size shares the compiled networks and kernels, and costs only its buffers."""
 
 RTC_MAX_SIZE = (1920, 1088)
 """The largest WebRTC picture the first decoder is made for: browsers step their resolution up and

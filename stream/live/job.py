@@ -104,6 +104,11 @@ class LiveJob(FileJob):
         stop = stop or threading.Event()
         reader = self._live_reader(url, reconnect_seconds=reconnect_seconds, loop=loop)
         try:
+            self._live_prepare()
+        except BaseException:
+            self._close_live()
+            raise
+        try:
             # docs/obs.md has the operator start SwapStream first and OBS second: wait for it.
             reader.open(wait_seconds=reconnect_seconds, on_wait=on_wait, stop=stop)
         except BaseException as e:
@@ -244,6 +249,11 @@ class LiveJob(FileJob):
         assert isinstance(item, Frame)
         faces = self.swap_frame(item)
         return [LiveFrame(item.data, item.pts, item.time_base, faces)]
+
+    def _live_prepare(self) -> None:
+        """Before the input is opened: what can get ready without knowing the input (the GPU job
+        warms its swap up here). Whatever the input sends meanwhile waits in its connection, and
+        is skipped once the job reads it, so the work belongs before the connection is made."""
 
     def _live_warm_up(self, reader: LiveReader) -> None:
         """Before the first frame is read: get the models ready at the input's size (the GPU job's
