@@ -405,14 +405,19 @@ def write_markdown(path: Path, records: list[dict[str, Any]]) -> None:
 def table(records: list[dict[str, Any]]) -> list[str]:
     by = {(r["metric"], r["stat"]): r for r in records}
     first = records[0]
-    load = first["config"].get("load_average_1min_before")
     where = first["config"].get("path", "cpu")
     swap = ("the GPU path: NVDEC decode, the GPU swap loop (analysis, mesh swap of one face, label "
             "and mark, RGB -> NV12 on the GPU), x264 encode on the CPU (this GPU has no NVENC)"
             if where == "gpu" else "the CPU mesh swap (`live` preset) of one face")
-    lines = [f"`{first['command']}` on {first['device']} (load average {load} before the run), "
-             f"commit {first['commit']}, {first['date']}. "
-             f"Real peers on loopback; {swap}. A "
+    runs = []  # one run per path where `--only` put two runs' records together
+    for r in records:
+        run = (r["command"], r["device"], r["config"].get("load_average_1min_before"), r["commit"], r["date"])
+        if run not in runs:
+            runs.append(run)
+    said = " ".join(f"`{c}` on {d} (load average {lo} before the run), commit {sha}, {day}."
+                    for c, d, lo, sha, day in runs)
+    lines = [f"{said} "
+             f"Real peers on loopback, the server side in a process of its own; {swap}. A "
              "frame's latency runs from the publisher handing it to its encoder to the frame with the "
              "same stamped number reaching the player: both encodes, both hops, the server's "
              "decode, the swap and the player's decode; not capture or display.", "",
@@ -449,10 +454,15 @@ def table(records: list[dict[str, Any]]) -> list[str]:
                                                  "submission"), ("gpu_wait", "GPU wait and download"))
                               if (f"{kind}_swap_step_{step}_{size}", "p50") in by)
             stage = by.get((f"{kind}_swap_stage_{size}", "p50"))
-            lines.append(f"The {kind} swap stage (p50 {stage['value'] if stage else '-'} ms, taken from "
-                         f"the receive queue to handed to the outgoing tracks) in the GPU swap: "
-                         f"{r['value']:g} ms p50 ({steps}); the rest is the hop to the swap thread "
-                         f"and back to the event loop and the outgoing frames' conversion.")
+            span, rest = {
+                "webrtc": ("taken from the receive queue to handed to the outgoing tracks",
+                           "the hop to the swap thread and back to the event loop and the outgoing "
+                           "frames' conversion"),
+                "rtmp": ("from the packet's arrival to the frame handed to the output",
+                         "NVDEC's decode and the x264 encode in the job's thread")}[kind]
+            lines.append(f"The {kind.upper() if kind == 'rtmp' else 'WebRTC'} swap stage (p50 "
+                         f"{stage['value'] if stage else '-'} ms, {span}) in the GPU swap: "
+                         f"{r['value']:g} ms p50 ({steps}); the rest is {rest}.")
         if "_frames_dropped_at_start_" in r["metric"]:
             lines.append(f"Before its first frame out, the RTMP job skipped {r['value']:g} frames the "
                          f"publisher had sent while the job loaded, warmed up and opened its output "
