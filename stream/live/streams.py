@@ -29,6 +29,7 @@ from ..io.video import AudioPacket
 from ..netpolicy import Connection, Outbound
 from ..redact import RedactingFilter
 from ..types import Frame
+from .flv import SplicedFlv
 
 log = logging.getLogger(__name__)
 log.addFilter(RedactingFilter())  # its lines quote input and output URLs: no stream keys
@@ -41,6 +42,12 @@ def is_file_input(url: str) -> bool:
     """A local file (a path or a file: URL), which ends, rather than a network stream (rtmp://,
     srt://, http(s)://, udp:// ...), which drops and comes back."""
     return not _NETWORK_URL.match(url)
+
+
+def _seconds(packet: AudioPacket) -> Fraction:
+    """An audio packet's time on the output's timeline (one with none goes first)."""
+    p = packet.packet
+    return Fraction(-1) if p.pts is None or p.time_base is None else p.pts * p.time_base
 
 
 def rtmp_input_options(*, quick_probe: bool = True) -> dict[str, str]:
@@ -748,7 +755,8 @@ class LiveWriter:
             else:
                 conn = self.outbound.connect(self.target, timeout=5.0)
                 try:
-                    c = av.open(conn.url, "w", format="flv", timeout=5.0)
+                    # Not FFmpeg's FLV muxer: its interleaving held each frame for the next audio.
+                    c = SplicedFlv(conn.url, timeout=5.0)
                 except BaseException:
                     conn.close()
                     raise
@@ -839,12 +847,17 @@ class LiveWriter:
             self._deferred = False
             self._open()  # an unusable output fails here, one GOP in
         self._add_streams(delivered_rate([t for _, t in held]) or Fraction(self.fps).limit_denominator(1001))
+        audio, self._held_audio = deque(self._held_audio), deque(maxlen=AUDIO_HOLD_PACKETS)
         for vf, t in held:
+            # The held audio goes out in time order with the held frames: the RTMP output sends
+            # each packet as it comes (`SplicedFlv`), and a player that joins at the start and
+            # probes for a second must meet both streams in that second.
+            while audio and _seconds(audio[0]) <= t:
+                self.write_audio(audio.popleft())
             if self._c is None:
                 self.dropped += 1  # the connection failed on an earlier held frame
                 continue
             self._encode(vf, t)
-        audio, self._held_audio = list(self._held_audio), deque(maxlen=AUDIO_HOLD_PACKETS)
         for p in audio:
             self.write_audio(p)
 
