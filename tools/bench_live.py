@@ -54,6 +54,7 @@ from swapstream.config import Config, load_config  # noqa: E402
 from swapstream.demo import astronaut  # noqa: E402
 from swapstream.live.job import LiveJob  # noqa: E402
 from swapstream.errors import SwapStreamError  # noqa: E402
+from swapstream.live.flv import SplicedFlv  # noqa: E402
 from swapstream.live.nginx import NginxRtmp, find_nginx_rtmp  # noqa: E402
 from swapstream.live.streams import rtmp_input_options, x264_live_options  # noqa: E402
 from swapstream.pipeline import FileJob  # noqa: E402
@@ -79,11 +80,16 @@ def percentile(values: list[float], q: float) -> float:
 # RTMP -> swap -> RTMP
 
 
-def publish_rtmp(url: str, clip: StampedClip, sent: dict[int, float], stop: threading.Event) -> None:
+def publish_rtmp(url: str, clip: StampedClip, sent: dict[int, float], stop: threading.Event,
+                 interleaved: bool = False) -> None:
     """Push the stamped clip and the probe tone to `url` in real time, as OBS would, until `stop`;
-    `sent[n]` is when frame n went to the encoder."""
+    `sent[n]` is when frame n went to the encoder. Each packet goes out as it is encoded
+    (`SplicedFlv`); with `interleaved`, through FFmpeg's FLV muxer, which holds each frame until
+    later audio is encoded: at 30 fps one frame interval more (the AAC encoder's output lags its
+    input by more than a frame; tools/profile_rtmp_hops.py measures it)."""
     fps = clip.fps
-    with av.open(url, "w", format="flv", timeout=5.0) as c:
+    c = av.open(url, "w", format="flv", timeout=5.0) if interleaved else SplicedFlv(url, timeout=5.0)
+    try:
         v = c.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
         v.width, v.height, v.pix_fmt = clip.size[0], clip.size[1], "yuv420p"
         v.time_base = Fraction(1, 1000)
@@ -110,6 +116,8 @@ def publish_rtmp(url: str, clip: StampedClip, sent: dict[int, float], stop: thre
                 c.mux(a.encode(af))
                 samples += 1024
             n += 1
+    finally:
+        c.close()
         c.mux(v.encode(None))
 
 
@@ -142,7 +150,7 @@ def live_job_process(config: str, gpu: bool, in_url: str, out_url: str, stop: An
 
 
 def bench_rtmp(config: str, size: tuple[int, int], fps: float, seconds: float,
-               warmup: float, gpu: bool = False) -> dict[str, Any]:
+               warmup: float, gpu: bool = False, interleaved: bool = False) -> dict[str, Any]:
     clip = StampedClip(size=size, fps=fps)
     sent: dict[int, float] = {}
     got: list[tuple[int, float]] = []
@@ -150,7 +158,7 @@ def bench_rtmp(config: str, size: tuple[int, int], fps: float, seconds: float,
     ctx = mp.get_context("spawn")  # CUDA in the child; the peers' threads stay in this process
     job_stop, result = ctx.Event(), ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp, NginxRtmp(Path(tmp) / "nginx") as nginx:
-        pub = threading.Thread(target=publish_rtmp, args=(nginx.url("in"), clip, sent, stop),
+        pub = threading.Thread(target=publish_rtmp, args=(nginx.url("in"), clip, sent, stop, interleaved),
                                name="publisher")
         pub.start()
         # The job's first connection must find a stream (later ones reconnect): wait until the
@@ -463,6 +471,12 @@ def table(records: list[dict[str, Any]]) -> list[str]:
             lines.append(f"The {kind.upper() if kind == 'rtmp' else 'WebRTC'} swap stage (p50 "
                          f"{stage['value'] if stage else '-'} ms, {span}) in the GPU swap: "
                          f"{r['value']:g} ms p50 ({steps}); the rest is {rest}.")
+        if r["metric"].startswith("rtmp_to_rtmp_latency") and r["stat"] == "p50":
+            pub = r["config"].get("rtmp_publisher", "interleaved")
+            lines.append("The RTMP publisher sent each packet as it was encoded." if pub == "spliced" else
+                         "The RTMP publisher muxed through FFmpeg's FLV muxer (`--publisher interleaved`), "
+                         "whose interleaving holds each frame until later audio is encoded: at 30 fps "
+                         "one frame interval of the round trip is the publisher's.")
         if "_frames_dropped_at_start_" in r["metric"]:
             lines.append(f"Before its first frame out, the RTMP job skipped {r['value']:g} frames the "
                          f"publisher had sent while the job loaded, warmed up and opened its output "
@@ -481,6 +495,9 @@ def main() -> None:
     ap.add_argument("--fps", type=float, default=15.0)
     ap.add_argument("--config", default="live", help="preset, as `swapstream live/serve` use")
     ap.add_argument("--only", choices=("rtmp", "webrtc"))
+    ap.add_argument("--publisher", choices=("spliced", "interleaved"), default="spliced",
+                    help="the RTMP publisher's muxing: each packet as encoded (default), or FFmpeg's "
+                         "FLV muxer, whose interleaving adds a frame interval at 30 fps")
     ap.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
     ap.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                     help="gpu: the GPU live job and the GPU WHIP server (NVDEC where PyNvVideoCodec "
@@ -491,7 +508,7 @@ def main() -> None:
     cfg = load_config(args.config)
     command = "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
     common = {"config": {"size": args.size, "fps": args.fps, "preset": args.config, "swapper": cfg.swapper,
-                         "seconds": args.seconds, "warmup": args.warmup,
+                         "seconds": args.seconds, "warmup": args.warmup, "rtmp_publisher": args.publisher,
                          # Other work on the machine moves these figures: say how busy it was.
                          "load_average_1min_before": round(os.getloadavg()[0], 2), "path": args.device},
               **run_fields(gpu_and_cpu() if gpu else cpu_name(), command)}
@@ -505,7 +522,8 @@ def main() -> None:
                 sys.exit(f"error: the RTMP path needs nginx-rtmp: {e} (or use --only webrtc)")
         print(f"{path}: {args.warmup:g} s warm-up + {args.seconds:g} s ...", flush=True)
         if path == "rtmp":
-            res = bench_rtmp(args.config, (w, h), args.fps, args.seconds, args.warmup, gpu)
+            res = bench_rtmp(args.config, (w, h), args.fps, args.seconds, args.warmup, gpu,
+                             args.publisher == "interleaved")
         else:
             res = asyncio.run(bench_webrtc(args.config, (w, h), args.fps, args.seconds, args.warmup, gpu))
         if res.get("max_backlog") is not None:

@@ -99,8 +99,9 @@ class SplicedFlv:
         return self._parts["video"].container.metadata
 
     def add_stream(self, codec_name: str, rate: Any = None) -> Any:
-        """The video stream (the only kind `LiveWriter` encodes)."""
-        return self._part("video").container.add_stream(codec_name, rate=rate)
+        """A stream encoded here: video (`LiveWriter`'s), or audio (a publisher's, in the tools)."""
+        kind = av.codec.Codec(codec_name, "w").type
+        return self._part(kind).container.add_stream(codec_name, rate=rate)
 
     def add_stream_from_template(self, template: Any) -> Any:
         """The audio stream, copied from the input's."""
