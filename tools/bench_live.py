@@ -47,19 +47,18 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import av  # noqa: E402
-from av.video.frame import PictureType  # noqa: E402
 import numpy as np  # noqa: E402
 
 from swapstream.config import Config, load_config  # noqa: E402
 from swapstream.demo import astronaut  # noqa: E402
 from swapstream.live.job import LiveJob  # noqa: E402
 from swapstream.errors import SwapStreamError  # noqa: E402
-from swapstream.live.flv import SplicedFlv  # noqa: E402
 from swapstream.live.nginx import NginxRtmp, find_nginx_rtmp  # noqa: E402
-from swapstream.live.streams import rtmp_input_options, x264_live_options  # noqa: E402
+from swapstream.live.streams import rtmp_input_options  # noqa: E402
 from swapstream.pipeline import FileJob  # noqa: E402
 from swapstream.types import Frame  # noqa: E402
-from tests.helpers.probe import (AUDIO_RATE, ProbeClock, Received, StampedClip,  # noqa: E402
+from tests.helpers.publisher import publish_rtmp  # noqa: E402
+from tests.helpers.probe import (ProbeClock, Received, StampedClip,  # noqa: E402
                                  StampedVideoTrack, ToneTrack, audio_lag, read_stamp, receive, tone,
                                  tone_edges, unwrap, video_lag)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -78,47 +77,6 @@ def percentile(values: list[float], q: float) -> float:
 
 # --------------------------------------------------------------------------------------------------
 # RTMP -> swap -> RTMP
-
-
-def publish_rtmp(url: str, clip: StampedClip, sent: dict[int, float], stop: threading.Event,
-                 interleaved: bool = False) -> None:
-    """Push the stamped clip and the probe tone to `url` in real time, as OBS would, until `stop`;
-    `sent[n]` is when frame n went to the encoder. Each packet goes out as it is encoded
-    (`SplicedFlv`); with `interleaved`, through FFmpeg's FLV muxer, which holds each frame until
-    later audio is encoded: at 30 fps one frame interval more (the AAC encoder's output lags its
-    input by more than a frame; tools/profile_rtmp_hops.py measures it)."""
-    fps = clip.fps
-    c = av.open(url, "w", format="flv", timeout=5.0) if interleaved else SplicedFlv(url, timeout=5.0)
-    try:
-        v = c.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
-        v.width, v.height, v.pix_fmt = clip.size[0], clip.size[1], "yuv420p"
-        v.time_base = Fraction(1, 1000)
-        v.options = x264_live_options(fps)
-        a = c.add_stream("aac", rate=AUDIO_RATE)
-        a.layout = "mono"
-        t0, samples, n = time.monotonic(), 0, 0
-        while not stop.is_set():
-            # A real-time source: frame n exists from t0 + n / fps on (pacing, not synchronisation).
-            time.sleep(max(0.0, t0 + n / fps - time.monotonic()))
-            f = av.VideoFrame.from_ndarray(clip.frame(n), format="rgb24")
-            f.pts, f.time_base = round(n * 1000 / fps), Fraction(1, 1000)
-            if n % max(1, round(fps)) == 0:
-                # A keyframe every second, as OBS sends (x264_live_options leaves keyframes to the
-                # caller): nginx-rtmp starts a new player at a keyframe, so without them the job
-                # joining after the first frame saw no video for 10 s.
-                f.pict_type = PictureType.I
-            sent[n] = time.monotonic()
-            c.mux(v.encode(f))
-            while samples < (n + 1) * AUDIO_RATE / fps:
-                af = av.AudioFrame.from_ndarray(tone(samples, 1024).astype(np.float32)[None],
-                                                format="fltp", layout="mono")
-                af.sample_rate, af.pts, af.time_base = AUDIO_RATE, samples, Fraction(1, AUDIO_RATE)
-                c.mux(a.encode(af))
-                samples += 1024
-            n += 1
-    finally:
-        c.close()
-        c.mux(v.encode(None))
 
 
 def live_job(cfg: Config, gpu: bool) -> LiveJob:
@@ -158,8 +116,8 @@ def bench_rtmp(config: str, size: tuple[int, int], fps: float, seconds: float,
     ctx = mp.get_context("spawn")  # CUDA in the child; the peers' threads stay in this process
     job_stop, result = ctx.Event(), ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp, NginxRtmp(Path(tmp) / "nginx") as nginx:
-        pub = threading.Thread(target=publish_rtmp, args=(nginx.url("in"), clip, sent, stop, interleaved),
-                               name="publisher")
+        pub = threading.Thread(target=publish_rtmp, args=(nginx.url("in"), clip, sent, stop),
+                               kwargs={"interleaved": interleaved, "audio": tone}, name="publisher")
         pub.start()
         # The job's first connection must find a stream (later ones reconnect): wait until the
         # publisher has sent half a second.

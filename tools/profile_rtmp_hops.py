@@ -20,55 +20,33 @@ import sys
 import tempfile
 import threading
 import time
-from fractions import Fraction
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import av  # noqa: E402
 import numpy as np  # noqa: E402
-from av.video.frame import PictureType  # noqa: E402
 
-from swapstream.live.flv import SplicedFlv  # noqa: E402
 from swapstream.live.nginx import NginxRtmp  # noqa: E402
-from swapstream.live.streams import rtmp_input_options, x264_live_options  # noqa: E402
+from swapstream.live.streams import rtmp_input_options  # noqa: E402
+from tests.helpers.publisher import publish_rtmp  # noqa: E402
 from tests.helpers.stamps import read_stamp, stamp  # noqa: E402
 
-RATE = 48000
 
 
-def publish(url: str, size: tuple[int, int], fps: float, sent: dict[int, float], stop: threading.Event,
-            interleaved: bool = False) -> None:
-    rng = np.random.default_rng(1)
-    backdrop = np.kron(rng.integers(0, 256, (size[1] // 16, size[0] // 16, 3), np.uint8),
-                       np.ones((16, 16, 1), np.uint8))
-    c = av.open(url, "w", format="flv", timeout=5.0) if interleaved else SplicedFlv(url, timeout=5.0)
-    try:
-        v = c.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
-        v.width, v.height, v.pix_fmt = size[0], size[1], "yuv420p"
-        v.time_base = Fraction(1, 1000)
-        v.options = x264_live_options(fps)
-        a = c.add_stream("aac", rate=RATE)
-        a.layout = "mono"
-        t0, samples, n = time.monotonic(), 0, 0
-        while not stop.is_set():
-            time.sleep(max(0.0, t0 + n / fps - time.monotonic()))
-            img = np.roll(backdrop, 4 * n, axis=1)
-            stamp(img, n % 256)
-            f = av.VideoFrame.from_ndarray(img, format="rgb24")
-            f.pts, f.time_base = round(n * 1000 / fps), Fraction(1, 1000)
-            if n % max(1, round(fps)) == 0:
-                f.pict_type = PictureType.I
-            sent[n] = time.monotonic()
-            c.mux(v.encode(f))
-            while samples < (n + 1) * RATE / fps:
-                af = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
-                af.sample_rate, af.pts, af.time_base = RATE, samples, Fraction(1, RATE)
-                c.mux(a.encode(af))
-                samples += 1024
-            n += 1
-    finally:
-        c.close()
+class Blocks:
+    """Random 16-pixel blocks scrolling 4 pixels a frame, each frame stamped with its number."""
+
+    def __init__(self, size: tuple[int, int], fps: float) -> None:
+        self.size, self.fps = size, fps
+        rng = np.random.default_rng(1)
+        self._backdrop = np.kron(rng.integers(0, 256, (size[1] // 16, size[0] // 16, 3), np.uint8),
+                                 np.ones((16, 16, 1), np.uint8))
+
+    def frame(self, n: int) -> np.ndarray:
+        img = np.roll(self._backdrop, 4 * n, axis=1)
+        stamp(img, n % 256)
+        return img
 
 
 def main() -> None:
@@ -85,8 +63,8 @@ def main() -> None:
         stop = threading.Event()
         lat: list[float] = []
         with tempfile.TemporaryDirectory() as tmp, NginxRtmp(Path(tmp) / "nginx") as nginx:
-            pub = threading.Thread(target=publish, args=(nginx.url("in"), size, args.fps, sent, stop,
-                                                         args.publisher == "interleaved"))
+            pub = threading.Thread(target=publish_rtmp, args=(nginx.url("in"), Blocks(size, args.fps), sent, stop),
+                                   kwargs={"interleaved": args.publisher == "interleaved"})
             pub.start()
             time.sleep(1.0)
             with av.open(nginx.url("in"), options=rtmp_input_options(), timeout=(5, 3)) as c:
