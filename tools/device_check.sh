@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the `device` tool), from the repository root:
-#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|run_live|run_ab|serve|serve_ab|live|live_bench|hands|mesh|pending|recheck|face_stack|serve_stack|stack_profile|stack_tests|stack|all|none][,...]
+#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|run_live|run_ab|serve|serve_ab|live|live_bench|live_rtmp|hands|mesh|pending|recheck|face_stack|serve_stack|stack_profile|stack_tests|stack|all|none][,...]
 #     (default: all; bench = kernels + swap + pipeline; none = install the carried wheels only)
 #   tools/device_check.sh pytest ARGS...    (pytest with ARGS, in the same environment)
 # Installs the carried wheels (.whl/, ignored by git), makes `swapstream` importable from this tree,
@@ -84,6 +84,12 @@ if want live live_bench all; then
   # live_bench: the benchmark alone, without the tests above.
   timeout -s INT -k 20 "${LIVE_S:-400}" python3 tools/bench_live.py --device gpu --size 1280x720 --fps 30 --seconds 15 \
     --out "$OUT" 2>&1 | tee "$OUT/bench_live_gpu.log" || rc=1
+fi
+if want live_rtmp; then
+  # RTMP -> swap -> RTMP alone, kept beside the WebRTC records of docs/benchmarks (the JSON merges).
+  cp docs/benchmarks/live_latency_gpu.json "$OUT/" 2>/dev/null || true
+  timeout -s INT -k 20 "${LIVE_S:-200}" python3 tools/bench_live.py --device gpu --size 1280x720 --fps 30 --seconds 15 \
+    --only rtmp --out "$OUT" 2>&1 | tee "$OUT/bench_live_rtmp.log" || rc=1
 fi
 if want swap engines; then
   # The runner's accuracy against ONNX Runtime goes with its benchmark.

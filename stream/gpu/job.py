@@ -211,6 +211,10 @@ class GpuFileJob(FileJob):
         sign = self.plan_output(out)  # before the first frame, as FileJob.run
         shape = (info.height, info.width, 3)
         upload = cupy.cuda.Stream(non_blocking=True)
+        # Analysis on a stream of its own, as in GpuSwapLoop: its one host wait (the landmarks) then
+        # waits for its own kernels only, not for the swap of the frame before, still running on
+        # `compute`.
+        analyse = cupy.cuda.Stream(non_blocking=True)
         compute = cupy.cuda.Stream(non_blocking=True)
         download = cupy.cuda.Stream(non_blocking=True)
         # Decoding runs DECODE_AHEAD frames ahead on its own thread, each frame in a device slot:
@@ -295,16 +299,19 @@ class GpuFileJob(FileJob):
                         continue
                     t = time.perf_counter()
                     dslot, ready, frame = item
-                    # Compute: after the picture is ready, on its own stream. Analysis reads the
-                    # device frame; only its landmarks come back to the host (the one mid-frame wait).
+                    # Analysis reads the device frame once it is ready; only its landmarks come back
+                    # to the host (the one mid-frame wait).
+                    ta = time.perf_counter()
+                    with nvtx("analyse"), analyse:
+                        analyse.wait_event(ready)
+                        faces = self.analyser.track(frame)
+                        analysed = analyse.record()
+                    stats.tracks.update(f.track_id for f in faces)
+                    analysed_s = time.perf_counter() - ta
+                    self.stage_seconds["analyse"] += analysed_s
+                    # Compute: the swap writes the frame in place, so after analysis has read it.
                     with compute:
-                        compute.wait_event(ready)
-                        ta = time.perf_counter()
-                        with nvtx("analyse"):
-                            faces = self.analyser.track(frame)
-                        stats.tracks.update(f.track_id for f in faces)
-                        analysed_s = time.perf_counter() - ta
-                        self.stage_seconds["analyse"] += analysed_s
+                        compute.wait_event(analysed)
                         with nvtx("swap"):
                             swapped = self.swap_faces(dslot.buffer, faces)
                         picture = dslot.buffer
