@@ -5,10 +5,11 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import cv2
 import numpy as np
@@ -93,6 +94,101 @@ def expected_frames(info: VideoInfo) -> int:
     return 0
 
 
+@dataclass
+class Decoded:
+    """A decoded video frame on its way through `FileJob.run`, with what its frame path keeps for it."""
+
+    frame: Frame
+    slot: Any = None
+    """The GPU path: the device ring's slot that holds the picture."""
+    ready: Any = None
+    """The GPU path: the event after which the picture is complete."""
+    analysed: Any = None
+    """The GPU path: the event after which analysis has read the picture (the swap writes it)."""
+
+
+class FramePath(Protocol):
+    """The part of `FileJob.run` that differs between the CPU and the GPU: where frames are decoded,
+    analysed and swapped, and how they reach the encoder (`HostFrames`, `gpu.job.DeviceFrames`)."""
+
+    name: str
+    """For the encoder thread's name."""
+    decoder: str
+    """What decoded the video (`JobStats.decoder`), known once `items` has started."""
+    encode_queue: int
+    """Frames (and audio packets) that may wait for the encoder thread."""
+
+    def items(self) -> Iterator[AudioPacket | Decoded]:
+        """The input in file order; the first item opens the input and its decoder."""
+        ...
+
+    @property
+    def audio_stream(self) -> Any:
+        """The input's audio stream (None without one), known once `items` has started."""
+        ...
+
+    def analyse(self, analyser: Any, item: Decoded) -> list[Any]:
+        """The tracked faces of `item`'s frame."""
+        ...
+
+    def swapping(self, batch: list[Decoded]) -> AbstractContextManager[Any]:
+        """Where the swap of `batch`'s frames runs (the GPU path: its compute stream, after their
+        analysis)."""
+        ...
+
+    def hand_over(self, item: Decoded, writer: Any, encoder: BackgroundCalls) -> int:
+        """Send `item`'s swapped frame on to the writer; returns how many frames reached it now."""
+        ...
+
+    def finish(self) -> int:
+        """Send on every frame still held; returns how many."""
+        ...
+
+    def close(self) -> None:
+        """Close the input (also after an error)."""
+        ...
+
+
+class HostFrames:
+    """`FileJob.run`'s frames on the host: PyAV decodes them, the swap changes them in place, and the
+    encoder thread (x264) takes each as it is while the loop goes on to the next frame."""
+
+    name = "file"
+    decoder = "pyav"
+    encode_queue = ENCODE_QUEUE
+
+    def __init__(self, inp: Path) -> None:
+        self._inp = inp
+        self._reader: VideoReader | None = None
+
+    def items(self) -> Iterator[AudioPacket | Decoded]:
+        self._reader = VideoReader(self._inp).__enter__()
+        for item in self._reader:
+            yield item if isinstance(item, AudioPacket) else Decoded(item)
+
+    @property
+    def audio_stream(self) -> Any:
+        return self._reader.audio_stream if self._reader is not None else None
+
+    def analyse(self, analyser: Any, item: Decoded) -> list[Any]:
+        return analyser.track(item.frame)  # type: ignore[no-any-return]
+
+    def swapping(self, batch: list[Decoded]) -> AbstractContextManager[Any]:
+        return nullcontext()
+
+    def hand_over(self, item: Decoded, writer: Any, encoder: BackgroundCalls) -> int:
+        # The frame's array is not touched again here.
+        encoder.submit(writer.write, item.frame)
+        return 1
+
+    def finish(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.__exit__(None, None, None)
+
+
 class FileJob:
     """One source identity, one input video, one output video."""
 
@@ -154,6 +250,9 @@ class FileJob:
 
     def run(self, input_path: str | os.PathLike[str], output_path: str | os.PathLike[str],
             progress: ProgressFn | None = None) -> JobStats:
+        """Swap every face of `input_path` into `output_path` (`null:` for none): the one file loop.
+        The CPU and GPU jobs differ only in their frame path (`_frame_path`): where frames are
+        decoded, analysed and swapped, and how they reach the encoder."""
         inp, out = Path(input_path), Path(output_path)
         if out.exists() and inp.exists() and out.resolve() == inp.resolve():
             raise OutputError(f"output '{out}' is the input file. Choose another path with --output.")
@@ -161,49 +260,68 @@ class FileJob:
         stats = JobStats(input_info=info)
         total = expected_frames(info)
         enc = self.config.encode
-        sign = self.plan_output(out)
-        with VideoReader(inp) as reader, open_writer(
-                out, width=info.width, height=info.height, time_base=info.time_base,
-                rate=info.avg_rate, crf=enc.crf, preset=enc.preset, codec=enc.codec,
-                audio_from=reader.audio_stream, metadata=self.disclosure.tags, threads=enc.threads) as writer, \
-                BackgroundCalls(depth=ENCODE_QUEUE, name="file-encoder") as encoder:
-            t0 = time.perf_counter()
-            # Frames wait here until their faces are swapped: a neural swapper batches the faces of
-            # several frames into one model call. Audio goes straight through; frames keep their order.
-            pending: list[tuple[Frame, list[Any]]] = []
+        sign = self.plan_output(out)  # before the first frame: a bad key is an error before any work
+        # A neural swapper batches the faces of several frames into one model call; the mesh
+        # swapper takes a frame at a time. Frames wait in `pending` until theirs are swapped, audio
+        # goes straight through, and frames keep their order.
+        batch = self.neural.swapper.max_batch if self.neural is not None else 1
+        path = self._frame_path(inp, info, out, batch)
+        try:
+            items = path.items()
+            first = next(items, None)  # opens the input (and its decoder) before the writer
+            with open_writer(
+                    out, width=info.width, height=info.height, time_base=info.time_base,
+                    rate=info.avg_rate, crf=enc.crf, preset=enc.preset, codec=enc.codec,
+                    audio_from=path.audio_stream, metadata=self.disclosure.tags,
+                    threads=enc.threads) as writer, \
+                    BackgroundCalls(depth=path.encode_queue, name=f"{path.name}-encoder") as encoder:
+                pending: list[tuple[Decoded, list[Any]]] = []
 
-            def flush() -> None:
-                self._swap(pending, stats)
-                for frame, _ in pending:
-                    # x264 encodes on the encoder thread while the loop goes on to the next frame;
-                    # the frame's array is not touched again here.
-                    encoder.submit(writer.write, frame)
-                    stats.frames += 1
-                    if progress is not None:
+                def count(done: int) -> None:
+                    stats.frames += done
+                    if done and progress is not None:
                         progress(stats.frames, total)
-                pending.clear()
 
-            for item in reader:
-                if isinstance(item, AudioPacket):
-                    encoder.submit(writer.write_audio, item)  # after the frames before it: same order
-                    stats.audio_packets += 1
-                    continue
-                faces = self.analyser.track(item)
-                stats.tracks.update(f.track_id for f in faces)
-                pending.append((item, faces))
-                if self.neural is None or sum(len(f) for _, f in pending) >= self.neural.swapper.max_batch \
-                        or len(pending) >= self.neural.swapper.max_batch:
-                    flush()
-            flush()
-            encoder.close()  # every frame encoded (and its error raised) before the time is taken
-            stats.seconds = time.perf_counter() - t0
-            if stats.frames == 0:
-                # Raised inside the writer's block, so that it removes the empty output file.
-                raise InputError(f"input '{inp}' has no decodable video frames. Check that it is "
-                                 f"a complete video file.")
+                def flush() -> None:
+                    if not pending:
+                        return
+                    with path.swapping([d for d, _ in pending]):
+                        self._swap_pending([(d.frame, faces) for d, faces in pending], stats)
+                    for d, _ in pending:
+                        count(path.hand_over(d, writer, encoder))
+                    pending.clear()
+
+                t0 = time.perf_counter()
+                item = first
+                while item is not None:
+                    if isinstance(item, AudioPacket):
+                        encoder.submit(writer.write_audio, item)  # after the frames before it: same order
+                        stats.audio_packets += 1
+                    else:
+                        faces = path.analyse(self.analyser, item)
+                        stats.tracks.update(f.track_id for f in faces)
+                        pending.append((item, faces))
+                        if len(pending) >= batch or sum(len(f) for _, f in pending) >= batch:
+                            flush()
+                    item = next(items, None)
+                flush()
+                count(path.finish())
+                encoder.close()  # every frame encoded (and its error raised) before the time is taken
+                stats.seconds = time.perf_counter() - t0
+                if stats.frames == 0:
+                    # Raised inside the writer's block, so that it removes the empty output file.
+                    raise InputError(f"input '{inp}' has no decodable video frames. Check that it is "
+                                     f"a complete video file.")
+        finally:
+            path.close()  # the reader (and its thread and decoder), also after an error
+        stats.decoder = path.decoder
         if sign:
             self.sign_output(out)
         return stats
+
+    def _frame_path(self, inp: Path, info: VideoInfo, out: Path, batch: int) -> FramePath:
+        """Where `run` keeps its frames: on the host here (the GPU job: on the device)."""
+        return HostFrames(inp)
 
     def warm_swap(self) -> None:
         """Swap the source face on a copy of the source image before the first frame, so that the
@@ -246,7 +364,8 @@ class FileJob:
         self.provenance.sign(out, self.disclosure.payload if marked else None,
                              V2 if self.disclosure.scheme == "v2" else V1)
 
-    def _swap(self, pending: list[tuple[Frame, list[Any]]], stats: JobStats) -> None:
+    def _swap_pending(self, pending: list[tuple[Frame, list[Any]]], stats: JobStats) -> None:
+        """Swap the faces of `pending`'s frames in place, and label and mark every one of them."""
         if self.neural is not None:
             items = [(frame.data, face) for frame, faces in pending for face in faces]
             stats.faces_swapped += self.neural.swapper.swap_many(items)
@@ -264,7 +383,7 @@ class FileJob:
 
         Every frame of the CPU mesh, GPU and live paths passes here, with or without faces, so this
         is where the label and the watermark go in (`disclosure`); the neural file path, which swaps
-        a batch of frames at once, applies it in `_swap`."""
+        a batch of frames at once, applies it in `_swap_pending`."""
         n = self.swapper.swap(data, faces) if faces else 0
         self.disclosure.apply(data, n > 0)
         return n

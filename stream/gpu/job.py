@@ -3,7 +3,10 @@
 Stages and their CUDA streams (CuPy-owned), ordered by events, never by a device-wide sync:
 - upload: PyAV decodes on the host into a ring of pinned buffers; an asynchronous copy on the
   upload stream puts each frame into a ring of device buffers;
-- compute: waits for the frame's upload event, then swaps (mesh or neural kernels, model runners);
+- analyse: waits for the frame's upload (or decode) event, then runs the face analysis; only the
+  landmarks come back to the host;
+- compute: waits for the analysis of the frames it swaps together (one at a time for the mesh
+  swapper; up to `neural.max_batch` frames' faces in one model call for a neural one), then swaps;
 - compose: the swap stage's disclosure (label, mark), then the frame converted to yuv420p on the
   compute stream (half the bytes of RGB, and x264's input format: no conversion on the host);
 - download: waits for the compute event, copies the frame into a ring of pinned buffers;
@@ -19,6 +22,8 @@ Decoding: NVDEC (PyNvVideoCodec) decodes straight into the device slot where it 
 in the config; PyAV's demuxer carries the audio beside it); otherwise PyAV decodes on the host and
 the frame is uploaded as above. The null output (`-o null:`) skips the download and the encoder.
 NVENC encoding is the next step: this job encodes with x264.
+
+The loop itself is `FileJob.run`'s, the same as on the CPU; `DeviceFrames` is this job's frame path.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +41,8 @@ import numpy as np
 from ..config import Config
 from ..io.background import BackgroundCalls, ReadAhead
 from ..kernels.nv12 import rgb_to_i420
-from ..io.video import (AudioPacket, AudioPackets, VideoInfo, VideoReader, is_null_output, open_writer,
-                        probe, pts_step)
-from ..pipeline import FileJob, JobStats, ProgressFn, expected_frames
+from ..io.video import AudioPacket, AudioPackets, VideoInfo, VideoReader, is_null_output, pts_step
+from ..pipeline import Decoded, FileJob, FramePath
 from ..types import Frame
 from .loop import nvtx
 from .ring import HostEvent, Ring, Slot
@@ -198,169 +203,182 @@ class GpuFileJob(FileJob):
                 yield held
                 held = next(sounds, None)
 
-    def run(self, input_path: str | Any, output_path: str | Any,
-            progress: ProgressFn | None = None) -> JobStats:
+    def _frame_path(self, inp: Path, info: VideoInfo, out: Path, batch: int) -> FramePath:
+        return DeviceFrames(self, inp, info, out, batch)
+
+
+class DeviceFrames:
+    """`FileJob.run`'s frames on the GPU (the module doc): decoded into device slots on a reader
+    thread, analysed on one CUDA stream, swapped and made yuv420p on another, copied back into
+    pinned slots on a third, and handed to the encoder thread one frame behind."""
+
+    name = "gpu-file"
+    encode_queue = ENCODE_QUEUE
+
+    def __init__(self, job: GpuFileJob, inp: Path, info: VideoInfo, out: Path, batch: int) -> None:
         import cupy
         import cupyx
 
-        inp, out = Path(input_path), Path(output_path)
-        info = probe(inp)
-        stats = JobStats(input_info=info)
-        total = expected_frames(info)
-        enc = self.config.encode
-        sign = self.plan_output(out)  # before the first frame, as FileJob.run
+        self.job, self.inp, self.info = job, inp, info
+        job.decoder_used = ""
         shape = (info.height, info.width, 3)
-        upload = cupy.cuda.Stream(non_blocking=True)
-        # Analysis on a stream of its own, as in GpuSwapLoop: its one host wait (the landmarks) then
-        # waits for its own kernels only, not for the swap of the frame before, still running on
-        # `compute`.
-        analyse = cupy.cuda.Stream(non_blocking=True)
-        compute = cupy.cuda.Stream(non_blocking=True)
-        download = cupy.cuda.Stream(non_blocking=True)
-        # Decoding runs DECODE_AHEAD frames ahead on its own thread, each frame in a device slot:
-        # the slots in flight are those frames, the one computed and the one the decoder holds.
-        dev: Ring[Any] = Ring(DECODE_AHEAD + 2, lambda _i: cupy.empty(shape, cupy.uint8))
-        null = is_null_output(out)
+        self.upload = cupy.cuda.Stream(non_blocking=True)
+        # Analysis on a stream of its own: its one host wait (the landmarks) then waits for its own
+        # kernels only, not for the swap of the frames before, still running on `compute`.
+        self.analyse_stream = cupy.cuda.Stream(non_blocking=True)
+        self.compute = cupy.cuda.Stream(non_blocking=True)
+        self.download = cupy.cuda.Stream(non_blocking=True)
+        # A device slot is written by the decoder and held until its frame's compute is done: the
+        # DECODE_AHEAD frames queued on the reader thread, the one it decodes into, and the `batch`
+        # frames the loop holds until their faces are swapped together.
+        self.dev: Ring[Any] = Ring(DECODE_AHEAD + 1 + batch, lambda _i: cupy.empty(shape, cupy.uint8))
+        self.null = is_null_output(out)
         # The encoder's input format made on the device: half the bytes of RGB to copy back, and no
         # RGB -> YUV pass on the host (x264 takes yuv420p as it is). Odd sizes go back as RGB (the
         # writer crops them; 4:2:0 needs even ones).
-        planar = info.width % 2 == 0 and info.height % 2 == 0
+        self.planar = info.width % 2 == 0 and info.height % 2 == 0
         h, w = info.height, info.width
-        out_shape = (h * 3 // 2, w) if planar else shape
-        yuv: Ring[Any] | None = None
-        uv_scratch: Any = None
-        if planar and not null:
-            yuv = Ring(RING_SLOTS, lambda _i: cupy.empty(out_shape, cupy.uint8))
-            uv_scratch = cupy.empty((h // 2, w), cupy.uint8)
+        out_shape = (h * 3 // 2, w) if self.planar else shape
+        self.yuv: Ring[Any] | None = None
+        self.uv_scratch: Any = None
+        if self.planar and not self.null:
+            self.yuv = Ring(RING_SLOTS, lambda _i: cupy.empty(out_shape, cupy.uint8))
+            self.uv_scratch = cupy.empty((h // 2, w), cupy.uint8)
         # A host slot is free again once the encoder thread has read it (its HostEvent): room for
         # the frames the encoder holds, the ones whose download is in flight, and the next one.
         # The null output downloads nothing.
-        pin_out: Ring[np.ndarray] | None = None if null else Ring(
+        self.pin_out: Ring[np.ndarray] | None = None if self.null else Ring(
             RING_SLOTS + ENCODE_QUEUE, lambda _i: cupyx.empty_pinned(out_shape, np.uint8))
         # Frames in flight, oldest first: (pinned slot or None, the event to wait for, frame, set
         # once the encoder has read the slot).
-        in_flight: deque[tuple[Slot[np.ndarray] | None, Any, Frame, HostEvent]] = deque()
+        self.in_flight: deque[tuple[Slot[np.ndarray] | None, Any, Frame, HostEvent]] = deque()
         # "encode" is the loop's wait to hand a frame over (the D2H copy, then the encoder's queue),
         # not x264's own time, which runs on the encoder thread.
-        self.stage_seconds = {"analyse": 0.0, "submit": 0.0, "encode": 0.0}
-        self.ring_stalls = {"pinned_in": 0, "device": 0, "pinned_out": 0}
-        self.decoder_used = ""
-        self.warm_swap()  # the swap model's graph and the kernels, before the loop's clock
-        # The input's audio stream, known once the decoding side opened the file (`_frames`).
-        audio_stream: list[Any] = []
+        job.stage_seconds = self.stage_seconds = {"analyse": 0.0, "submit": 0.0, "encode": 0.0}
+        job.ring_stalls = {"pinned_in": 0, "device": 0, "pinned_out": 0}
+        self._audio: list[Any] = []  # the input's audio stream, once the reader has opened the file
+        self._reads: ReadAhead | None = None
+        self._writer: Any = None
+        self._encoder: BackgroundCalls | None = None
+
+    def items(self) -> Iterator[AudioPacket | Decoded]:
+        self.job.warm_swap()  # the swap model's graph and the kernels, before the loop's clock
         # NVDEC's decode call (1.6 ms of host time a 1080p frame, the GIL released) or PyAV's decode
-        # and upload run on the reader thread while this one analyses and swaps the frame before.
+        # and upload run on the reader thread while this one analyses and swaps the frames before.
+        import cupy
+
         device = cupy.cuda.Device()
 
         def reader() -> Iterator[AudioPacket | tuple[Slot[Any], Any, Frame]]:
             device.use()  # a new thread starts on device 0: the job's device, as in this thread
-            return self._frames(inp, info, upload, dev, audio_stream)
+            return self.job._frames(self.inp, self.info, self.upload, self.dev, self._audio)
 
-        frames = ReadAhead(reader, depth=DECODE_AHEAD, name="gpu-file-decoder")
-        try:
-            first = next(frames, None)  # opens the input (and its decoder) before the writer
-            with open_writer(
-                    out, width=info.width, height=info.height, time_base=info.time_base,
-                    rate=info.avg_rate, crf=enc.crf, preset=enc.preset, codec=enc.codec,
-                    audio_from=audio_stream[0] if audio_stream else None, metadata=self.disclosure.tags,
-                    threads=enc.threads) as writer, \
-                    BackgroundCalls(depth=ENCODE_QUEUE, name="gpu-file-encoder") as encoder:
+        self._reads = ReadAhead(reader, depth=DECODE_AHEAD, name="gpu-file-decoder")
+        for item in self._reads:
+            if isinstance(item, AudioPacket):
+                yield item
+            else:
+                slot, ready, frame = item
+                yield Decoded(frame, slot=slot, ready=ready)
 
-                def encode(buffer: np.ndarray, frame: Frame, read: HostEvent) -> None:
+    @property
+    def decoder(self) -> str:
+        return self.job.decoder_used
+
+    @property
+    def audio_stream(self) -> Any:
+        return self._audio[0] if self._audio else None
+
+    def analyse(self, analyser: Any, item: Decoded) -> list[Any]:
+        # Analysis reads the device frame once it is ready; only its landmarks come back to the
+        # host (the one mid-frame wait).
+        t = time.perf_counter()
+        with nvtx("analyse"), self.analyse_stream:
+            self.analyse_stream.wait_event(item.ready)
+            faces = analyser.track(item.frame)
+            item.analysed = self.analyse_stream.record()
+        self.stage_seconds["analyse"] += time.perf_counter() - t
+        return faces  # type: ignore[no-any-return]
+
+    @contextmanager
+    def swapping(self, batch: list[Decoded]) -> Iterator[None]:
+        # The swap writes the frames in place, so after analysis has read them.
+        t = time.perf_counter()
+        with nvtx("swap"), self.compute:
+            for d in batch:
+                self.compute.wait_event(d.analysed)
+            yield
+        self.stage_seconds["submit"] += time.perf_counter() - t
+
+    def hand_over(self, item: Decoded, writer: Any, encoder: BackgroundCalls) -> int:
+        t = time.perf_counter()
+        self._writer, self._encoder = writer, encoder
+        dslot, frame = item.slot, item.frame
+        with self.compute:
+            picture = dslot.buffer
+            if self.yuv is not None:
+                ys = self.yuv.acquire(frame.pts)
+                with nvtx("yuv420p"):
+                    rgb_to_i420(dslot.buffer, ys.buffer, self.uv_scratch, matrix=WRITER_MATRIX)
+                picture = ys.buffer
+            done = self.compute.record()
+        read = HostEvent()
+        if self.pin_out is None:  # the null output
+            self.dev.release(dslot, done)
+            self.in_flight.append((None, done, frame, read))
+        else:
+            # Download: after the compute, into a pinned slot, asynchronously.
+            with nvtx("download"):
+                pout = self.pin_out.acquire(frame.pts)
+                self.download.wait_event(done)
+                picture.get(stream=self.download, out=pout.buffer, blocking=False)
+                downloaded = self.download.record()
+                if self.yuv is not None:
+                    self.dev.release(dslot, done)  # converted: the RGB frame is free
+                    self.yuv.release(ys, downloaded)
+                else:
+                    self.dev.release(dslot, downloaded)
+                self.pin_out.release(pout, read)
+            self.in_flight.append((pout, downloaded, frame, read))
+        self.stage_seconds["submit"] += time.perf_counter() - t
+        # Hand over the previous frame while this one is computed and copied back.
+        n = 0
+        while len(self.in_flight) > 1:
+            self._finish_oldest()
+            n += 1
+        return n
+
+    def _finish_oldest(self) -> None:
+        slot, event, frame, read = self.in_flight.popleft()
+        writer, encoder = self._writer, self._encoder
+        assert encoder is not None  # set by hand_over, which put the frame in flight
+        t = time.perf_counter()
+        with nvtx("encode"):
+            event.synchronize()  # the encoder hand-over: the only host wait per frame
+            if slot is None:
+                writer.write(frame)  # the null output: counted, nothing kept
+            else:
+                buffer, planar = slot.buffer, self.planar
+
+                def encode() -> None:
                     try:
                         writer.write(Frame(buffer, frame.pts, frame.time_base, frame.index,
                                            format="yuv420p" if planar else "rgb24"))
                     finally:  # also after a failure: the loop must not wait for the slot for ever
                         read.record_done()
 
-                def finish_oldest() -> None:
-                    slot, event, frame, read = in_flight.popleft()
-                    t = time.perf_counter()
-                    with nvtx("encode"):
-                        event.synchronize()  # the encoder hand-over: the only host wait per frame
-                        if slot is None:
-                            writer.write(frame)  # the null output: counted, nothing kept
-                        else:
-                            # x264 runs on the encoder thread; this waits only when ENCODE_QUEUE
-                            # frames do.
-                            encoder.submit(encode, slot.buffer, frame, read)
-                    self.stage_seconds["encode"] += time.perf_counter() - t
-                    stats.frames += 1
-                    if progress is not None:
-                        progress(stats.frames, total)
+                # x264 runs on the encoder thread; this waits only when ENCODE_QUEUE frames do.
+                encoder.submit(encode)
+        self.stage_seconds["encode"] += time.perf_counter() - t
 
-                t0 = time.perf_counter()
-                item = first
-                while item is not None:
-                    if isinstance(item, AudioPacket):
-                        encoder.submit(writer.write_audio, item)  # after the frames before it
-                        stats.audio_packets += 1
-                        item = next(frames, None)
-                        continue
-                    t = time.perf_counter()
-                    dslot, ready, frame = item
-                    # Analysis reads the device frame once it is ready; only its landmarks come back
-                    # to the host (the one mid-frame wait).
-                    ta = time.perf_counter()
-                    with nvtx("analyse"), analyse:
-                        analyse.wait_event(ready)
-                        faces = self.analyser.track(frame)
-                        analysed = analyse.record()
-                    stats.tracks.update(f.track_id for f in faces)
-                    analysed_s = time.perf_counter() - ta
-                    self.stage_seconds["analyse"] += analysed_s
-                    # Compute: the swap writes the frame in place, so after analysis has read it.
-                    with compute:
-                        compute.wait_event(analysed)
-                        with nvtx("swap"):
-                            swapped = self.swap_faces(dslot.buffer, faces)
-                        picture = dslot.buffer
-                        if yuv is not None:
-                            ys = yuv.acquire(frame.pts)
-                            with nvtx("yuv420p"):
-                                rgb_to_i420(dslot.buffer, ys.buffer, uv_scratch, matrix=WRITER_MATRIX)
-                            picture = ys.buffer
-                        done = compute.record()
-                    stats.faces_swapped += swapped
-                    stats.frames_swapped += 1 if swapped else 0
-                    read = HostEvent()
-                    if pin_out is None:  # the null output
-                        dev.release(dslot, done)
-                        in_flight.append((None, done, frame, read))
-                    else:
-                        # Download: after the compute, into a pinned slot, asynchronously.
-                        with nvtx("download"):
-                            pout = pin_out.acquire(frame.pts)
-                            download.wait_event(done)
-                            picture.get(stream=download, out=pout.buffer, blocking=False)
-                            downloaded = download.record()
-                            if yuv is not None:
-                                dev.release(dslot, done)  # converted: the RGB frame is free
-                                yuv.release(ys, downloaded)
-                            else:
-                                dev.release(dslot, downloaded)
-                            pin_out.release(pout, read)
-                        in_flight.append((pout, downloaded, frame, read))
-                    # Launch time of swap and download: the analysis inside is counted above.
-                    self.stage_seconds["submit"] += time.perf_counter() - t - analysed_s
-                    # Hand over the previous frame while this one is computed and copied back.
-                    while len(in_flight) > 1:
-                        finish_oldest()
-                    item = next(frames, None)
-                while in_flight:
-                    finish_oldest()
-                encoder.close()  # every frame encoded (and its error raised) before the time is taken
-                stats.seconds = time.perf_counter() - t0
-                if stats.frames == 0:
-                    from ..errors import InputError
+    def finish(self) -> int:
+        n = len(self.in_flight)
+        while self.in_flight:
+            self._finish_oldest()
+        return n
 
-                    raise InputError(f"input '{inp}' has no decodable video frames. Check that it is "
-                                     f"a complete video file.")
-        finally:
-            frames.close()  # the reader thread, its decoder and the input file, also after an error
-        stats.decoder = self.decoder_used
-        self.ring_stalls.update(device=dev.stalls, pinned_out=pin_out.stalls if pin_out else 0)
-        if sign:
-            self.sign_output(out)
-        return stats
-
+    def close(self) -> None:
+        if self._reads is not None:
+            self._reads.close()  # the reader thread, its decoder and the input file
+        self.job.ring_stalls.update(device=self.dev.stalls,
+                                    pinned_out=self.pin_out.stalls if self.pin_out else 0)
