@@ -264,7 +264,7 @@ class FileJob:
         # A neural swapper batches the faces of several frames into one model call; the mesh
         # swapper takes a frame at a time. Frames wait in `pending` until theirs are swapped, audio
         # goes straight through, and frames keep their order.
-        batch = self.neural.swapper.max_batch if self.neural is not None else 1
+        batch = self._swap_batch()
         path = self._frame_path(inp, info, out, batch)
         try:
             items = path.items()
@@ -319,11 +319,15 @@ class FileJob:
             self.sign_output(out)
         return stats
 
+    def _swap_batch(self) -> int:
+        """The most frames whose faces `run` swaps together."""
+        return self.neural.swapper.max_batch if self.neural is not None else 1
+
     def _frame_path(self, inp: Path, info: VideoInfo, out: Path, batch: int) -> FramePath:
         """Where `run` keeps its frames: on the host here (the GPU job: on the device)."""
         return HostFrames(inp)
 
-    def warm_swap(self) -> None:
+    def warm_swap(self, batches: int = 1) -> None:
         """Swap the source face on a copy of the source image before the first frame, so that the
         first frames do not wait for one-time work: the neural swap model's CUDA graph (captured,
         then replayed), the mesh swapper's workspaces and the occlusion mask's first model (on the
@@ -335,8 +339,10 @@ class FileJob:
         frame = self._working_copy(self.source_image)
         if self.neural is not None:
             ident = self.neural.swapper.identity(self.source_image, face)
-            for _ in range(2):  # a CUDA graph is captured by the first call, replayed by the second
-                self.neural.swapper.swap_many([(frame, face)], [ident])
+            # Every batch size `run` will call with (`batches`): each is a graph of its own.
+            for n in range(1, max(1, batches) + 1):
+                for _ in range(2):  # a CUDA graph is captured by the first call, replayed by the second
+                    self.neural.swapper.swap_many([(frame, face)] * n, [ident] * n)
         else:
             self.swapper.swap(frame, [face])
             if self.mesh is not None and self.mesh.occlusion is not None:

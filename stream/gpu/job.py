@@ -219,7 +219,7 @@ class DeviceFrames:
         import cupy
         import cupyx
 
-        self.job, self.inp, self.info = job, inp, info
+        self.job, self.inp, self.info, self.batch = job, inp, info, batch
         job.decoder_used = ""
         shape = (info.height, info.width, 3)
         self.upload = cupy.cuda.Stream(non_blocking=True)
@@ -262,7 +262,11 @@ class DeviceFrames:
         self._encoder: BackgroundCalls | None = None
 
     def items(self) -> Iterator[AudioPacket | Decoded]:
-        self.job.warm_swap()  # the swap model's graph and the kernels, before the loop's clock
+        # The swap model's graphs (one per batch size) and the kernels, before the loop's clock, on
+        # the stream the loop swaps on: the torch runner captures a graph per stream, and one
+        # captured in the loop was counted in its time.
+        with self.compute:
+            self.job.warm_swap(batches=self.batch)
         # NVDEC's decode call (1.6 ms of host time a 1080p frame, the GIL released) or PyAV's decode
         # and upload run on the reader thread while this one analyses and swaps the frames before.
         import cupy
