@@ -111,12 +111,20 @@ class FramePath(Protocol):
     """The part of `FileJob.run` that differs between the CPU and the GPU: where frames are decoded,
     analysed and swapped, and how they reach the encoder (`HostFrames`, `gpu.job.DeviceFrames`)."""
 
-    name: str
-    """For the encoder thread's name."""
-    decoder: str
-    """What decoded the video (`JobStats.decoder`), known once `items` has started."""
-    encode_queue: int
-    """Frames (and audio packets) that may wait for the encoder thread."""
+    @property
+    def name(self) -> str:
+        """For the encoder thread's name."""
+        ...
+
+    @property
+    def decoder(self) -> str:
+        """What decoded the video (`JobStats.decoder`), known once `items` has started."""
+        ...
+
+    @property
+    def encode_queue(self) -> int:
+        """Frames (and audio packets) that may wait for the encoder thread."""
+        ...
 
     def items(self) -> Iterator[AudioPacket | Decoded]:
         """The input in file order; the first item opens the input and its decoder."""
@@ -295,7 +303,9 @@ class FileJob:
                 item = first
                 while item is not None:
                     if isinstance(item, AudioPacket):
-                        encoder.submit(writer.write_audio, item)  # after the frames before it: same order
+                        # Frames still pending (or in flight on the GPU) reach the writer after this
+                        # packet; the muxer interleaves by timestamp.
+                        encoder.submit(writer.write_audio, item)
                         stats.audio_packets += 1
                     else:
                         faces = path.analyse(self.analyser, item)

@@ -82,6 +82,14 @@ def gpu_available() -> tuple[bool, str]:
 class GpuFileJob(FileJob):
     """`FileJob` with its frames on the GPU. Same swappers and outputs; see the module doc."""
 
+    # Set by each run's DeviceFrames, for diagnostics and the summary.
+    decoder_used: str
+    """What decodes the input: `nvdec` or `pyav`."""
+    stage_seconds: dict[str, float]
+    """Host seconds of the last run's loop steps: analyse, submit (swap and hand-over), encode."""
+    ring_stalls: dict[str, int]
+    """Ring acquisitions of the last run that had to wait, per ring."""
+
     def _builtin_analyser(self, config: Config) -> Any:
         # The built-in networks run on the GPU, on the uploaded frame (stream/gpu/analyser.py).
         from .analyser import GpuFaceAnalyser
@@ -230,8 +238,10 @@ class DeviceFrames:
         self.download = cupy.cuda.Stream(non_blocking=True)
         # A device slot is written by the decoder and held until its frame's compute is done: the
         # DECODE_AHEAD frames queued on the reader thread, the one it decodes into, and the `batch`
-        # frames the loop holds until their faces are swapped together.
-        self.dev: Ring[Any] = Ring(DECODE_AHEAD + 1 + batch, lambda _i: cupy.empty(shape, cupy.uint8))
+        # frames the loop holds until their faces are swapped together. One more as a margin: a
+        # ring hands out a slot that was never released without waiting, so a count one short
+        # would overwrite a pending frame rather than stall.
+        self.dev: Ring[Any] = Ring(DECODE_AHEAD + 2 + batch, lambda _i: cupy.empty(shape, cupy.uint8))
         self.null = is_null_output(out)
         # The encoder's input format made on the device: half the bytes of RGB to copy back, and no
         # RGB -> YUV pass on the host (x264 takes yuv420p as it is). Odd sizes go back as RGB (the
