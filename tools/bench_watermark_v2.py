@@ -50,11 +50,12 @@ def baseline_kernels(rev: str) -> Any:
 def cpu_only(out: Path, baseline: str | None = None) -> None:
     """The CPU pipeline's embedder (`WatermarkerV2.embed` on host frames: the OpenCV path with its
     working arrays kept) against the NumPy reference, side by side, after checking that both give
-    the same frame; with `baseline`, also that revision's CPU path (same check). Timings alternate
-    between the paths, call by call, so that a machine whose speed drifts affects them alike.
+    the same frame; with `baseline`, also that revision's CPU path (same check); and v1's embedder
+    (`Watermarker.embed`, the mark every output gets by default), the cost v2 would replace. Timings
+    alternate between the paths, call by call, so that a machine whose speed drifts affects them alike.
     Writes watermark_v2_cpu.json and .md."""
     from swapstream.kernels.watermark_v2 import embed_masked_ref
-    from swapstream.watermark import PRODUCT_SWAPSTREAM, Payload
+    from swapstream.watermark import PRODUCT_SWAPSTREAM, Payload, Watermarker
     from swapstream.watermark_v2 import MASK, WatermarkerV2
 
     rng = np.random.default_rng(0)
@@ -63,6 +64,7 @@ def cpu_only(out: Path, baseline: str | None = None) -> None:
     cpu = run_fields(cpu_name(), command)
     old = baseline_kernels(baseline) if baseline else None
     wm = WatermarkerV2(Payload(PRODUCT_SWAPSTREAM, 0x5EC0A11D))
+    wm1 = Watermarker(Payload(PRODUCT_SWAPSTREAM, 0x5EC0A11D))
     records: list[dict[str, Any]] = []
     rows = []
     for name, (h, w) in SIZES.items():
@@ -83,10 +85,12 @@ def cpu_only(out: Path, baseline: str | None = None) -> None:
             fn(got)
             if not np.array_equal(got, want):
                 raise SystemExit(f"{name}: the {kind} path's frame differs from the reference")
+        timed = {**paths, "v1_cpu": lambda f: wm1.embed(f)}  # another mark: timed, not compared
+        timed["v1_cpu"](host.copy())  # its first call builds its pattern
         frame = host.copy()
-        times: dict[str, list[float]] = {k: [] for k in paths}
+        times: dict[str, list[float]] = {k: [] for k in timed}
         for _ in range(40):
-            for kind, fn in paths.items():
+            for kind, fn in timed.items():
                 t0 = time.perf_counter()
                 fn(frame)
                 times[kind].append((time.perf_counter() - t0) * 1e6)
@@ -95,18 +99,21 @@ def cpu_only(out: Path, baseline: str | None = None) -> None:
             records.append({"metric": f"watermark_v2_embed_{name}_{kind}", "value": round(value, 1), "unit": "us",
                             "stat": "p50", "config": {"size": f"{w}x{h}", "reps": 40}, **cpu})
         then_cell = f" {p50[f'cpu_at_{baseline}'] / 1e3:.2f} ms |" if old is not None else ""
-        rows.append(f"| {name} | {p50['cpu'] / 1e3:.2f} ms |{then_cell} {p50['cpu_reference'] / 1e3:.2f} ms |")
+        rows.append(f"| {name} | {p50['cpu'] / 1e3:.2f} ms |{then_cell} {p50['cpu_reference'] / 1e3:.2f} ms | "
+                    f"{p50['v1_cpu'] / 1e3:.2f} ms |")
         print(f"{name}: " + ", ".join(f"{k} {v:.0f} us" for k, v in p50.items()), flush=True)
     out.mkdir(parents=True, exist_ok=True)
     (out / "watermark_v2_cpu.json").write_text(json.dumps(records, indent=2) + "\n")
     (out / "watermark_v2_cpu.md").write_text("\n".join([
         f"# Watermark v2 embedding on the CPU ({cpu['device']}, {cpu['commit']}, {cpu['date']})", "",
         f"`{cpu['command']}`. Median of 40 calls per frame and path, the paths called in turn, one thread "
-        "calling (OpenCV uses its own threads), a smooth random frame; every path checked equal to the "
-        "reference, element by element, first.", "",
+        "calling (OpenCV uses its own threads), a smooth random frame; every v2 path checked equal to the "
+        "reference, element by element, first (v1 is another mark: timed, not compared). At 720p30 a "
+        "frame has 33 ms; the CPU live path's main thread is already busy for most of it (docs/performance.md).", "",
         "| size | `WatermarkerV2.embed` (OpenCV, kept working arrays) |"
-        + (f" the same at {baseline} |" if old is not None else "") + " NumPy reference |",
-        "|---|---|---|" + ("---|" if old is not None else ""),
+        + (f" the same at {baseline} |" if old is not None else "") + " NumPy reference |"
+        + " v1 (`Watermarker.embed`, the default mark) |",
+        "|---|---|---|---|" + ("---|" if old is not None else ""),
         *rows, ""]))
 
 
