@@ -192,6 +192,9 @@ def _summary(stats: "object", output: Path) -> None:
     t.add_row("decode", {"nvdec": "NVDEC (GPU)", "pyav": "PyAV (host)"}.get(stats.decoder, stats.decoder))
     t.add_row("time", f"{stats.seconds:.2f} s")
     t.add_row("speed", f"{stats.fps:.1f} fps")
+    if stats.frames:
+        # Where the loop's time goes (host time a frame): `read` is the wait for the decoder.
+        t.add_row("loop ms/frame", " ".join(f"{k.replace('_', '-')} {v:.2f}" for k, v in stats.step_ms().items()))
     out.print(t)
 
 

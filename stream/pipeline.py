@@ -64,6 +64,15 @@ class JobStats:
     """What the input looked like."""
     decoder: str = "pyav"
     """What decoded the video: `pyav` (FFmpeg on the host) or `nvdec` (the GPU's decoder)."""
+    steps: dict[str, float] = field(default_factory=dict)
+    """Host seconds of the loop's steps, summed over the run: `read` (waiting for the next decoded
+    frame: decoding itself on the CPU path, the reader thread's lag on the GPU one), `analyse`,
+    `swap` (queueing it, on the GPU), `hand_over` (to the encoder: on the GPU the yuv420p conversion,
+    the download and the wait for the frame before; on both, the wait for the encoder's queue)."""
+
+    def step_ms(self) -> dict[str, float]:
+        """`steps` in milliseconds a frame."""
+        return {k: v * 1e3 / self.frames for k, v in self.steps.items()} if self.frames else {}
 
     @property
     def fps(self) -> float:
@@ -284,6 +293,8 @@ class FileJob:
                     threads=enc.threads) as writer, \
                     BackgroundCalls(depth=path.encode_queue, name=f"{path.name}-encoder") as encoder:
                 pending: list[tuple[Decoded, list[Any]]] = []
+                steps = stats.steps = {"read": 0.0, "analyse": 0.0, "swap": 0.0, "hand_over": 0.0}
+                tick = time.perf_counter
 
                 def count(done: int) -> None:
                     stats.frames += done
@@ -293,13 +304,17 @@ class FileJob:
                 def flush() -> None:
                     if not pending:
                         return
+                    t = tick()
                     with path.swapping([d for d, _ in pending]):
                         self._swap_pending([(d.frame, faces) for d, faces in pending], stats)
+                    t1 = tick()
                     for d, _ in pending:
                         count(path.hand_over(d, writer, encoder))
+                    steps["swap"] += t1 - t
+                    steps["hand_over"] += tick() - t1
                     pending.clear()
 
-                t0 = time.perf_counter()
+                t0 = tick()
                 item = first
                 while item is not None:
                     if isinstance(item, AudioPacket):
@@ -308,16 +323,22 @@ class FileJob:
                         encoder.submit(writer.write_audio, item)
                         stats.audio_packets += 1
                     else:
+                        t = tick()
                         faces = path.analyse(self.analyser, item)
+                        steps["analyse"] += tick() - t
                         stats.tracks.update(f.track_id for f in faces)
                         pending.append((item, faces))
                         if len(pending) >= batch or sum(len(f) for _, f in pending) >= batch:
                             flush()
+                    t = tick()
                     item = next(items, None)
+                    steps["read"] += tick() - t
                 flush()
+                t = tick()
                 count(path.finish())
                 encoder.close()  # every frame encoded (and its error raised) before the time is taken
-                stats.seconds = time.perf_counter() - t0
+                steps["hand_over"] += tick() - t
+                stats.seconds = tick() - t0
                 if stats.frames == 0:
                     # Raised inside the writer's block, so that it removes the empty output file.
                     raise InputError(f"input '{inp}' has no decodable video frames. Check that it is "

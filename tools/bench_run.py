@@ -49,8 +49,12 @@ def run_summary(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | N
     decode = re.search(r"decode\s+(\S+)", p.stdout)
     if not (fps and frames and swapped):
         sys.exit(f"error: no summary in the output of {' '.join(cmd)}:\n{p.stdout[-3000:]}")
+    # The loop's host time a frame per step (`read` is the wait for the decoder); a long row may wrap.
+    loop = re.search(r"loop ms/frame\s+((?:[a-z-]+ [\d.]+\s*)+)", p.stdout)
+    steps = {k: float(v) for k, v in re.findall(r"([a-z-]+) ([\d.]+)", loop.group(1))} if loop else {}
     return {"fps": float(fps.group(1)), "frames": int(frames.group(1)), "frames_swapped": int(swapped.group(1)),
-            "decode": decode.group(1) if decode else "?", "summary": p.stdout.strip().splitlines()[-12:]}
+            "decode": decode.group(1) if decode else "?", "loop_ms": steps,
+            "summary": p.stdout.strip().splitlines()[-13:]}
 
 
 def baseline_env(tree: Path, work: Path) -> dict[str, str]:
@@ -145,7 +149,8 @@ def main() -> None:
                        "runs_fps": [r["fps"] for r in runs[m]],
                        "frames": [r["frames"] for r in runs[m]],
                        "frames_written": [r["frames_written"] for r in runs[m]],
-                       "frames_swapped": [r["frames_swapped"] for r in runs[m]], "run_command": shown},
+                       "frames_swapped": [r["frames_swapped"] for r in runs[m]],
+                       "loop_ms_per_frame": [r["loop_ms"] for r in runs[m]], "run_command": shown},
             "device": device, "commit": commit or "unknown", "date": date, "command": command}
            for m in modes]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -161,6 +166,12 @@ def main() -> None:
                      f"{', '.join(str(r['fps']) for r in rs)} | **{fps[m]} fps** | "
                      f"{'/'.join(str(r['frames']) for r in rs)} | {'/'.join(str(r['frames_written']) for r in rs)} | "
                      f"{'/'.join(str(r['frames_swapped']) for r in rs)} |")
+    lines += ["", "The loop's host time a frame by step, median of the runs (`read` is the wait for the decoder; "
+              "a run's summary prints it as `loop ms/frame`):", ""]
+    for m, text in modes.items():
+        keys = [k for k in runs[m][0]["loop_ms"]]
+        cells = [f"{k} {statistics.median(r['loop_ms'].get(k, 0.0) for r in runs[m]):.2f}" for k in keys]
+        lines.append(f"- {text}: {', '.join(cells) if cells else 'not printed by this revision'}")
     lines += ["", "The last run's summary:", "", "```", *runs[list(modes)[0]][-1]["summary"], "```", ""]
     (args.out / f"{args.name}.md").write_text("\n".join(lines))
     print("\n".join(lines))

@@ -29,7 +29,6 @@ The loop itself is `FileJob.run`'s, the same as on the CPU; `DeviceFrames` is th
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -85,8 +84,6 @@ class GpuFileJob(FileJob):
     # Set by each run's DeviceFrames, for diagnostics and the summary.
     decoder_used: str
     """What decodes the input: `nvdec` or `pyav`."""
-    stage_seconds: dict[str, float]
-    """Host seconds of the last run's loop steps: analyse, submit (swap and hand-over), encode."""
     ring_stalls: dict[str, int]
     """Ring acquisitions of the last run that had to wait, per ring."""
 
@@ -262,9 +259,6 @@ class DeviceFrames:
         # Frames in flight, oldest first: (pinned slot or None, the event to wait for, frame, set
         # once the encoder has read the slot).
         self.in_flight: deque[tuple[Slot[np.ndarray] | None, Any, Frame, HostEvent]] = deque()
-        # "encode" is the loop's wait to hand a frame over (the D2H copy, then the encoder's queue),
-        # not x264's own time, which runs on the encoder thread.
-        job.stage_seconds = self.stage_seconds = {"analyse": 0.0, "submit": 0.0, "encode": 0.0}
         job.ring_stalls = {"pinned_in": 0, "device": 0, "pinned_out": 0}
         self._audio: list[Any] = []  # the input's audio stream, once the reader has opened the file
         self._reads: ReadAhead | None = None
@@ -306,26 +300,21 @@ class DeviceFrames:
     def analyse(self, analyser: Any, item: Decoded) -> list[Any]:
         # Analysis reads the device frame once it is ready; only its landmarks come back to the
         # host (the one mid-frame wait).
-        t = time.perf_counter()
         with nvtx("analyse"), self.analyse_stream:
             self.analyse_stream.wait_event(item.ready)
             faces = analyser.track(item.frame)
             item.analysed = self.analyse_stream.record()
-        self.stage_seconds["analyse"] += time.perf_counter() - t
         return faces  # type: ignore[no-any-return]
 
     @contextmanager
     def swapping(self, batch: list[Decoded]) -> Iterator[None]:
         # The swap writes the frames in place, so after analysis has read them.
-        t = time.perf_counter()
         with nvtx("swap"), self.compute:
             for d in batch:
                 self.compute.wait_event(d.analysed)
             yield
-        self.stage_seconds["submit"] += time.perf_counter() - t
 
     def hand_over(self, item: Decoded, writer: Any, encoder: BackgroundCalls) -> int:
-        t = time.perf_counter()
         self._writer, self._encoder = writer, encoder
         dslot, frame = item.slot, item.frame
         with self.compute:
@@ -354,7 +343,6 @@ class DeviceFrames:
                     self.dev.release(dslot, downloaded)
                 self.pin_out.release(pout, read)
             self.in_flight.append((pout, downloaded, frame, read))
-        self.stage_seconds["submit"] += time.perf_counter() - t
         # Hand over the previous frame while this one is computed and copied back.
         n = 0
         while len(self.in_flight) > 1:
@@ -366,7 +354,6 @@ class DeviceFrames:
         slot, event, frame, read = self.in_flight.popleft()
         writer, encoder = self._writer, self._encoder
         assert encoder is not None  # set by hand_over, which put the frame in flight
-        t = time.perf_counter()
         with nvtx("encode"):
             event.synchronize()  # the encoder hand-over: the only host wait per frame
             if slot is None:
@@ -383,7 +370,6 @@ class DeviceFrames:
 
                 # x264 runs on the encoder thread; this waits only when ENCODE_QUEUE frames do.
                 encoder.submit(encode)
-        self.stage_seconds["encode"] += time.perf_counter() - t
 
     def finish(self) -> int:
         n = len(self.in_flight)

@@ -169,6 +169,19 @@ def test_run_to_the_null_output(assets: Assets, tmp_path: Path) -> None:
     assert re.search(r"^audio\s+[1-9]\d* packets carried", res.stdout, re.M), res.stdout
     assert re.search(r"^decode\s+PyAV \(host\)", res.stdout, re.M), res.stdout
     assert list(tmp_path.iterdir()) == [], "the null output wrote a file"
+    # The loop's host time a frame by step: every step of the one loop, and together nearly all of
+    # the time per frame that `speed` reports (the rest is audio hand-over and bookkeeping).
+    loop = re.search(r"^loop ms/frame\s+read ([\d.]+) analyse ([\d.]+) swap ([\d.]+) hand-over ([\d.]+)\s*$",
+                     res.stdout, re.M)
+    assert loop, res.stdout
+    speed = re.search(r"^speed\s+([\d.]+) fps", res.stdout, re.M)
+    assert speed, res.stdout
+    steps = [float(v) for v in loop.groups()]
+    per_frame = 1e3 / float(speed.group(1))
+    assert steps[1] > 0 and steps[2] > 0, steps  # analysis and the swap ran on every frame
+    # Bounds that only a missing or double-counted step breaks: rounding to 0.01 ms, and the loop's
+    # untimed bookkeeping, are far inside them.
+    assert 0.5 * per_frame <= sum(steps) <= 1.02 * per_frame + 0.05, (steps, per_frame)
 
 
 def test_null_output_still_marks_every_frame(assets: Assets, monkeypatch: pytest.MonkeyPatch) -> None:
