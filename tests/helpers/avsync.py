@@ -301,6 +301,11 @@ def onsets(audio: list[tuple[np.ndarray, float]]) -> list[tuple[float, int]]:
     return out
 
 
+SEAM_S = 0.5
+"""Change in a video frame's output-minus-source time, from one frame to the next, that marks a
+seam: an outage that the output's timeline closed (within an epoch it does not change at all)."""
+
+
 def skews(session: Session, fps: int, t0: float) -> list[tuple[float, float, float]]:
     """(output pts, source time, audio minus video in seconds) at each tone onset of a session: the onset's
     source second set against the source times of the video frames within 1 s of it on the output
@@ -308,6 +313,12 @@ def skews(session: Session, fps: int, t0: float) -> list[tuple[float, float, flo
     if not session.video:
         return []
     vt = np.array([t for _, t, _ in session.video])
+
+    def video_offset(i: int) -> float:
+        """Output time minus source time of video frame i: constant within an epoch."""
+        n16, t, arrived = session.video[i]
+        return t - unwrap16(n16, (arrived - t0) * fps) / fps
+
     out = []
     for at, code in onsets(session.audio):
         near = np.flatnonzero(np.abs(vt - at) <= 1.0)
@@ -317,14 +328,18 @@ def skews(session: Session, fps: int, t0: float) -> list[tuple[float, float, flo
         # after). Not a median over both sides: across a reconnect's seam the frames before and
         # after it have source times an outage apart.
         before = near[vt[near] <= at]
+        after = near[vt[near] > at]
         i = int(before[-1]) if before.size else int(near[0])
-        n16, t, arrived = session.video[i]
-        n = unwrap16(n16, (arrived - t0) * fps)
-        video_offset = t - n / fps
-        source = at - video_offset  # the onset's source time, if A and V were in step
+        if before.size and after.size and abs(video_offset(int(after[0])) - video_offset(i)) > SEAM_S:
+            # The onset falls in a gap of the video that spans a seam (the output's first frames
+            # after an outage came later than its audio): which side's picture it goes with is not
+            # in the output. A real misalignment across the seam shows at the onsets after it.
+            continue
+        video_offset_i = video_offset(i)
+        source = at - video_offset_i  # the onset's source time, if A and V were in step
         k = round(source / 2)
         k += ((code - k) % 16 + 8) % 16 - 8  # the nearest k with the onset's code
-        out.append((at, float(2 * k), (at - 2 * k) - video_offset))
+        out.append((at, float(2 * k), (at - 2 * k) - video_offset_i))
     return out
 
 

@@ -52,3 +52,24 @@ def test_a_tone_cut_short_by_a_gap_still_counts() -> None:
     later = [(x, t + t_end + 0.2) for x, t in packets([(4.5, 9.5)])]  # 0.2 s of nothing, mid-tone
     found = onsets(audio + later)
     assert [code for _, code in found] == [1, 2, 3, 4], found
+
+
+def test_an_onset_in_the_video_gap_at_a_seam_is_not_paired_across_it() -> None:
+    """`skews` at a reconnect's seam: the output's timeline closed a 4.5 s outage in both streams
+    alike (A and V in step), but the first frames after it were dropped, so a tone onset plays while
+    the last frame before the outage is still on screen. Paired with that frame it would read as a
+    4.5 s skew (the soak saw 4.7 s); it is left out, and the onsets after it measure 0."""
+    from ..helpers.avsync import Session, skews
+
+    fps = 10
+    # Epoch 1: source 0.5-9.45 s at output 0-8.95 s. Epoch 2: source 13.98 s on, at output 8.95 s.
+    audio = packets([(0.5, 9.45), (13.98, 20.5)])
+    shift2 = 8.95 - 13.98
+    video = [(n, n / fps - 0.5, n / fps + 0.05) for n in range(5, 95)]  # up to output 8.9 s
+    # Source frames 14.0 s (output 8.97 s, where the onset of source second 14 plays) missing.
+    video += [(n, n / fps + shift2, n / fps + 0.05) for n in range(141, 205)]
+    found = skews(Session(video=video, audio=audio), fps, 0.0)
+    sources = [src for _, src, _ in found]
+    assert 14.0 not in sources, found
+    assert {16.0, 18.0} <= set(sources), found  # the onsets after the seam are measured
+    assert all(abs(sk) < 0.02 for _, _, sk in found), found  # 20 ms: one AAC packet and rounding
