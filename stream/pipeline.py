@@ -157,7 +157,7 @@ class FramePath(Protocol):
         """Send `item`'s swapped frame on to the writer; returns how many frames reached it now."""
         ...
 
-    def finish(self) -> int:
+    def finish(self, writer: Any, encoder: BackgroundCalls) -> int:
         """Send on every frame still held; returns how many."""
         ...
 
@@ -179,7 +179,7 @@ class HostFrames:
         self._reader: VideoReader | None = None
 
     def items(self) -> Iterator[AudioPacket | Decoded]:
-        self._reader = VideoReader(self._inp).__enter__()
+        self._reader = VideoReader(self._inp)
         for item in self._reader:
             yield item if isinstance(item, AudioPacket) else Decoded(item)
 
@@ -198,12 +198,12 @@ class HostFrames:
         encoder.submit(writer.write, item.frame)
         return 1
 
-    def finish(self) -> int:
+    def finish(self, writer: Any, encoder: BackgroundCalls) -> int:
         return 0
 
     def close(self) -> None:
         if self._reader is not None:
-            self._reader.__exit__(None, None, None)
+            self._reader.close()
 
 
 class FileJob:
@@ -335,7 +335,7 @@ class FileJob:
                     steps["read"] += tick() - t
                 flush()
                 t = tick()
-                count(path.finish())
+                count(path.finish(writer, encoder))
                 encoder.close()  # every frame encoded (and its error raised) before the time is taken
                 steps["hand_over"] += tick() - t
                 stats.seconds = tick() - t0
@@ -369,11 +369,9 @@ class FileJob:
         face = replace(self.source_face, track_id=-1)
         frame = self._working_copy(self.source_image)
         if self.neural is not None:
-            ident = self.neural.swapper.identity(self.source_image, face)
             # Every batch size `run` will call with (`batches`): each is a graph of its own.
-            for n in range(1, max(1, batches) + 1):
-                for _ in range(2):  # a CUDA graph is captured by the first call, replayed by the second
-                    self.neural.swapper.swap_many([(frame, face)] * n, [ident] * n)
+            self.neural.swapper.warm_up(frame, face, self.neural.swapper.identity(self.source_image, face),
+                                        batches)
         else:
             self.swapper.swap(frame, [face])
             if self.mesh is not None and self.mesh.occlusion is not None:

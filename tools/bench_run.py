@@ -169,7 +169,7 @@ def main() -> None:
     lines += ["", "The loop's host time a frame by step, median of the runs (`read` is the wait for the decoder; "
               "a run's summary prints it as `loop ms/frame`):", ""]
     for m, text in modes.items():
-        keys = [k for k in runs[m][0]["loop_ms"]]
+        keys = list(runs[m][0]["loop_ms"])
         cells = [f"{k} {statistics.median(r['loop_ms'].get(k, 0.0) for r in runs[m]):.2f}" for k in keys]
         lines.append(f"- {text}: {', '.join(cells) if cells else 'not printed by this revision'}")
     lines += ["", "The last run's summary:", "", "```", *runs[list(modes)[0]][-1]["summary"], "```", ""]

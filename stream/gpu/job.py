@@ -239,7 +239,7 @@ class DeviceFrames:
         # ring hands out a slot that was never released without waiting, so a count one short
         # would overwrite a pending frame rather than stall.
         self.dev: Ring[Any] = Ring(DECODE_AHEAD + 2 + batch, lambda _i: cupy.empty(shape, cupy.uint8))
-        self.null = is_null_output(out)
+        null = is_null_output(out)
         # The encoder's input format made on the device: half the bytes of RGB to copy back, and no
         # RGB -> YUV pass on the host (x264 takes yuv420p as it is). Odd sizes go back as RGB (the
         # writer crops them; 4:2:0 needs even ones).
@@ -248,13 +248,13 @@ class DeviceFrames:
         out_shape = (h * 3 // 2, w) if self.planar else shape
         self.yuv: Ring[Any] | None = None
         self.uv_scratch: Any = None
-        if self.planar and not self.null:
+        if self.planar and not null:
             self.yuv = Ring(RING_SLOTS, lambda _i: cupy.empty(out_shape, cupy.uint8))
             self.uv_scratch = cupy.empty((h // 2, w), cupy.uint8)
         # A host slot is free again once the encoder thread has read it (its HostEvent): room for
         # the frames the encoder holds, the ones whose download is in flight, and the next one.
         # The null output downloads nothing.
-        self.pin_out: Ring[np.ndarray] | None = None if self.null else Ring(
+        self.pin_out: Ring[np.ndarray] | None = None if null else Ring(
             RING_SLOTS + ENCODE_QUEUE, lambda _i: cupyx.empty_pinned(out_shape, np.uint8))
         # Frames in flight, oldest first: (pinned slot or None, the event to wait for, frame, set
         # once the encoder has read the slot).
@@ -262,8 +262,6 @@ class DeviceFrames:
         job.ring_stalls = {"pinned_in": 0, "device": 0, "pinned_out": 0}
         self._audio: list[Any] = []  # the input's audio stream, once the reader has opened the file
         self._reads: ReadAhead | None = None
-        self._writer: Any = None
-        self._encoder: BackgroundCalls | None = None
 
     def items(self) -> Iterator[AudioPacket | Decoded]:
         # The swap model's graphs (one per batch size) and the kernels, before the loop's clock, on
@@ -315,7 +313,6 @@ class DeviceFrames:
             yield
 
     def hand_over(self, item: Decoded, writer: Any, encoder: BackgroundCalls) -> int:
-        self._writer, self._encoder = writer, encoder
         dslot, frame = item.slot, item.frame
         with self.compute:
             picture = dslot.buffer
@@ -346,14 +343,12 @@ class DeviceFrames:
         # Hand over the previous frame while this one is computed and copied back.
         n = 0
         while len(self.in_flight) > 1:
-            self._finish_oldest()
+            self._finish_oldest(writer, encoder)
             n += 1
         return n
 
-    def _finish_oldest(self) -> None:
+    def _finish_oldest(self, writer: Any, encoder: BackgroundCalls) -> None:
         slot, event, frame, read = self.in_flight.popleft()
-        writer, encoder = self._writer, self._encoder
-        assert encoder is not None  # set by hand_over, which put the frame in flight
         with nvtx("encode"):
             event.synchronize()  # the encoder hand-over: the only host wait per frame
             if slot is None:
@@ -371,10 +366,10 @@ class DeviceFrames:
                 # x264 runs on the encoder thread; this waits only when ENCODE_QUEUE frames do.
                 encoder.submit(encode)
 
-    def finish(self) -> int:
+    def finish(self, writer: Any, encoder: BackgroundCalls) -> int:
         n = len(self.in_flight)
         while self.in_flight:
-            self._finish_oldest()
+            self._finish_oldest(writer, encoder)
         return n
 
     def close(self) -> None:

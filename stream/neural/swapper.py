@@ -138,6 +138,14 @@ class NeuralSwapper:
             e = np.asarray(c.get() if hasattr(c, "get") else c, dtype=np.float32).reshape(1, -1)
         return source_vector(e, self.contract.embedding, self.emap)
 
+    def warm_up(self, frame: Any, face: Face, ident: np.ndarray, batches: int) -> None:
+        """Swap `face` in `frame` at every batch size from 1 to `batches`, twice each, on the current
+        stream: each size's CUDA graph is captured by its first call (and per stream), replayed by the
+        second, so that no capture falls in a stream's or a loop's time."""
+        for n in range(1, max(1, batches) + 1):
+            for _ in range(2):
+                self.swap_many([(frame, face)] * n, [ident] * n)
+
     def swap(self, frame: Any, faces: list[Face]) -> int:
         """Swap every face of one frame in place; returns the number swapped."""
         return self.swap_many([(frame, f) for f in faces])

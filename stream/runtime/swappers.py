@@ -200,11 +200,7 @@ class NeuralBackend:
 
         image = astronaut()
         face = source_face(self._analyser.analyse_image(image), "built-in warm-up portrait")
-        ident = self.swapper.identity(image, face)
-        frame = cupy.asarray(image)
-        for b in range(1, self.max_batch + 1):
-            for _ in range(2):  # capture, then a replay
-                self.swapper.swap_many([(frame, face)] * b, [ident] * b)
+        self.swapper.warm_up(cupy.asarray(image), face, self.swapper.identity(image, face), self.max_batch)
         cupy.cuda.get_current_stream().synchronize()
 
     def identity(self, image: np.ndarray) -> Any:

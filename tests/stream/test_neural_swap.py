@@ -128,6 +128,18 @@ def test_identity_swapper_round_trip(size: int) -> None:
         sw.set_source(img, face)
         out = img.copy()
         assert sw.swap(out, [face]) == 1
+        # The warm-up (file jobs and the runtime, before their first frame) calls the model at every
+        # batch size up to the one asked for, twice each: a graph is captured, then replayed.
+        infer, batches = sw_runner.infer, []
+
+        def counting(feed: dict[str, np.ndarray], *args: object) -> object:
+            batches.append(int(feed[contract.target_name].shape[0]))
+            return infer(feed, *args)
+
+        sw_runner.infer = counting  # type: ignore[method-assign]
+        sw.warm_up(img.copy(), face, sw.identity(img, face), 3)
+        sw_runner.infer = infer  # type: ignore[method-assign]
+        assert batches == [1, 1, 2, 2, 3, 3], batches
     x1, y1, x2, y2 = face.box.astype(int)
     region = (slice(max(y1, 0), y2), slice(max(x1, 0), x2))
     value = psnr(out[region], img[region])
