@@ -648,6 +648,25 @@ RATE_WINDOW_FRAMES = 64
 """Frames whose output times a writer keeps to measure the rate it declares on a reconnection."""
 AUDIO_HOLD_PACKETS = 256
 """Audio packets a new writer keeps while it measures (about 5 s of 48 kHz AAC); older ones go."""
+HLS_PLAYABLE_SEGMENTS = 3
+"""Segments a live playlist lists before a player can start it. A player starts three target
+durations from the live edge (RFC 8216, 6.3.3), and Chromium's built-in HLS player fails a live
+playlist of one or two segments with DEMUXER_ERROR_COULD_NOT_PARSE instead of waiting (measured)."""
+
+
+def hls_playable(playlist: Path) -> bool:
+    """Whether a live HLS playlist lists enough segments for a player to start it."""
+    try:
+        return playlist.read_text().count("#EXTINF:") >= HLS_PLAYABLE_SEGMENTS
+    except (OSError, UnicodeDecodeError):
+        return False  # not written yet
+
+
+HLS_SEGMENT_FRAMES = 8
+"""Fewest frames an HLS segment holds (all but a stream's last). Chromium's built-in HLS player
+(Debian's Chromium 156) fails a segment of 7 frames or fewer with DEMUXER_ERROR_COULD_NOT_PARSE,
+whatever its duration (measured: 8 frames at 30 fps or at 2 fps play, 7 do not); a CPU swap that
+falls behind delivers 2-7 frames a second, so one-second segments were unplayable there."""
 
 
 def delivered_rate(times: Iterable[Fraction]) -> Fraction | None:
@@ -672,8 +691,10 @@ class LiveWriter:
 
     Keyframes: one every `gop_seconds` of the output's timeline (the frames' pts), forced by the
     writer, whatever the frame rate: the first frame at or past each multiple of `gop_seconds` from
-    the first frame is an IDR frame. An HLS segment is that long and a new RTMP viewer waits at most
-    that long for a picture, at 30 fps or at the 2-7 fps of a CPU swap that falls behind.
+    the first frame is an IDR frame. A new RTMP viewer waits at most that long for a picture, at
+    30 fps or at the 2-7 fps of a CPU swap that falls behind. An HLS segment is that long too, or a
+    whole number of GOPs where one GOP would hold fewer than HLS_SEGMENT_FRAMES frames: HLS skips
+    the grid points until a segment has that many (2 s segments at 4-7 fps, 3 s at 3 fps).
 
     Declared rate: the rate the output delivers, measured. A live job's output rate is not known in
     advance: the CPU path drops the frames its swap cannot keep up with, so it delivers anything up
@@ -725,6 +746,8 @@ class LiveWriter:
         self._held_audio: deque[AudioPacket] = deque(maxlen=AUDIO_HOLD_PACKETS)
         self._next_key: Fraction | None = None
         """Output time from which the next frame is forced to be a keyframe; None: the next one is."""
+        self._since_key = 0
+        """Frames encoded since the last forced keyframe."""
         self._grid: Fraction = Fraction(0)
         self._down_since: float | None = None
         """Start of the current outage (its first failure), or None while the output works."""
@@ -862,14 +885,21 @@ class LiveWriter:
             self.write_audio(p)
 
     def _encode(self, vf: Any, t: Fraction) -> None:
+        if self._next_key is not None and t >= self._next_key and self.kind == "hls" \
+                and self._since_key < HLS_SEGMENT_FRAMES:
+            # Too few frames for a segment a browser plays: wait for the next grid point, so that
+            # segments stay whole numbers of GOPs (and the playlist's target duration steady).
+            self._next_key = self._grid_after(t)
         if self._next_key is None or t >= self._next_key:
             # Forced, on the grid of gop_seconds from the connection's first frame: x264 counts
             # frames, and this output's frame rate is whatever the swap keeps up with.
             vf.pict_type = PictureType.I
             if self._next_key is None:
                 self._grid = t
-            self._next_key = self._grid + (int((t - self._grid) / self._gop) + 1) * self._gop
+            self._next_key = self._grid_after(t)
             self.keyframes += 1
+            self._since_key = 0
+        self._since_key += 1
         try:
             for p in self._v.encode(vf):
                 self._c.mux(p)
@@ -882,6 +912,10 @@ class LiveWriter:
         if self._down_since is not None and time.monotonic() - self._up_since >= RECOVERED_AFTER_S:
             log.info("live output '%s' is back", self.target)
             self._down_since = None
+
+    def _grid_after(self, t: Fraction) -> Fraction:
+        """The first point of the keyframe grid after output time `t`."""
+        return self._grid + (int((t - self._grid) / self._gop) + 1) * self._gop
 
     def write_audio(self, packet: AudioPacket) -> None:
         if self._c is None and not self._deferred:

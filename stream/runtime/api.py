@@ -55,6 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..config import PRESETS_DIR
 from ..errors import ConfigError, ConsentError, EngineUserError, InputError, NoFaceError, SwapStreamError
 from ..live.auth import bearer_refusal
+from ..live.streams import hls_playable
 from ..netpolicy import OutboundPolicy, OutboundRefused, UrlSyntaxError, parse_rtmp_url
 from ..redact import MASK, RedactingFilter, redact_text
 from .manager import (REMOVE_WAIT_S, SERVER_SETTINGS, STREAM_ID, StreamNotFound, StreamRequestError,
@@ -341,9 +342,9 @@ class ControlApi:
         key = self.settings.view_keys.get(p.id)
         if key is not None and any(o.kind == "hls" for o in p.spec.outputs):
             info["hls"] = f"/hls/{p.id}/{key}/index.m3u8"
-            # A player opened before the first segment exists gives up: say when it is worth it.
+            # A player opened on a playlist too short to start fails: say when it is worth it.
             root = self.settings.hls_root
-            info["hls_ready"] = root is not None and (root / p.id / "index.m3u8").is_file()
+            info["hls_ready"] = root is not None and hls_playable(root / p.id / "index.m3u8")
         info["preview"] = f"/api/streams/{p.id}/preview.jpg"
         return info
 

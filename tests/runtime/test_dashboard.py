@@ -26,6 +26,14 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disa
         "--disable-component-update", "--disable-sync", "--autoplay-policy=no-user-gesture-required"]
 
 
+PREVIEW_STATE = """() => Object.fromEntries([...document.querySelectorAll('.card')].map(c => {
+    const p = c.querySelector('.preview');
+    return [c.dataset.stream, {tag: p.tagName, width: p.naturalWidth ?? null, ready: p.readyState ?? null,
+                               time: p.currentTime ?? null, error: p.error ? p.error.message : null}];
+}))"""
+"""Each card's preview as the page holds it: what a failed wait on the previews reports."""
+
+
 def test_dashboard_lists_streams_with_previews_and_charts(served: Served, tmp_path: Path) -> None:
     for sid, outputs in (("studio", [{"type": "hls"}]), ("lobby", [{"type": "null"}])):
         status, _, body = request(served, "POST", "/api/streams", {
@@ -52,12 +60,17 @@ def test_dashboard_lists_streams_with_previews_and_charts(served: Served, tmp_pa
         page.wait_for_function("Object.values(window.dash.fps).every(f => f > 2)", timeout=60000)
         # Previews: the last-frame image for the stream without HLS; for the HLS stream, once its
         # playlist exists, the live HLS video (Debian's Chromium plays HLS natively).
-        page.wait_for_function("""() => {
-            const lobby = document.querySelector('#card-lobby .preview');
-            const studio = document.querySelector('#card-studio .preview');
-            return lobby.tagName === 'IMG' && lobby.naturalWidth > 0
-                && studio.tagName === 'VIDEO' && studio.readyState >= 2 && studio.currentTime > 0;
-        }""", timeout=60000)
+        try:
+            page.wait_for_function("""() => {
+                const lobby = document.querySelector('#card-lobby .preview');
+                const studio = document.querySelector('#card-studio .preview');
+                return lobby.tagName === 'IMG' && lobby.naturalWidth > 0
+                    && studio.tagName === 'VIDEO' && studio.readyState >= 2 && studio.currentTime > 0;
+            }""", timeout=60000)
+        except sync_api.TimeoutError:
+            # Say which preview did not come, and in what state, rather than only that the wait ran out.
+            pytest.fail(f"previews not shown: {page.evaluate(PREVIEW_STATE)}; "
+                        f"HLS errors: {page.evaluate('window.dash.hlsErrors')}")
         kinds = page.evaluate("[...document.querySelectorAll('.card')].map(c => [c.dataset.stream, "
                               "c.querySelector('.preview').tagName])")
         fps_text = page.locator("#card-lobby .v-fps").inner_text()
