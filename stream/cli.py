@@ -195,6 +195,10 @@ def _summary(stats: "object", output: Path) -> None:
     if stats.frames:
         # Where the loop's time goes (host time a frame): `read` is the wait for the decoder.
         t.add_row("loop ms/frame", " ".join(f"{k.replace('_', '-')} {v:.2f}" for k, v in stats.step_ms().items()))
+        # A frame's time in the loop, from the decoder to the encoder (`JobStats.latency`).
+        lat = stats.latency
+        t.add_row("latency ms", " ".join(f"{k} {lat.percentile_ms(q):.2f}" for k, q in
+                                         (("p50", 50), ("p99", 99), ("max", 100))))
     out.print(t)
 
 

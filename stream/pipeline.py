@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -44,6 +46,34 @@ DownloadProgressFn = Callable[[str, int, int], None]
 """Called with (model name, bytes done, total bytes) while a model downloads."""
 
 
+class LatencyRecord:
+    """Per-frame latencies in memory that does not grow with the file: counts in bins 1% wide on a
+    log scale from 10 µs to 100 s, so that a percentile is within 1% of the exact one."""
+
+    LOW_S = 1e-5
+    STEP = math.log(1.01)
+    BINS = 1621
+    """1.01 ** 1620 is just over 1e7: the last bin starts at 100 s and takes everything longer."""
+
+    def __init__(self) -> None:
+        self.counts = np.zeros(self.BINS, np.int64)
+        self.n = 0
+
+    def add(self, seconds: float) -> None:
+        i = int(math.log(max(seconds, self.LOW_S) / self.LOW_S) / self.STEP)
+        self.counts[min(i, self.BINS - 1)] += 1
+        self.n += 1
+
+    def percentile_ms(self, q: float) -> float | None:
+        """The q-th percentile (0-100) in milliseconds, None before any frame: the geometric middle
+        of the bin that holds it."""
+        if not self.n:
+            return None
+        rank = max(1, math.ceil(q / 100 * self.n))
+        i = int(np.searchsorted(np.cumsum(self.counts), rank))
+        return self.LOW_S * math.exp((i + 0.5) * self.STEP) * 1e3
+
+
 @dataclass
 class JobStats:
     """What a file job did, for the summary line and for tests."""
@@ -69,6 +99,9 @@ class JobStats:
     frame: decoding itself on the CPU path, the reader thread's lag on the GPU one), `analyse`,
     `swap` (queueing it, on the GPU), `hand_over` (to the encoder: on the GPU the yuv420p conversion,
     the download and the wait for the frame before; on both, the wait for the encoder's queue)."""
+    latency: LatencyRecord = field(default_factory=LatencyRecord)
+    """Each frame's time from the loop taking it from the decoder to its hand-over to the encoder
+    (its download done, on the GPU): held back for a batch, swapped, marked and converted."""
 
     def step_ms(self) -> dict[str, float]:
         """`steps` in milliseconds a frame."""
@@ -295,8 +328,13 @@ class FileJob:
                 pending: list[tuple[Decoded, list[Any]]] = []
                 steps = stats.steps = {"read": 0.0, "analyse": 0.0, "swap": 0.0, "hand_over": 0.0}
                 tick = time.perf_counter
+                taken: deque[float] = deque()  # when each frame not yet handed over was taken
 
                 def count(done: int) -> None:
+                    # Frames are handed over in the order they were taken.
+                    now = tick()
+                    for _ in range(done):
+                        stats.latency.add(now - taken.popleft())
                     stats.frames += done
                     if done and progress is not None:
                         progress(stats.frames, total)
@@ -324,6 +362,7 @@ class FileJob:
                         stats.audio_packets += 1
                     else:
                         t = tick()
+                        taken.append(t)
                         faces = path.analyse(self.analyser, item)
                         steps["analyse"] += tick() - t
                         stats.tracks.update(f.track_id for f in faces)

@@ -52,9 +52,12 @@ def run_summary(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | N
     # The loop's host time a frame per step (`read` is the wait for the decoder); a long row may wrap.
     loop = re.search(r"loop ms/frame\s+((?:[a-z-]+ [\d.]+\s*)+)", p.stdout)
     steps = {k: float(v) for k, v in re.findall(r"([a-z-]+) ([\d.]+)", loop.group(1))} if loop else {}
+    # Each frame's time from the decoder to the encoder (absent from revisions before it was printed).
+    lat = re.search(r"latency ms\s+p50 ([\d.]+) p99 ([\d.]+) max ([\d.]+)", p.stdout)
+    latency = dict(zip(("p50", "p99", "max"), map(float, lat.groups()))) if lat else {}
     return {"fps": float(fps.group(1)), "frames": int(frames.group(1)), "frames_swapped": int(swapped.group(1)),
-            "decode": decode.group(1) if decode else "?", "loop_ms": steps,
-            "summary": p.stdout.strip().splitlines()[-13:]}
+            "decode": decode.group(1) if decode else "?", "loop_ms": steps, "latency_ms": latency,
+            "summary": p.stdout.strip().splitlines()[-14:]}
 
 
 def baseline_env(tree: Path, work: Path) -> dict[str, str]:
@@ -150,7 +153,8 @@ def main() -> None:
                        "frames": [r["frames"] for r in runs[m]],
                        "frames_written": [r["frames_written"] for r in runs[m]],
                        "frames_swapped": [r["frames_swapped"] for r in runs[m]],
-                       "loop_ms_per_frame": [r["loop_ms"] for r in runs[m]], "run_command": shown},
+                       "loop_ms_per_frame": [r["loop_ms"] for r in runs[m]],
+                       "latency_ms": [r["latency_ms"] for r in runs[m]], "run_command": shown},
             "device": device, "commit": commit or "unknown", "date": date, "command": command}
            for m in modes]
     args.out.mkdir(parents=True, exist_ok=True)

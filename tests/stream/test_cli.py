@@ -182,6 +182,14 @@ def test_run_to_the_null_output(assets: Assets, tmp_path: Path) -> None:
     # Bounds that only a missing or double-counted step breaks: rounding to 0.01 ms, and the loop's
     # untimed bookkeeping, are far inside them.
     assert 0.5 * per_frame <= sum(steps) <= 1.02 * per_frame + 0.05, (steps, per_frame)
+    # Each frame's time from the decoder to the encoder: each frame spends at least its own analysis
+    # and swap in it, so the slowest frame at least their mean (1% for the record's bins).
+    lat = re.search(r"^latency ms\s+p50 ([\d.]+) p99 ([\d.]+) max ([\d.]+)\s*$", res.stdout, re.M)
+    assert lat, res.stdout
+    p50, p99, top = (float(v) for v in lat.groups())
+    assert 0 < p50 <= p99 <= top, (p50, p99, top)
+    assert top >= 0.99 * (steps[1] + steps[2]), (top, steps)
+    assert top <= 1.01e3 * float(re.search(r"^time\s+([\d.]+) s", res.stdout, re.M).group(1)), top
 
 
 def test_null_output_still_marks_every_frame(assets: Assets, monkeypatch: pytest.MonkeyPatch) -> None:
