@@ -2,7 +2,7 @@
 // a packed RGB uint8 frame in place. The CUDA twin of kernels/watermark_v2.py::embed_masked_ref,
 // which is the specification:
 //
-//     Y(y, x)    = (77 R + 150 G + 29 B + 128) >> 8
+//     Y(y, x)    = (9798 R + 19235 G + 3735 B + 16384) >> 15
 //     act(b)     = sum of |Y(p) - Y(q)| over horizontal and vertical neighbour pairs inside block b
 //     m(b)       = min(max((float)act / (float)n * inv_act, m_lo), m_hi)     n: b's pixels in frame
 //     out(y,x,c) = clip(frame(y,x,c) + rint(m(b) * pattern(y, x)), 0, 255)
@@ -15,7 +15,7 @@
 
 __device__ __forceinline__ int luma_at(const unsigned char* p)
 {
-    return (77 * static_cast<int>(p[0]) + 150 * static_cast<int>(p[1]) + 29 * static_cast<int>(p[2]) + 128) >> 8;
+    return (9798 * static_cast<int>(p[0]) + 19235 * static_cast<int>(p[1]) + 3735 * static_cast<int>(p[2]) + 16384) >> 15;
 }
 
 extern "C" __global__ void watermark_v2_embed(

@@ -19,7 +19,7 @@ SIZES = [(37, 53), (8, 8), (16, 24), (9, 17), (1, 1), (64, 40)]
 
 def _luma_direct(frame: np.ndarray) -> np.ndarray:
     f = frame.astype(np.int64)
-    return (77 * f[..., 0] + 150 * f[..., 1] + 29 * f[..., 2] + 128) // 256
+    return (9798 * f[..., 0] + 19235 * f[..., 1] + 3735 * f[..., 2] + 16384) // 32768
 
 
 def _scale_direct(frame: np.ndarray, p: MaskParams) -> np.ndarray:
@@ -52,17 +52,22 @@ def test_integer_luma_is_the_documented_formula() -> None:
     np.testing.assert_array_equal(got, _luma_direct(frame))
     # The corners of the cube: black, white, and each primary at full scale.
     corners = np.array([[[0, 0, 0], [255, 255, 255], [255, 0, 0], [0, 255, 0], [0, 0, 255]]], np.uint8)
-    np.testing.assert_array_equal(integer_luma(corners), [[0, 255, 77, 149, 29]])
+    np.testing.assert_array_equal(integer_luma(corners), [[0, 255, 76, 150, 29]])
 
 
 def test_opencv_luma_is_the_integer_luma_for_every_colour() -> None:
-    """The CPU path's one-pass luma (a rounding cv2.transform) against the integer formula, on all
-    2^24 colours: its exactness rests on OpenCV's arithmetic, so every input is checked."""
+    """The CPU path's one-pass luma (OpenCV's RGB-to-grey) against the integer formula, on all 2^24
+    colours and on frames of every width up to 40 (OpenCV's vector loops leave a scalar tail): its
+    exactness rests on OpenCV's arithmetic, so every input is checked."""
     i = np.arange(1 << 24, dtype=np.uint32)
     frame = np.stack([(i >> 16) & 255, (i >> 8) & 255, i & 255], axis=-1).astype(np.uint8).reshape(4096, 4096, 3)
     got = luma_u8(frame)
     assert got.dtype == np.uint8 and got.shape == (4096, 4096)
     np.testing.assert_array_equal(got, integer_luma(frame))
+    rng = np.random.default_rng()
+    for w in range(1, 41):
+        small = rng.integers(0, 256, (3, w, 3), dtype=np.uint8)
+        np.testing.assert_array_equal(luma_u8(small), integer_luma(small), err_msg=f"width {w}")
 
 
 def test_cpu_path_rounds_ties_half_to_even() -> None:
