@@ -160,7 +160,7 @@ def embed_masked_cpu(frame: np.ndarray, pattern: np.ndarray, params: MaskParams,
     whose sides are not multiples of 8, or that are not C-contiguous, take the reference.
     `scratch` (for this frame size) keeps the working arrays between frames.
 
-    Exact because: `luma_u8` is `integer_luma` (see `_LUMA_ROUNDED`); the activity (at most 510 a
+    Exact because: `luma_u8` is `integer_luma` (OpenCV's own integers); the activity (at most 510 a
     pixel) is an integer that float32 holds; an 8x8 INTER_AREA resize of integer activities sums 64
     values times 1/64, a power of two, so it gives sum / 64 exactly, the reference's float32(act) /
     float32(n); INTER_NEAREST at a factor of 8 repeats each block; cv2.multiply of two float32

@@ -69,7 +69,7 @@ class LatencyRecord:
         of the bin that holds it."""
         if not self.n:
             return None
-        rank = max(1, math.ceil(q / 100 * self.n))
+        rank = max(1, int(-(-q * self.n // 100)))  # ceil(q n / 100), without q / 100's rounding
         i = int(np.searchsorted(np.cumsum(self.counts), rank))
         return self.LOW_S * math.exp((i + 0.5) * self.STEP) * 1e3
 

@@ -205,7 +205,7 @@ def run_ours(variant: str, clip: Path, tmp: Path, decode: str) -> dict[str, Any]
     cmd = [sys.executable, "-m", "swapstream.cli", "run", "-s", str(source), "-i", str(clip), "-o", "null:",
            "-q", *opts]
     r = run_summary(cmd)
-    return {"frames": r["frames"], "fps": r["fps"], "faces_swapped": r["frames_swapped"],
+    return {"frames": r["frames"], "fps": r["fps"], "frames_swapped": r["frames_swapped"],
             "decode": r["decode"], "loop_ms": r["loop_ms"], "latency_ms": r["latency_ms"],
             "run_command": " ".join(cmd[3:]).replace(str(tmp), "TMP"), "summary": r["summary"]}
 
@@ -347,7 +347,7 @@ def write(results: dict[str, Any], args: argparse.Namespace) -> None:
             records.append({"metric": f"{v}_error", "value": r["error"], **common})
             continue
         records.append({"metric": f"{v}_fps_1080p", "value": r["fps"], "unit": "fps", "stat": "mean",
-                        "config": {k: r[k] for k in ("frames", "decode", "faces_swapped", "preset", "crf",
+                        "config": {k: r[k] for k in ("frames", "decode", "frames_swapped", "preset", "crf",
                                                      "run_command") if k in r}, **common})
         if "latency_ms" in r:  # ours: the run's own summary
             for stat in ("p50", "p99", "max"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import re
 import threading
 import time
@@ -104,7 +105,9 @@ def x264_live_options(fps: float, *, preset: str = "ultrafast", crf: int = 23,
 
     `threads` 0 lets x264 choose (1.5 threads per core, sliced); a server with many outputs on
     shared cores gives each a few (see `LiveWriter`)."""
-    g = max(1, round(fps * gop_seconds * KEYINT_BACKSTOP_GOPS))
+    # Never under HLS_SEGMENT_FRAMES GOPs' worth of frames either: at a few frames a second x264's
+    # own keyframes would otherwise come sooner than the writer's, and cut HLS segments too short.
+    g = max(HLS_SEGMENT_FRAMES * KEYINT_BACKSTOP_GOPS, round(fps * gop_seconds * KEYINT_BACKSTOP_GOPS))
     opts = {"preset": preset, "tune": "zerolatency", "crf": str(crf), "bf": "0", "g": str(g),
             "sc_threshold": "0", "forced-idr": "1"}
     if threads:
@@ -693,8 +696,9 @@ class LiveWriter:
     writer, whatever the frame rate: the first frame at or past each multiple of `gop_seconds` from
     the first frame is an IDR frame. A new RTMP viewer waits at most that long for a picture, at
     30 fps or at the 2-7 fps of a CPU swap that falls behind. An HLS segment is that long too, or a
-    whole number of GOPs where one GOP would hold fewer than HLS_SEGMENT_FRAMES frames: HLS skips
-    the grid points until a segment has that many (2 s segments at 4-7 fps, 3 s at 3 fps).
+    whole number of GOPs where one GOP holds too few frames (`_segment_gops`, with one-second GOPs:
+    one GOP from 8.8 fps up, two at 4.4-8.8 fps, three at 2.9-4.4 fps, with hysteresis), and never
+    fewer than HLS_SEGMENT_FRAMES frames.
 
     Declared rate: the rate the output delivers, measured. A live job's output rate is not known in
     advance: the CPU path drops the frames its swap cannot keep up with, so it delivers anything up
@@ -748,6 +752,8 @@ class LiveWriter:
         """Output time from which the next frame is forced to be a keyframe; None: the next one is."""
         self._since_key = 0
         """Frames encoded since the last forced keyframe."""
+        self._segment = 1
+        """GOPs per HLS segment (always 1 for RTMP): see `_segment_gops`."""
         self._grid: Fraction = Fraction(0)
         self._down_since: float | None = None
         """Start of the current outage (its first failure), or None while the output works."""
@@ -887,8 +893,8 @@ class LiveWriter:
     def _encode(self, vf: Any, t: Fraction) -> None:
         if self._next_key is not None and t >= self._next_key and self.kind == "hls" \
                 and self._since_key < HLS_SEGMENT_FRAMES:
-            # Too few frames for a segment a browser plays: wait for the next grid point, so that
-            # segments stay whole numbers of GOPs (and the playlist's target duration steady).
+            # Too few frames for a segment a browser plays (the rate fell): this segment takes
+            # one more GOP; `_segment_gops` adapts the next ones.
             self._next_key = self._grid_after(t)
         if self._next_key is None or t >= self._next_key:
             # Forced, on the grid of gop_seconds from the connection's first frame: x264 counts
@@ -896,7 +902,9 @@ class LiveWriter:
             vf.pict_type = PictureType.I
             if self._next_key is None:
                 self._grid = t
-            self._next_key = self._grid_after(t)
+            if self.kind == "hls":
+                self._segment = self._segment_gops()
+            self._next_key = self._grid_after(t) + (self._segment - 1) * self._gop
             self.keyframes += 1
             self._since_key = 0
         self._since_key += 1
@@ -912,6 +920,19 @@ class LiveWriter:
         if self._down_since is not None and time.monotonic() - self._up_since >= RECOVERED_AFTER_S:
             log.info("live output '%s' is back", self.target)
             self._down_since = None
+
+    def _segment_gops(self) -> int:
+        """GOPs per HLS segment from here: the fewest that hold HLS_SEGMENT_FRAMES at the delivered
+        rate with 10% to spare, and no fewer than now until fewer would hold 40% more (hysteresis:
+        a rate that jitters about a boundary would otherwise flip the segments' length, and with it
+        the playlist's #EXT-X-TARGETDURATION, which a live playlist must keep)."""
+        rate = delivered_rate(self._times) or self.declared_rate or Fraction(self.fps)
+        per_gop = float(rate) * float(self._gop)
+        if per_gop <= 0:
+            return self._segment
+        need = max(1, math.ceil(1.1 * HLS_SEGMENT_FRAMES / per_gop))
+        keep = max(1, math.ceil(1.4 * HLS_SEGMENT_FRAMES / per_gop))
+        return max(need, min(self._segment, keep))
 
     def _grid_after(self, t: Fraction) -> Fraction:
         """The first point of the keyframe grid after output time `t`."""

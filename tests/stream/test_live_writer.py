@@ -185,3 +185,55 @@ def test_a_writer_starts_encoding_once_its_rate_is_measured(tmp_path: Path) -> N
         with av.open(str(seg)) as c:
             decoded += sum(1 for _ in c.decode(video=0))
     assert decoded == RATE_HOLD_FRAMES + 4
+
+
+def _hls_run(folder: Path, gaps_s: np.ndarray, gop_seconds: float = 1.0) -> tuple[list[int], set[int]]:
+    """Write HLS frames at the given intervals (pts in ms); return each closed segment's frame count
+    and every #EXT-X-TARGETDURATION the playlist showed after each write."""
+    import re
+
+    tb = Fraction(1, 1000)
+    w = LiveWriter(str(folder / "index.m3u8"), kind="hls", width=160, height=120, fps=FPS, time_base=tb,
+                   gop_seconds=gop_seconds, threads=1)
+    rng = np.random.default_rng()
+    base = rng.integers(0, 256, (120, 160, 3), np.uint8)
+    targets: set[int] = set()
+    counts: dict[str, int] = {}
+    t = 0.0
+    for i, gap in enumerate(gaps_s):
+        w.write(Frame(np.roll(base, 3 * i, axis=1), pts=round(t * 1000), time_base=tb))
+        t += float(gap)
+        try:
+            text = (folder / "index.m3u8").read_text()
+        except OSError:
+            continue
+        m = re.search(r"^#EXT-X-TARGETDURATION:(\d+)$", text, re.M)
+        if m and text.count("#EXTINF:") >= 6:  # a full window: FFmpeg's target is its longest segment
+            targets.add(int(m.group(1)))
+        for seg in re.findall(r"^(seg_\d+\.ts)$", text, re.M):
+            if seg not in counts:
+                with av.open(str(folder / seg)) as c:
+                    counts[seg] = sum(1 for _ in c.decode(video=0))
+    w.close()
+    return [counts[k] for k in sorted(counts)], targets
+
+
+def test_hls_segments_keep_one_target_duration_at_a_jittery_rate_near_a_boundary(tmp_path: Path) -> None:
+    """About 8 fps with frame gaps of 105-145 ms: one-second GOPs hold 7 or 8 frames, so a segment
+    length chosen GOP by GOP flipped between one and two seconds, and the playlist's target duration
+    with it (which a live playlist must keep). Every segment also holds at least 8 frames."""
+    from swapstream.live.streams import HLS_SEGMENT_FRAMES
+
+    gaps = np.random.default_rng().uniform(0.105, 0.145, 400)
+    counts, targets = _hls_run(tmp_path, gaps)
+    assert len(counts) >= 8 and min(counts) >= HLS_SEGMENT_FRAMES, counts
+    assert len(targets) == 1, targets
+
+
+def test_hls_segments_hold_enough_frames_with_short_gops_at_a_low_rate(tmp_path: Path) -> None:
+    """GOPs of 0.25 s at 2 fps: x264's own keyframe interval (in frames, from the declared rate) was
+    5 frames, and its keyframes cut segments of 3-5 frames between the writer's."""
+    from swapstream.live.streams import HLS_SEGMENT_FRAMES
+
+    counts, _ = _hls_run(tmp_path, np.full(80, 0.5), gop_seconds=0.25)
+    assert len(counts) >= 4 and min(counts) >= HLS_SEGMENT_FRAMES, counts
