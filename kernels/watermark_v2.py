@@ -133,15 +133,6 @@ class CpuScratch:
         self.down = np.empty((h, w), np.uint8)
         self.up3 = np.empty((h, w, 3), np.uint8)
         self.down3 = np.empty((h, w, 3), np.uint8)
-        self.negated: np.ndarray | None = None
-        """-pattern for `negated_of` (the same pattern every frame of a watermarker: kept)."""
-        self.negated_of: np.ndarray | None = None
-
-    def negative(self, pattern: np.ndarray) -> np.ndarray:
-        """-pattern, made once per pattern (negation is exact in float32)."""
-        if self.negated_of is not pattern or self.negated is None:
-            self.negated, self.negated_of = np.negative(pattern), pattern
-        return self.negated
 
 
 def luma_u8(frame: np.ndarray, dst: np.ndarray | None = None) -> np.ndarray:
@@ -166,8 +157,8 @@ def embed_masked_cpu(frame: np.ndarray, pattern: np.ndarray, params: MaskParams,
     float32(n); INTER_NEAREST at a factor of 8 repeats each block; cv2.multiply of two float32
     planes into int16 rounds their float32 product half to even, as np.rint does (its out-of-range
     saturation only reaches deltas that clip the pixel anyway). Into uint8 it saturates instead:
-    pattern x scale gives max(rint(d), 0) and -pattern x scale max(-rint(d), 0) (rint is symmetric),
-    one of them 0; adding the first and subtracting the second with uint8 saturation is
+    scale x pattern gives max(rint(d), 0) and, with cv2.multiply's factor -1 (exact: (-s) x p is
+    -(s x p) rounded, as round-to-nearest-even is symmetric), max(-rint(d), 0), one of them 0; adding the first and subtracting the second with uint8 saturation is
     clip(frame + rint(d), 0, 255), the reference's clip."""
     import cv2
 
@@ -184,7 +175,7 @@ def embed_masked_cpu(frame: np.ndarray, pattern: np.ndarray, params: MaskParams,
                    np.float32(params.m_hi))
     cv2.resize(m, (w, h), dst=s.scale, interpolation=cv2.INTER_NEAREST)
     cv2.multiply(s.scale, pattern, dst=s.up, dtype=cv2.CV_8U)
-    cv2.multiply(s.scale, s.negative(pattern), dst=s.down, dtype=cv2.CV_8U)
+    cv2.multiply(s.scale, pattern, dst=s.down, scale=-1.0, dtype=cv2.CV_8U)
     cv2.merge([s.up, s.up, s.up], dst=s.up3)
     cv2.merge([s.down, s.down, s.down], dst=s.down3)
     cv2.add(frame, s.up3, dst=frame)

@@ -180,8 +180,6 @@ class WatermarkerV2:
         self.payload = payload
         self.strength = strength
         self._host: dict[tuple[int, int], np.ndarray] = {}
-        self._negated: dict[tuple[int, int], np.ndarray] = {}
-        """-pattern per size, for the CPU path's saturating subtract (`CpuScratch.negative`)."""
         self._device: dict[tuple[int, int, int], Any] = {}
         # The CPU path's working arrays for the last frame size, one set per thread: a job's
         # disclosure may mark frames of several sessions (serve's WHIP) from their own threads.
@@ -206,15 +204,9 @@ class WatermarkerV2:
             embed_masked(frame, dev, MASK)
             return
         scratch = getattr(self._local, "scratch", None)
-        pattern = self.pattern(h, w)
         if scratch is None or scratch.shape != (h, w):
             scratch = self._local.scratch = CpuScratch(h, w)
-            # One negated pattern per size for every thread (read only): 8 MB at 1080p.
-            neg = self._negated.get((h, w))
-            if neg is None:
-                neg = self._negated.setdefault((h, w), np.negative(pattern))
-            scratch.negated, scratch.negated_of = neg, pattern
-        embed_masked(frame, pattern, MASK, scratch)
+        embed_masked(frame, self.pattern(h, w), MASK, scratch)
 
 
 # -- detection --------------------------------------------------------------------------------------

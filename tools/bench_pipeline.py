@@ -188,22 +188,12 @@ def run_peer(clip: Path, frames: int, tmp: Path) -> dict[str, Any]:
 
 def run_ours(variant: str, clip: Path, tmp: Path, decode: str) -> dict[str, Any]:
     """`swapstream run` on the clip as a user runs it, to the null output: its own summary's figures."""
-    import cv2
-    from bench_run import run_summary
+    from bench_run import run_command, run_setup, run_summary
 
-    from swapstream.demo import astronaut
-
-    source = tmp / "astronaut.png"
-    cv2.imwrite(str(source), cv2.cvtColor(astronaut(), cv2.COLOR_RGB2BGR))
-    opts = ["-c", "live", "--set", f"decoder={decode}"]
-    if variant == "ours_mesh":
-        opts += ["--set", "swapper=mesh"]
-    else:
-        write_synthetic_models(tmp / "models")
-        opts += ["--set", "swapper=inswapper_128", "--set", f"models_dir={tmp / 'models'}",
-                 "--set", "neural.download=false", "--accept-licence"]
-    cmd = [sys.executable, "-m", "swapstream.cli", "run", "-s", str(source), "-i", str(clip), "-o", "null:",
-           "-q", *opts]
+    neural = variant == "ours_neural"
+    source, opts = run_setup(tmp, config="live", swapper="inswapper_128" if neural else "mesh", synthetic=neural,
+                             sets=[f"decoder={decode}"])
+    cmd = run_command(source, clip, "null:", opts)
     r = run_summary(cmd)
     return {"frames": r["frames"], "fps": r["fps"], "frames_swapped": r["frames_swapped"],
             "decode": r["decode"], "loop_ms": r["loop_ms"], "latency_ms": r["latency_ms"],

@@ -60,6 +60,31 @@ def run_summary(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | N
             "summary": p.stdout.strip().splitlines()[-14:]}
 
 
+def run_setup(work: Path, *, config: str | None, swapper: str, synthetic: bool,
+              sets: list[str]) -> tuple[Path, list[str]]:
+    """What each timed `swapstream run` takes: the source image (the built-in astronaut, written into
+    `work`) and the options after `-q`; with `synthetic`, the full-size inswapper architecture with
+    random weights, written into `work/models` (bench_pipeline.write_synthetic_models)."""
+    import cv2
+
+    from swapstream.demo import astronaut
+
+    source = work / "astronaut.png"
+    cv2.imwrite(str(source), cv2.cvtColor(astronaut(), cv2.COLOR_RGB2BGR))
+    opts = (["-c", config] if config else []) + ["--set", f"swapper={swapper}", *[x for v in sets for x in ("--set", v)]]
+    if synthetic:
+        from bench_pipeline import write_synthetic_models
+
+        write_synthetic_models(work / "models")
+        opts += ["--set", f"models_dir={work / 'models'}", "--set", "neural.download=false", "--accept-licence"]
+    return source, opts
+
+
+def run_command(source: Path, clip: Path, output: str, opts: list[str]) -> list[str]:
+    """`swapstream run` on `clip` into `output` (a file, or `null:`), quiet, as a subprocess command."""
+    return [sys.executable, "-m", "swapstream.cli", "run", "-s", str(source), "-i", str(clip), "-o", output, "-q", *opts]
+
+
 def baseline_env(tree: Path, work: Path) -> dict[str, str]:
     """The environment that runs another revision's `swapstream` (benchlib.package_links), first on
     the path, before what PYTHONPATH already holds (the GPU machine's carried wheels)."""
@@ -89,19 +114,10 @@ def main() -> None:
     if not args.clip.is_file():
         sys.exit(f"error: no clip at '{args.clip}': make it with python tools/make_bench_clips.py")
     import av
-    import cv2
-
-    from swapstream.demo import astronaut
 
     work = Path(tempfile.mkdtemp(prefix="bench-run-"))
-    source = work / "astronaut.png"
-    cv2.imwrite(str(source), cv2.cvtColor(astronaut(), cv2.COLOR_RGB2BGR))
-    opts = (["-c", args.config] if args.config else []) + ["--set", f"swapper={args.swapper}", *[x for s in args.set for x in ("--set", s)]]
-    if args.synthetic_models:
-        from bench_pipeline import write_synthetic_models
-
-        write_synthetic_models(work / "models")
-        opts += ["--set", f"models_dir={work / 'models'}", "--set", "neural.download=false", "--accept-licence"]
+    source, opts = run_setup(work, config=args.config, swapper=args.swapper, synthetic=args.synthetic_models,
+                             sets=args.set)
     with av.open(str(args.clip)) as c:
         clip_frames = c.streams.video[0].frames
     # Both outputs in each round, alternating, so the two figures share the machine's state.
@@ -119,8 +135,7 @@ def main() -> None:
     for i in range(args.repeat):
         for mode in modes:
             out = work / f"out{i}.mp4"
-            cmd = [sys.executable, "-m", "swapstream.cli", "run", "-s", str(source), "-i", str(args.clip),
-                   "-o", str(out) if mode == "file" else "null:", "-q", *opts]
+            cmd = run_command(source, args.clip, str(out) if mode == "file" else "null:", opts)
             r = run_summary(cmd, env=envs[mode])
             if mode == "file":
                 with av.open(str(out)) as c:

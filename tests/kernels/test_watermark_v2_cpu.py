@@ -149,6 +149,30 @@ def test_rounding_is_half_to_even() -> None:
     np.testing.assert_array_equal(frame[0, :6, 0], [100, 102, 102, 100, 98, 98])
 
 
+def test_cpu_path_rounds_the_float32_product_not_the_exact_one() -> None:
+    """Products m x pattern whose float32 value is a tie (k + 1/2) while the exact product is not:
+    the reference rounds the float32 product, so must both of the CPU path's uint8 multiplies (the
+    positive part, and the negative part with its factor -1). Random ties rarely land there, so
+    these are made: pattern = the float32 next to (k + 1/2) / m, kept where the tie appears."""
+    rng = np.random.default_rng()
+    m = np.float32(rng.uniform(0.3, 1.0))
+    k = rng.integers(-4, 5, 200_000)
+    p = ((k + 0.5) / np.float64(m)).astype(np.float32)
+    p = np.nextafter(p, p + rng.choice([-1, 1], p.size).astype(np.float32))
+    prod = m * p  # float32
+    tie = (prod - np.floor(prod) == 0.5) & (prod.astype(np.float64) != np.float64(m) * p.astype(np.float64))
+    ties = p[tie][: 64 * 64]
+    assert ties.size == 64 * 64, ties.size  # about half of them tie
+    pattern = ties.reshape(64, 64)
+    params = MaskParams(inv_act=0.0, m_lo=float(m), m_hi=float(m))  # m everywhere
+    frame = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    frame[:8] = rng.choice([0, 1, 254, 255], (8, 64, 3)).astype(np.uint8)  # clipping on both sides
+    want, got = frame.copy(), frame.copy()
+    embed_masked_ref(want, pattern, params)
+    embed_masked_cpu(got, pattern, params, CpuScratch(64, 64))
+    np.testing.assert_array_equal(got, want)
+
+
 def test_flat_blocks_get_little_and_busy_blocks_get_more() -> None:
     rng = np.random.default_rng()
     frame = np.full((64, 64, 3), 128, np.uint8)
