@@ -167,18 +167,34 @@ class Disclosure:
     def apply(self, frame: Any, swapped: bool) -> bool:
         """Label (when on) and mark (when the frame was changed) an RGB uint8 frame in place;
         returns whether it was marked."""
+        labelled, marked = self._disclose(frame, swapped)
+        self.frames_labelled += labelled
+        self.frames_marked += marked
+        return marked
+
+    def _disclose(self, frame: Any, swapped: bool) -> tuple[bool, bool]:
         labelled = False
         if self.label_on:
             patch = self.label_patch(frame)
             if patch is not None:
                 draw_label(frame, patch)
                 labelled = True
-                self.frames_labelled += 1
         if self.watermarker is not None and (swapped or labelled):
             self.watermarker.embed(frame)
-            self.frames_marked += 1
-            return True
-        return False
+            return labelled, True
+        return labelled, False
+
+    def warm_up(self, scratch: Any) -> None:
+        """Build what `apply` needs for frames of `scratch`'s size and device (the label's patch, the
+        mark's pattern or tables, on the GPU their upload and the kernels' first launch) by marking
+        `scratch`, a frame the caller throws away, and wait for it; nothing is counted. Else they
+        are built on a run's first frame, which then stalls with its batch (on the CPU 40 ms at
+        720p for the mark's pattern alone)."""
+        self._disclose(scratch, True)
+        if type(scratch).__module__.startswith("cupy"):
+            import cupy
+
+            cupy.cuda.get_current_stream().synchronize()
 
     @property
     def tags(self) -> dict[str, str]:

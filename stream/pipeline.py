@@ -102,6 +102,9 @@ class JobStats:
     latency: LatencyRecord = field(default_factory=LatencyRecord)
     """Each frame's time from the loop taking it from the decoder to its hand-over to the encoder
     (its download done, on the GPU): held back for a batch, swapped, marked and converted."""
+    slowest: tuple[float, str, int] = (0.0, "", 0)
+    """The longest single step of the loop: (seconds, step, frames taken when it ran), so that a
+    one-time stall (a kernel compiled or a graph captured mid-run) is seen with where it happened."""
 
     def step_ms(self) -> dict[str, float]:
         """`steps` in milliseconds a frame."""
@@ -339,19 +342,27 @@ class FileJob:
                     if done and progress is not None:
                         progress(stats.frames, total)
 
+                def spent(step: str, since: float) -> float:
+                    now = tick()
+                    steps[step] += now - since
+                    if now - since > stats.slowest[0]:
+                        stats.slowest = (now - since, step, len(taken) + stats.frames)
+                    return now
+
                 def flush() -> None:
                     if not pending:
                         return
                     t = tick()
                     with path.swapping([d for d, _ in pending]):
                         self._swap_pending([(d.frame, faces) for d, faces in pending], stats)
-                    t1 = tick()
+                    t = spent("swap", t)
                     for d, _ in pending:
                         count(path.hand_over(d, writer, encoder))
-                    steps["swap"] += t1 - t
-                    steps["hand_over"] += tick() - t1
+                    spent("hand_over", t)
                     pending.clear()
 
+                # The label's and the mark's tables for this size, before the clock starts.
+                self.disclosure.warm_up(self._working_copy(np.zeros((info.height, info.width, 3), np.uint8)))
                 t0 = tick()
                 item = first
                 while item is not None:
@@ -364,19 +375,19 @@ class FileJob:
                         t = tick()
                         taken.append(t)
                         faces = path.analyse(self.analyser, item)
-                        steps["analyse"] += tick() - t
+                        spent("analyse", t)
                         stats.tracks.update(f.track_id for f in faces)
                         pending.append((item, faces))
                         if len(pending) >= batch or sum(len(f) for _, f in pending) >= batch:
                             flush()
                     t = tick()
                     item = next(items, None)
-                    steps["read"] += tick() - t
+                    spent("read", t)
                 flush()
                 t = tick()
                 count(path.finish(writer, encoder))
                 encoder.close()  # every frame encoded (and its error raised) before the time is taken
-                steps["hand_over"] += tick() - t
+                spent("hand_over", t)
                 stats.seconds = tick() - t0
                 if stats.frames == 0:
                     # Raised inside the writer's block, so that it removes the empty output file.

@@ -6,7 +6,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from swapstream.engines.builtin import BUILTIN_MODELS, builtin_model_path
+from swapstream.engines.builtin import builtin_model_path, required_models
 from swapstream.engines.zoo import crc32_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
@@ -22,8 +22,11 @@ def place(models: Path, name: str, model: object) -> None:
 
 
 def copy_builtin(models: Path) -> None:
-    """The built-in face models next to the zoo ones, so one folder serves a whole job."""
-    for name in BUILTIN_MODELS:
+    """The built-in models every job needs next to the zoo ones, so one folder serves a whole job.
+    MediaPipe Hands' files (mask.hands only) are left out: the GPU machine gets them in a carry of
+    their own, which does not fit beside the codec wheels, and no test that uses this folder turns
+    the option on."""
+    for name in required_models():
         shutil.copy(builtin_model_path(name), models / name)
 
 

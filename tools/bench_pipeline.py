@@ -197,7 +197,7 @@ def run_ours(variant: str, clip: Path, tmp: Path, decode: str) -> dict[str, Any]
     r = run_summary(cmd)
     return {"frames": r["frames"], "fps": r["fps"], "frames_swapped": r["frames_swapped"],
             "decode": r["decode"], "loop_ms": r["loop_ms"], "latency_ms": r["latency_ms"],
-            "run_command": " ".join(cmd[3:]).replace(str(tmp), "TMP"), "summary": r["summary"]}
+            "slowest": r["slowest"], "run_command": " ".join(cmd[3:]).replace(str(tmp), "TMP"), "summary": r["summary"]}
 
 
 def run_x264(clip: Path, frames: int) -> dict[str, Any]:
@@ -387,7 +387,9 @@ def write(results: dict[str, Any], args: argparse.Namespace) -> None:
         r = results.get(v)
         if r and "loop_ms" in r:
             steps = ", ".join(f"{k} {ms:.2f}" for k, ms in r["loop_ms"].items())
-            lines.append(f"- {v}: `swapstream {r['run_command']}`; loop ms/frame: {steps}.")
+            slow = r.get("slowest")
+            worst = f"; its longest step: {slow['step']} {slow['ms']} ms at frame {slow['frame']}" if slow else ""
+            lines.append(f"- {v}: `swapstream {r['run_command']}`; loop ms/frame: {steps}{worst}.")
     if "x264" in results and "error" not in results["x264"]:
         x = results["x264"]
         lines += ["", f"x264 on the clip's frames (PyAV, preset {x['preset']}, crf {x['crf']}), reported separately: "

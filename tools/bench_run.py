@@ -55,9 +55,12 @@ def run_summary(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | N
     # Each frame's time from the decoder to the encoder (absent from revisions before it was printed).
     lat = re.search(r"latency ms\s+p50 ([\d.]+) p99 ([\d.]+) max ([\d.]+)", p.stdout)
     latency = dict(zip(("p50", "p99", "max"), map(float, lat.groups()))) if lat else {}
+    slow = re.search(r"slowest step\s+([a-z-]+) ([\d.]+) ms at frame (\d+)", p.stdout)
+    slowest = {"step": slow.group(1), "ms": float(slow.group(2)), "frame": int(slow.group(3))} if slow else {}
     return {"fps": float(fps.group(1)), "frames": int(frames.group(1)), "frames_swapped": int(swapped.group(1)),
             "decode": decode.group(1) if decode else "?", "loop_ms": steps, "latency_ms": latency,
-            "summary": p.stdout.strip().splitlines()[-14:]}
+            "slowest": slowest,
+            "summary": p.stdout.strip().splitlines()[-15:]}
 
 
 def run_setup(work: Path, *, config: str | None, swapper: str, synthetic: bool,
@@ -169,7 +172,8 @@ def main() -> None:
                        "frames_written": [r["frames_written"] for r in runs[m]],
                        "frames_swapped": [r["frames_swapped"] for r in runs[m]],
                        "loop_ms_per_frame": [r["loop_ms"] for r in runs[m]],
-                       "latency_ms": [r["latency_ms"] for r in runs[m]], "run_command": shown},
+                       "latency_ms": [r["latency_ms"] for r in runs[m]],
+                       "slowest_step": [r["slowest"] for r in runs[m]], "run_command": shown},
             "device": device, "commit": commit or "unknown", "date": date, "command": command}
            for m in modes]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -191,6 +195,10 @@ def main() -> None:
         keys = list(runs[m][0]["loop_ms"])
         cells = [f"{k} {statistics.median(r['loop_ms'].get(k, 0.0) for r in runs[m]):.2f}" for k in keys]
         lines.append(f"- {text}: {', '.join(cells) if cells else 'not printed by this revision'}")
+        slow = [f"{r['slowest']['step']} {r['slowest']['ms']} ms at frame {r['slowest']['frame']}"
+                for r in runs[m] if r["slowest"]]
+        if slow:
+            lines.append(f"  - the longest single step of each run: {'; '.join(slow)}")
     lines += ["", "The last run's summary:", "", "```", *runs[list(modes)[0]][-1]["summary"], "```", ""]
     (args.out / f"{args.name}.md").write_text("\n".join(lines))
     print("\n".join(lines))

@@ -137,6 +137,22 @@ def test_apply_marks_changed_frames_only(config: Config) -> None:
     assert fixed.payload.stream_id == 0xC0FFEE and fixed.payload.product_id == 0x5353
 
 
+@pytest.mark.parametrize("scheme", ["v1", "v2"])
+def test_warm_up_builds_the_size_ahead_and_changes_nothing_else(scheme: str) -> None:
+    """`warm_up` (run before a file job's clock) builds the label and the mark for a size, counts
+    nothing, and leaves `apply`'s result on a real frame what a fresh disclosure gives."""
+    cfg = load_config(overrides=[f"watermark.scheme={scheme}", "watermark.stream_id=0x00ABCDEF"])
+    warm, cold = Disclosure(cfg, live=True), Disclosure(cfg, live=True)
+    warm.warm_up(np.zeros((360, 640, 3), np.uint8))
+    assert (360, 640, -1) in warm._patches and not cold._patches
+    assert warm.frames_labelled == warm.frames_marked == 0
+    frame = noisy_frame(360, 640, seed=11)
+    a, b = frame.copy(), frame.copy()
+    assert warm.apply(a, swapped=True) and cold.apply(b, swapped=True)
+    assert not np.array_equal(a, frame) and np.array_equal(a, b)
+    assert warm.frames_labelled == warm.frames_marked == 1
+
+
 def test_live_job_labels_and_marks_every_frame(config: Config) -> None:
     """The live path (LiveJob.swap_frame, which RTMP/HLS and WHIP use) with the live default."""
     job = LiveJob(config)
