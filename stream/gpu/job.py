@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from ..config import Config
-from ..io.background import BackgroundCalls, ReadAhead
+from ..io.background import HOLD, BackgroundCalls, ReadAhead
 from ..kernels.nv12 import rgb_to_i420
 from ..io.video import AudioPacket, AudioPackets, VideoInfo, VideoReader, is_null_output, pts_step
 from ..pipeline import Decoded, FileJob, FramePath
@@ -207,6 +207,7 @@ class GpuFileJob(FileJob):
             while held is not None:
                 yield held
                 held = next(sounds, None)
+            yield HOLD  # the decoder and the demuxer are released when the loop closes its reader
 
     def _frame_path(self, inp: Path, info: VideoInfo, out: Path, batch: int) -> FramePath:
         return DeviceFrames(self, inp, info, out, batch)

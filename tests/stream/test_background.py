@@ -129,3 +129,27 @@ def test_read_ahead_stopped_early_closes_its_source_in_its_thread() -> None:
     assert closed_in == ["reader"]
     with pytest.raises(StopIteration):
         next(ahead)
+
+
+def test_read_ahead_holds_a_source_open_until_closed() -> None:
+    """A source that yields HOLD after its last item: the consumer sees the end at once, and the
+    source's teardown waits for `close` (a decoder's release would otherwise run beside the
+    consumer's last frames), then runs in the reader's thread."""
+    from swapstream.io.background import HOLD, ReadAhead
+
+    closed_in: list[str] = []
+
+    def source() -> Iterator[object]:
+        try:
+            yield from range(5)
+            yield HOLD
+            yield 99  # never reached: HOLD is the end
+        finally:
+            closed_in.append(threading.current_thread().name)
+
+    ahead = ReadAhead(source, depth=2, name="reader")
+    assert list(ahead) == [0, 1, 2, 3, 4]
+    time.sleep(0.2)  # room for a producer that wrongly went on to tear the source down
+    assert closed_in == []
+    ahead.close()
+    assert closed_in == ["reader"]
