@@ -23,7 +23,7 @@ from ..errors import ConfigError, OutputError
 from . import pynvc
 from .bitstream import is_keyframe, split_access_units
 from .planes import nv12_encoder_interfaces
-from .pynvc import _import_failure, _reason, nvenc_failure_reason
+from .pynvc import _import_failure, _reason, nvenc_failure_reason, same_context
 
 log = logging.getLogger(__name__)
 
@@ -213,14 +213,17 @@ class NvencSink:
             raise OutputError(f"cannot encode with NVENC: {_import_failure(e)}. {CPU_ENCODE_FIX}.") from e
         try:
             # [PG] "Encode API": CreateEncoder(width, height, "NV12", usecpuinputbuffer=False, **options).
-            self._encoder = nvc.CreateEncoder(width, height, "NV12", False, **self.options)
+            # In `same_context`: a failed CreateEncoder leaves a context of its own current (pynvc).
+            with same_context():
+                self._encoder = nvc.CreateEncoder(width, height, "NV12", False, **self.options)
         except Exception as e:
             raise OutputError(f"cannot encode with NVENC: {nvenc_failure_reason(e)}. "
                               f"{CPU_ENCODE_FIX}.") from e
         self.capabilities: dict[str, Any] = {}
         try:
             # [S:Encode.py] GetEncoderCaps(codec=...): num_encoder_engines, width_max, ...
-            self.capabilities = dict(nvc.GetEncoderCaps(gpuid=self.gpu_id, codec=codec))
+            with same_context():
+                self.capabilities = dict(nvc.GetEncoderCaps(gpuid=self.gpu_id, codec=codec))
         except Exception:  # noqa: BLE001 - informative only
             pass
         import cupy

@@ -135,11 +135,15 @@ def nvenc_available(gpu_id: int = 0) -> tuple[bool, str]:
     try:
         # [PG] "Encode API": CreateEncoder(width, height, format, usecpuinputbuffer, **kwargs);
         # host input, so the probe needs no device buffer. gpu_id as in [S:Encode.py].
-        encoder = nvc.CreateEncoder(_PROBE_SIZE[0], _PROBE_SIZE[1], "NV12", True, codec="h264",
-                                    gpu_id=gpu_id)
+        # In `same_context`: a CreateEncoder that fails (a GPU without NVENC) left its own context
+        # current in this thread, and this thread's next PyTorch convolution failed
+        # (CUDNN_STATUS_BAD_PARAM_STREAM_MISMATCH) and CuPy's streams were invalid handles (H200).
+        with same_context():
+            encoder = nvc.CreateEncoder(_PROBE_SIZE[0], _PROBE_SIZE[1], "NV12", True, codec="h264",
+                                        gpu_id=gpu_id)
+            del encoder
     except Exception as e:
         return False, nvenc_failure_reason(e)
-    del encoder
     return True, f"NVENC encodes H.264 on GPU {gpu_id} (PyNvVideoCodec {getattr(nvc, '__version__', '?')})"
 
 
