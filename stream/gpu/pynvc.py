@@ -171,7 +171,10 @@ def same_context() -> Iterator[None]:
         yield
     finally:
         after = int(cupy.cuda.driver.ctxGetCurrent())
-        if after != before and before:
+        if after != before:
+            # Also when none was current (0 unbinds): a thread that had not used CUDA yet would
+            # otherwise keep PyNvVideoCodec's context, which a failed CreateEncoder leaves
+            # current, and CuPy's next launch there failed with "invalid resource handle" (H200).
             log.debug("PyNvVideoCodec left CUDA context %#x current; restoring %#x", after, before)
             cupy.cuda.driver.ctxSetCurrent(before)
 
