@@ -2,6 +2,8 @@
 
     python tools/bench_cpu.py [--baseline-rev 1363276] [--clip .bench/streams_720p30.mp4]
                               [--repeat 2] [--max-load 0.8] [--out docs/benchmarks]
+                              [--cases run_default,run_live_preset,live] [--name cpu_pipeline]
+                              [--set KEY=VALUE ...] [--baseline-set KEY=VALUE ...]
 
 Three cases, each as a user runs it, with the invisible mark and the visible label on:
 
@@ -24,6 +26,11 @@ With `--max-load`, the run waits (up to `--wait` s) until the 1-minute load aver
 before its first command; the load average is recorded then and before every command (the
 benchmark's own commands raise it: the before-the-run figure is the one that says the machine was
 quiet).
+
+`--set` and `--baseline-set` add configuration overrides to this tree's and the baseline's
+commands: with `--baseline-rev HEAD` the two columns are one code base in two configurations (e.g.
+`--set watermark.scheme=v2`: what the v2 mark costs the CPU live path, docs/benchmarks/
+watermark_v2_cpu_live.md).
 
 Writes `cpu_pipeline.json` (records as docs/performance.md, "Benchmark records", describes) and
 `cpu_pipeline.md` into --out. The clip is the one tools/make_bench_clips.py makes (12 s of the demo's
@@ -61,7 +68,7 @@ from pathlib import Path
 import swapstream
 from swapstream.cli import _config, _live_job_class
 source, clip, hls = sys.argv[1], sys.argv[2], Path(sys.argv[3])
-cfg = _config("live", [], None)
+cfg = _config("live", json.loads(sys.argv[4]) if len(sys.argv) > 4 else [], None)
 job = _live_job_class(cfg)(cfg)
 try:
     job.set_source(Path(source))
@@ -79,6 +86,11 @@ print("LIVE " + json.dumps({
 """
 
 
+CASES = {"run_default": "`swapstream run`, default preset (x264 `veryfast`, CRF 20)",
+         "run_live_preset": "`swapstream run -c live` (x264 `ultrafast`, detection every 5 frames)",
+         "live": "`swapstream live`, file played in real time into HLS"}
+
+
 @dataclass
 class Tree:
     """A tree of the code to run: this checkout, or a worktree of an older commit."""
@@ -87,6 +99,8 @@ class Tree:
     rev: str
     pythonpath: str | None
     """A folder to put first on PYTHONPATH (the baseline's shim), or None for this checkout."""
+    sets: list[str] = field(default_factory=list)
+    """Configuration overrides (KEY=VALUE) for this tree's commands."""
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -108,12 +122,12 @@ def git(*args: str) -> str:
                           check=True).stdout.strip()
 
 
-def make_baseline(rev: str, tmp: Path) -> Tree:
+def make_baseline(rev: str, tmp: Path, sets: list[str]) -> Tree:
     """A detached worktree of `rev` and a `swapstream` package of links into it
     (benchlib.package_links)."""
     wt = tmp / "baseline"
     git("worktree", "add", "--detach", str(wt), rev)
-    tree = Tree("baseline", git("rev-parse", "--short", rev), str(tmp / "shim"))
+    tree = Tree("baseline", git("rev-parse", "--short", rev), str(tmp / "shim"), sets)
     # The `swapstream` script and `python -c` must import the worktree's code, not this tree's.
     package_links(wt, tmp / "shim", tree.env())
     return tree
@@ -136,7 +150,8 @@ def swapstream_cmd() -> list[str]:
 
 
 def run_file(tree: Tree, preset: str | None, source: Path, clip: Path, out: Path) -> dict[str, Any]:
-    opts = (["-c", preset] if preset else []) + ["--set", "disclosure.label_files=true", "-q"]
+    opts = (["-c", preset] if preset else []) + [x for v in ["disclosure.label_files=true", *tree.sets]
+                                                 for x in ("--set", v)] + ["-q"]
     cmd = swapstream_cmd() + ["run", "-s", str(source), "-i", str(clip), "-o", str(out)] + opts
     r = run_summary(cmd, env=tree.env(), cwd=ROOT)
     return {"fps": r["fps"], "frames": r["frames"], "frames_swapped": r["frames_swapped"],
@@ -144,7 +159,7 @@ def run_file(tree: Tree, preset: str | None, source: Path, clip: Path, out: Path
 
 
 def run_live(tree: Tree, source: Path, clip: Path, hls: Path) -> dict[str, Any]:
-    cmd = [sys.executable, "-c", LIVE_DRIVER, str(source), str(clip), str(hls)]
+    cmd = [sys.executable, "-c", LIVE_DRIVER, str(source), str(clip), str(hls), json.dumps(tree.sets)]
     p = subprocess.run(cmd, env=tree.env(), capture_output=True, text=True, cwd=ROOT)
     line = next((x for x in p.stdout.splitlines() if x.startswith("LIVE ")), None)
     if p.returncode != 0 or line is None:
@@ -153,7 +168,8 @@ def run_live(tree: Tree, source: Path, clip: Path, hls: Path) -> dict[str, Any]:
     expected = "/baseline/" if tree.pythonpath else str(ROOT)
     if expected not in str(Path(res["package"]).resolve()):
         raise SystemExit(f"{tree.label}: imported swapstream from {res['package']}, not its tree")
-    res["command"] = (f"swapstream live -s {source.name} -i {clip.name} --hls-dir DIR "
+    sets = "".join(f" --set {v}" for v in tree.sets)
+    res["command"] = (f"swapstream live -s {source.name} -i {clip.name} --hls-dir DIR{sets} "
                       f"(job built as the CLI does: tools/bench_cpu.py LIVE_DRIVER)")
     return res
 
@@ -168,7 +184,16 @@ def main() -> None:
                     help="wait before the first command until the 1-minute load average is below this")
     ap.add_argument("--wait", type=float, default=300.0, help="longest wait for --max-load, seconds")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks")
+    ap.add_argument("--name", default="cpu_pipeline", help="the records' file names (NAME.json, NAME.md)")
+    ap.add_argument("--cases", default=",".join(CASES), help=f"which of {', '.join(CASES)} to run")
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="a configuration override for this tree's commands (repeatable)")
+    ap.add_argument("--baseline-set", dest="baseline_sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="a configuration override for the baseline's commands (repeatable)")
     args = ap.parse_args()
+    wanted = [c for c in args.cases.split(",") if c]
+    if not wanted or any(c not in CASES for c in wanted):
+        sys.exit(f"error: --cases '{args.cases}': choose from {', '.join(CASES)}")
     # A SIGTERM (a stopped job) unwinds like Ctrl+C, so that the worktree is removed on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("bench_cpu: terminated"))
     if not args.clip.is_file():
@@ -185,16 +210,14 @@ def main() -> None:
                  f"for {args.wait:.0f} s: not measuring on a busy machine")
     dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", "stream", "kernels",
                      "engines", "configs"))
-    cases = [Case("run_default", "`swapstream run`, default preset (x264 `veryfast`, CRF 20)"),
-             Case("run_live_preset", "`swapstream run -c live` (x264 `ultrafast`, detection every 5 frames)"),
-             Case("live", "`swapstream live`, file played in real time into HLS")]
+    cases = [Case(name, CASES[name]) for name in CASES if name in wanted]
     with tempfile.TemporaryDirectory(prefix="bench_cpu_") as tmpdir:
         tmp = Path(tmpdir)
         source = tmp / "astronaut.png"  # a shipped public-domain portrait with a built-in consent record
         cv2.imwrite(str(source), cv2.cvtColor(astronaut(), cv2.COLOR_RGB2BGR))
-        trees = [Tree("new", git("rev-parse", "--short", "HEAD") + ("+changes" if dirty else ""), None)]
+        trees = [Tree("new", git("rev-parse", "--short", "HEAD") + ("+changes" if dirty else ""), None, args.sets)]
         try:
-            trees.append(make_baseline(args.baseline_rev, tmp))
+            trees.append(make_baseline(args.baseline_rev, tmp, args.baseline_sets))
             for rep in range(args.repeat):
                 for case in cases:
                     # Alternate which tree goes first, so that neither always runs on a warmer machine.
@@ -241,17 +264,22 @@ def write_records(args: argparse.Namespace, cases: list[Case], trees: list[Tree]
                     "config": {"size": "1280x720", "fps_in": 30, "clip": args.clip.name, "faces": 1,
                                "swapper": "mesh", "watermark": True, "label": True, "tree": label,
                                "rev": revs[label], "uncommitted_changes": dirty and label == "new",
+                               "sets": next(t.sets for t in trees if t.label == label),
                                "runs": [r[key] for r in runs],
                                "load_before": [r["load_before"] for r in runs],
                                "case_command": runs[0]["command"]}})
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "cpu_pipeline.json").write_text(json.dumps(records, indent=1) + "\n")
+    (args.out / f"{args.name}.json").write_text(json.dumps(records, indent=1) + "\n")
 
     def fig(case: Case, label: str, key: str, digits: int = 1) -> str:
         runs = case.runs.get(label, [])
         return f"{median_of(runs, key):.{digits}f}" if runs else "-"
 
-    new, old = revs.get("new", "?"), revs.get("baseline", "?")
+    def named(label: str) -> str:
+        sets = next(t.sets for t in trees if t.label == label)
+        return revs[label] + "".join(f" `{v}`" for v in sets)
+
+    new, old = named("new"), named("baseline")
     lines = [f"# CPU pipeline at 720p: `run` and `live` against {old}", "",
              f"`{command}` on {common['device']}, {common['date']}: this tree (commit {new}) against "
              f"a worktree of {old}, {args.repeat} runs of each case per tree, alternately; medians. "
@@ -268,8 +296,12 @@ def write_records(args: argparse.Namespace, cases: list[Case], trees: list[Tree]
         else:
             cell = {lb: f"{fig(case, lb, 'fps')} fps" for lb in ("baseline", "new")}
         lines.append(f"| {case.title} | {cell['baseline']} | {cell['new']} | {targets[case.name]} |")
-    lines += ["", f"The two trees do not do the same work per face: {old}'s mesh swapper has no occlusion "
-              "mask and no source-validity step, which this tree adds (issue 20). Live: frames in, out "
+    same = git("rev-parse", revs["baseline"]) == git("rev-parse", "HEAD") and not dirty
+    differ = ("The two columns run the same code; only their configuration overrides differ." if same else
+              f"The two trees do not do the same work per face: {old}'s mesh swapper has no occlusion "
+              "mask and no source-validity step, which this tree adds (issue 20)." if args.baseline_rev == "1363276"
+              else f"The two columns are two revisions, {old} and {new}.")
+    lines += ["", differ + " Live: frames in, out "
               "and dropped are the job's own counts; delivered fps is the output frames over the span "
               "of their hand-over to the encoder; latency is from a frame's arrival (decoded) to that "
               "hand-over.", "", "Every run (load average before it):", ""]
@@ -277,14 +309,14 @@ def write_records(args: argparse.Namespace, cases: list[Case], trees: list[Tree]
         for label, runs in case.runs.items():
             key = "delivered_fps" if case.name == "live" else "fps"
             vals = ", ".join(f"{r[key]:.1f} ({r['load_before']:.2f})" for r in runs)
-            lines.append(f"- {case.name}, {label} ({revs[label]}): {vals}")
+            lines.append(f"- {case.name}, {label} ({named(label)}): {vals}")
     lines += ["", "Commands (the live case's job is built by `tools/bench_cpu.py`'s driver exactly as "
               "`swapstream live` builds it, to read its clock):", ""]
     for case in cases:
         runs = case.runs.get("new") or next(iter(case.runs.values()))
         lines.append(f"- `{runs[0]['command']}`")
     lines.append("")
-    (args.out / "cpu_pipeline.md").write_text("\n".join(lines))
+    (args.out / f"{args.name}.md").write_text("\n".join(lines))
     print("\n".join(lines))
 
 
