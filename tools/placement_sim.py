@@ -9,8 +9,9 @@ takes (1.0: the load at which the GPU still meets every stream's latency budget)
 - serve_streams.json: `serve_streams_{720p,1080p}30_null_within_budget` streams fit one H200 with the
   neural swapper (inswapper_128, one face per frame: `faces_per_s / (n * fps)`), so each costs
   1/that;
-- pipeline.json: `ours_mesh_end_to_end_ms` (p50, GPU ms per 1080p frame with the mesh swapper, one
-  stream alone) times 30 fps.
+- mesh_gpu.json: `mesh_occlusion_gpu_us_per_face_1080p`'s wall time a call (p50, the runtime's mesh
+  backend with its default occlusion mask on a 1080p face: what a worker's device thread waits for,
+  host-bound, about 26 times its GPU time) times 30 fps.
 A GPU is one worker here whose load report is exact (its busy share is the sum of its streams' costs;
 none of its streams is over budget while that sum stays below 1): the simulator measures the policy,
 not the reports' noise. Streams arrive as a Poisson process and live for an exponential time (10
@@ -47,7 +48,7 @@ from swapstream.runtime.placement import BUSY_MAX, NoRoom, SimWorker, choose  # 
 def stream_costs(bench: Path) -> dict[str, dict[str, Any]]:
     """Each kind of stream's cost (busy share of one GPU) and where it comes from."""
     serve = json.loads((bench / "serve_streams.json").read_text())
-    pipeline = json.loads((bench / "pipeline.json").read_text())
+    mesh_gpu = json.loads((bench / "mesh_gpu.json").read_text())
     by = {(r["metric"], r["stat"]): r for r in serve}
     kinds: dict[str, dict[str, Any]] = {}
     for res in ("720p", "1080p"):
@@ -58,10 +59,11 @@ def stream_costs(bench: Path) -> dict[str, dict[str, Any]]:
         kinds[f"inswapper_{res}30"] = {
             "cost": 1.0 / n, "faces_per_frame": round(float(faces["value"]) / (n * fps), 2),
             "source": f"serve_streams.json serve_streams_{res}30_null_within_budget = {n} on {fit['device']}"}
-    mesh = next(r for r in pipeline if r["metric"] == "ours_mesh_end_to_end_ms" and r["stat"] == "p50")
-    kinds["mesh_1080p30"] = {"cost": float(mesh["value"]) * 30 / 1000, "faces_per_frame": 1.0,
-                             "source": f"pipeline.json ours_mesh_end_to_end_ms p50 = {mesh['value']} ms "
-                                       f"on {mesh['device']}, x 30 fps"}
+    mesh = next(r for r in mesh_gpu if r["metric"] == "mesh_occlusion_gpu_us_per_face_1080p")
+    wall = float(mesh["config"]["wall_ms_p50"])
+    kinds["mesh_1080p30"] = {"cost": wall * 30 / 1000, "faces_per_frame": 1.0,
+                             "source": f"mesh_gpu.json mesh_occlusion_gpu_us_per_face_1080p wall p50 = {wall} ms "
+                                       f"a call on {mesh['device']}, x 30 fps"}
     return kinds
 
 
