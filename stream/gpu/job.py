@@ -264,12 +264,14 @@ class DeviceFrames:
         self._audio: list[Any] = []  # the input's audio stream, once the reader has opened the file
         self._reads: ReadAhead | None = None
 
-    def items(self) -> Iterator[AudioPacket | Decoded]:
+    def warm_up(self) -> None:
         # The swap model's graphs (one per batch size) and the kernels, before the loop's clock, on
         # the stream the loop swaps on: the torch runner captures a graph per stream, and one
         # captured in the loop was counted in its time.
         with self.compute:
             self.job.warm_swap(batches=self.batch)
+
+    def items(self) -> Iterator[AudioPacket | Decoded]:
         # NVDEC's decode call (1.6 ms of host time a 1080p frame, the GIL released) or PyAV's decode
         # and upload run on the reader thread while this one analyses and swaps the frames before.
         import cupy
