@@ -199,9 +199,9 @@ def _summary(stats: "object", output: Path) -> None:
         lat = stats.latency
         t.add_row("latency ms", " ".join(f"{k} {lat.percentile_ms(q):.2f}" for k, q in
                                          (("p50", 50), ("p99", 99), ("max", 100))))
-        # The one longest step, with the frame count when it ran: where a stall came from.
+        # The one longest step, with the frames taken when it ended: where a stall came from.
         sec, step, at = stats.slowest
-        t.add_row("slowest step", f"{step.replace('_', '-')} {sec * 1e3:.1f} ms at frame {at}")
+        t.add_row("slowest step", f"{step.replace('_', '-')} {sec * 1e3:.1f} ms, {at} frames taken")
     out.print(t)
 
 

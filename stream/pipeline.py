@@ -103,8 +103,10 @@ class JobStats:
     """Each frame's time from the loop taking it from the decoder to its hand-over to the encoder
     (its download done, on the GPU): held back for a batch, swapped, marked and converted."""
     slowest: tuple[float, str, int] = (0.0, "", 0)
-    """The longest single step of the loop: (seconds, step, frames taken when it ran), so that a
-    one-time stall (a kernel compiled or a graph captured mid-run) is seen with where it happened."""
+    """The longest single step of the loop: (seconds, step, frames taken from the decoder when it
+    ended), so that a one-time stall (a kernel compiled or a graph captured mid-run) is seen with
+    where it happened. For `analyse` that count is the frame analysed; for `swap` the last frame of
+    the batch; for `read` the frames before the one read."""
 
     def step_ms(self) -> dict[str, float]:
         """`steps` in milliseconds a frame."""
@@ -373,8 +375,10 @@ class FileJob:
                     spent("hand_over", t)
                     pending.clear()
 
-                # The label's and the mark's tables for this size, before the clock starts.
-                self.disclosure.warm_up(self._working_copy(np.zeros((info.height, info.width, 3), np.uint8)))
+                # The label's and the mark's tables for this size, before the clock starts (a probe
+                # that gave no size leaves them to the first frame).
+                if info.width > 0 and info.height > 0:
+                    self.disclosure.warm_up(self._working_copy(np.zeros((info.height, info.width, 3), np.uint8)))
                 t0 = tick()
                 item = first
                 while item is not None:

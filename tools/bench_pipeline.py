@@ -347,8 +347,13 @@ def write(results: dict[str, Any], args: argparse.Namespace) -> None:
             for step, ms in r["loop_ms"].items():
                 records.append({"metric": f"{v}_loop_{step.replace('-', '_')}_ms", "value": ms, "unit": "ms",
                                 "stat": "mean", "config": {"clock": "host"}, **common})
+            if r.get("slowest"):
+                sl = r["slowest"]
+                records.append({"metric": f"{v}_slowest_step_ms", "value": sl["ms"], "unit": "ms", "stat": "max",
+                                "config": {"step": sl["step"], "frames_taken": sl["frames_taken"], "clock": "host"},
+                                **common})
         for stage, st in r.get("stages_ms", {}).items():  # the peer path and x264: timed here
-            for stat in ("p50", "p99"):
+            for stat in ("p50", "p99", "mean", "max"):
                 records.append({"metric": f"{v}_{stage}_ms", "value": st[stat], "unit": "ms", "stat": stat,
                                 "config": {"clock": "host"}, **common})
         if "peak_gpu_gb" in r:
@@ -381,14 +386,16 @@ def write(results: dict[str, Any], args: argparse.Namespace) -> None:
         lines.append(f"| {v} | {r['decode']} | {r['frames']} | {r['fps']:.1f} | {analyse} | {swap} | {e2e} "
                      f"| {r.get('peak_gpu_gb', '')} |")
     lines += ["", "Analyse and swap: host time a frame, mean (ours: the run's `loop ms/frame`, whose `swap` on "
-              "the GPU is the time to queue it; the peer's swap includes its paste). Ours labels and marks "
-              "every frame, as every output of `run` is; the peer path has neither, as the peers have neither."]
+              "the GPU is the time to queue it; the peer's swap includes its paste). Ours marks "
+              "every frame, as every output of `run` is (the visible label is off for file outputs by default, "
+              "`disclosure.label_files`); the peer path has neither mark nor label, as the peers have neither."]
     for v in ("ours_mesh", "ours_neural"):
         r = results.get(v)
         if r and "loop_ms" in r:
             steps = ", ".join(f"{k} {ms:.2f}" for k, ms in r["loop_ms"].items())
             slow = r.get("slowest")
-            worst = f"; its longest step: {slow['step']} {slow['ms']} ms at frame {slow['frame']}" if slow else ""
+            worst = (f"; its longest step: {slow['step']} {slow['ms']} ms, {slow['frames_taken']} frames taken"
+                     if slow else "")
             lines.append(f"- {v}: `swapstream {r['run_command']}`; loop ms/frame: {steps}{worst}.")
     if "x264" in results and "error" not in results["x264"]:
         x = results["x264"]

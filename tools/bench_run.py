@@ -55,8 +55,8 @@ def run_summary(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | N
     # Each frame's time from the decoder to the encoder (absent from revisions before it was printed).
     lat = re.search(r"latency ms\s+p50 ([\d.]+) p99 ([\d.]+) max ([\d.]+)", p.stdout)
     latency = dict(zip(("p50", "p99", "max"), map(float, lat.groups()))) if lat else {}
-    slow = re.search(r"slowest step\s+([a-z-]+) ([\d.]+) ms at frame (\d+)", p.stdout)
-    slowest = {"step": slow.group(1), "ms": float(slow.group(2)), "frame": int(slow.group(3))} if slow else {}
+    slow = re.search(r"slowest step\s+([a-z-]+) ([\d.]+) ms, (\d+) frames taken", p.stdout)
+    slowest = {"step": slow.group(1), "ms": float(slow.group(2)), "frames_taken": int(slow.group(3))} if slow else {}
     return {"fps": float(fps.group(1)), "frames": int(frames.group(1)), "frames_swapped": int(swapped.group(1)),
             "decode": decode.group(1) if decode else "?", "loop_ms": steps, "latency_ms": latency,
             "slowest": slowest,
@@ -195,7 +195,7 @@ def main() -> None:
         keys = list(runs[m][0]["loop_ms"])
         cells = [f"{k} {statistics.median(r['loop_ms'].get(k, 0.0) for r in runs[m]):.2f}" for k in keys]
         lines.append(f"- {text}: {', '.join(cells) if cells else 'not printed by this revision'}")
-        slow = [f"{r['slowest']['step']} {r['slowest']['ms']} ms at frame {r['slowest']['frame']}"
+        slow = [f"{r['slowest']['step']} {r['slowest']['ms']} ms, {r['slowest']['frames_taken']} frames taken"
                 for r in runs[m] if r["slowest"]]
         if slow:
             lines.append(f"  - the longest single step of each run: {'; '.join(slow)}")

@@ -175,8 +175,15 @@ def same_context() -> Iterator[None]:
             # Also when none was current (0 unbinds): a thread that had not used CUDA yet would
             # otherwise keep PyNvVideoCodec's context, which a failed CreateEncoder leaves
             # current, and CuPy's next launch there failed with "invalid resource handle" (H200).
+            # Setting NULL only pops the top of the thread's context stack: repeat while a context
+            # pushed under it is uncovered.
             log.debug("PyNvVideoCodec left CUDA context %#x current; restoring %#x", after, before)
-            cupy.cuda.driver.ctxSetCurrent(before)
+            for _ in range(4):
+                cupy.cuda.driver.ctxSetCurrent(before)
+                if int(cupy.cuda.driver.ctxGetCurrent()) == before:
+                    break
+            else:
+                log.warning("could not restore CUDA context %#x after a PyNvVideoCodec call", before)
 
 
 def primary_context(gpu_id: int) -> int:

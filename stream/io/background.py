@@ -14,10 +14,13 @@ its next `submit` or at `close`.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Callable
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 _STOP = object()
 
@@ -109,7 +112,7 @@ class ReadAhead:
     that thread-bound state, such as a decoder's CUDA stream, lives there). An error in the source is
     raised in the consumer at the item where it happened; `close` (also after an error, and on an
     early stop) stops the producer and joins it. A source that yields `HOLD` after its last item is
-    closed only then (see HOLD)."""
+    closed only then (see HOLD): its consumer must call `close`, or the source stays open."""
 
     def __init__(self, make: Callable[[], Any], *, depth: int = 2, name: str = "read-ahead") -> None:
         if depth < 1:
@@ -149,7 +152,11 @@ class ReadAhead:
         finally:
             close = getattr(source, "close", None)
             if close is not None:
-                close()  # a generator's `finally` (its decoder, its file) runs here, in its thread
+                try:
+                    close()  # a generator's `finally` (its decoder, its file) runs here, in its thread
+                except Exception:  # noqa: BLE001 - the consumer has its items; a release that fails is logged
+                    # After HOLD the consumer has seen the end, so there is no item to raise this at.
+                    log.exception("%s: releasing the source failed", threading.current_thread().name)
 
     def __iter__(self) -> ReadAhead:
         return self
