@@ -249,6 +249,7 @@ def write_records(args: argparse.Namespace, cases: list[Case], trees: list[Tree]
                   load_start: tuple[float, float, float], dirty: bool) -> None:
     common = run_fields(cpu_name(), command)
     revs = {t.label: t.rev for t in trees}
+    sets_of = {t.label: t.sets for t in trees}
     records: list[dict[str, Any]] = []
     metrics = {"run_default": [("cpu_run_default_preset_fps_720p", "fps", "fps")],
                "run_live_preset": [("cpu_run_live_preset_fps_720p", "fps", "fps")],
@@ -262,9 +263,13 @@ def write_records(args: argparse.Namespace, cases: list[Case], trees: list[Tree]
                     "metric": metric + ("_baseline" if label == "baseline" else ""),
                     "value": round(median_of(runs, key), 2), "unit": unit, "stat": "median", **common,
                     "config": {"size": "1280x720", "fps_in": 30, "clip": args.clip.name, "faces": 1,
-                               "swapper": "mesh", "watermark": True, "label": True, "tree": label,
+                               "swapper": "mesh", "tree": label,
+                               # On unless an override turned them off (the label is turned on for files).
+                               "watermark": "watermark.enabled=false" not in sets_of[label],
+                               "label": not ({"disclosure.label_live=false", "disclosure.label_files=false"}
+                                             & set(sets_of[label])),
                                "rev": revs[label], "uncommitted_changes": dirty and label == "new",
-                               "sets": next(t.sets for t in trees if t.label == label),
+                               "sets": sets_of[label],
                                "runs": [r[key] for r in runs],
                                "load_before": [r["load_before"] for r in runs],
                                "case_command": runs[0]["command"]}})
