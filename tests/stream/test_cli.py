@@ -190,6 +190,15 @@ def test_run_to_the_null_output(assets: Assets, tmp_path: Path) -> None:
     assert 0 < p50 <= p99 <= top, (p50, p99, top)
     assert top >= 0.99 * (steps[1] + steps[2]), (top, steps)
     assert top <= 1.01e3 * float(re.search(r"^time\s+([\d.]+) s", res.stdout, re.M).group(1)), top
+    # The loop's longest single step: one of its steps, no longer than the whole loop, and at least
+    # as long as the analysis's and the swap's means a frame (one call of each a frame here; 0.06 ms
+    # for the printed roundings), at a frame count within the clip.
+    slow = re.search(r"^slowest step\s+(read|analyse|swap|hand-over) ([\d.]+) ms, (\d+) frames taken\s*$",
+                     res.stdout, re.M)
+    assert slow, res.stdout
+    worst, taken = float(slow.group(2)), int(slow.group(3))
+    assert max(steps[1], steps[2]) - 0.06 <= worst <= 1e3 * float(re.search(r"^time\s+([\d.]+) s", res.stdout, re.M).group(1))
+    assert 0 <= taken <= CLIP_FRAMES, taken
 
 
 def test_null_output_still_marks_every_frame(assets: Assets, monkeypatch: pytest.MonkeyPatch) -> None:
