@@ -187,14 +187,9 @@ class Disclosure:
     def warm_up(self, scratch: Any) -> None:
         """Build what `apply` needs for frames of `scratch`'s size and device (the label's patch, the
         mark's pattern or tables, on the GPU their upload and the kernels' first launch) by marking
-        `scratch`, a frame the caller throws away, and wait for it; nothing is counted. Else they
-        are built on a run's first frame, which then stalls with its batch (on the CPU 40 ms at
-        720p for the mark's pattern alone)."""
+        `scratch`, a frame the caller throws away; nothing is counted. On the GPU the kernels are
+        queued on the current stream: the caller waits for them (`FileJob.warm_swap` does)."""
         self._disclose(scratch, True)
-        if type(scratch).__module__.startswith("cupy"):
-            import cupy
-
-            cupy.cuda.get_current_stream().synchronize()
 
     @property
     def tags(self) -> dict[str, str]:

@@ -217,15 +217,15 @@ class HostFrames:
     decoder = "pyav"
     encode_queue = ENCODE_QUEUE
 
-    def __init__(self, job: FileJob, inp: Path) -> None:
-        self._job, self._inp = job, inp
+    def __init__(self, job: FileJob, inp: Path, info: VideoInfo) -> None:
+        self._job, self._inp, self._info = job, inp, info
         self._reader: VideoReader | None = None
 
     def warm_up(self) -> None:
         # One swap: the first call's one-time work (OpenCV's Lab tables for the mesh swapper's colour
         # transfer, 80 ms of a 720p run's first frame; ONNX Runtime's first run). The host has no
         # graphs per batch size to capture, so one batch size is enough.
-        self._job.warm_swap(batches=1)
+        self._job.warm_swap(batches=1, size=(self._info.height, self._info.width))
 
     def items(self) -> Iterator[AudioPacket | Decoded]:
         self._reader = VideoReader(self._inp)
@@ -375,10 +375,6 @@ class FileJob:
                     spent("hand_over", t)
                     pending.clear()
 
-                # The label's and the mark's tables for this size, before the clock starts (a probe
-                # that gave no size leaves them to the first frame).
-                if info.width > 0 and info.height > 0:
-                    self.disclosure.warm_up(self._working_copy(np.zeros((info.height, info.width, 3), np.uint8)))
                 t0 = tick()
                 item = first
                 while item is not None:
@@ -422,26 +418,31 @@ class FileJob:
 
     def _frame_path(self, inp: Path, info: VideoInfo, out: Path, batch: int) -> FramePath:
         """Where `run` keeps its frames: on the host here (the GPU job: on the device)."""
-        return HostFrames(self, inp)
+        return HostFrames(self, inp, info)
 
-    def warm_swap(self, batches: int = 1) -> None:
+    def warm_swap(self, batches: int = 1, size: tuple[int, int] | None = None) -> None:
         """Swap the source face on a copy of the source image before the first frame, so that the
         first frames do not wait for one-time work: the neural swap model's CUDA graph (captured,
         then replayed), the mesh swapper's workspaces and the occlusion mask's first model (on the
         CPU a live input's buffer dropped 4-5 of its first frames for them). The face is untracked
-        (no colour state is kept) and the occlusion mask's per-track state is cleared after."""
-        if self.source_image is None or self.source_face is None:
-            return
-        face = replace(self.source_face, track_id=-1)
-        frame = self._working_copy(self.source_image)
-        if self.neural is not None:
-            # Every batch size `run` will call with (`batches`): each is a graph of its own.
-            self.neural.swapper.warm_up(frame, face, self.neural.swapper.identity(self.source_image, face),
-                                        batches)
-        else:
-            self.swapper.swap(frame, [face])
-            if self.mesh is not None and self.mesh.occlusion is not None:
-                self.mesh.occlusion.reset()
+        (no colour state is kept) and the occlusion mask's per-track state is cleared after.
+
+        `size` (height, width), the input's frame size when known: the label and the mark are built
+        for it too (`Disclosure.warm_up`); built on the first frame they stalled it (40 ms at 720p on
+        the CPU for the mark's pattern alone; the GPU file job's first batch likewise)."""
+        if size is not None and size[0] > 0 and size[1] > 0:
+            self.disclosure.warm_up(self._working_copy(np.zeros((*size, 3), np.uint8)))
+        if self.source_image is not None and self.source_face is not None:
+            face = replace(self.source_face, track_id=-1)
+            frame = self._working_copy(self.source_image)
+            if self.neural is not None:
+                # Every batch size `run` will call with (`batches`): each is a graph of its own.
+                self.neural.swapper.warm_up(frame, face, self.neural.swapper.identity(self.source_image, face),
+                                            batches)
+            else:
+                self.swapper.swap(frame, [face])
+                if self.mesh is not None and self.mesh.occlusion is not None:
+                    self.mesh.occlusion.reset()
         self._finish_warm_up()
 
     def _working_copy(self, image: np.ndarray) -> Any:

@@ -269,7 +269,7 @@ class DeviceFrames:
         # the stream the loop swaps on: the torch runner captures a graph per stream, and one
         # captured in the loop was counted in its time.
         with self.compute:
-            self.job.warm_swap(batches=self.batch)
+            self.job.warm_swap(batches=self.batch, size=(self.info.height, self.info.width))
 
     def items(self) -> Iterator[AudioPacket | Decoded]:
         # NVDEC's decode call (1.6 ms of host time a 1080p frame, the GIL released) or PyAV's decode

@@ -258,7 +258,8 @@ class LiveJob(FileJob):
     def _live_warm_up(self, reader: LiveReader) -> None:
         """Before the first frame is read: get the models ready at the input's size (the GPU job's
         graph captures take seconds, which the first frames would otherwise wait for)."""
-        self.warm_swap()
+        width, height = reader.size
+        self.warm_swap(size=(height, width))
 
     def _live_end(self, stats: LiveStats) -> list[LiveFrame]:
         """At the end of the input, the frames still held back (a decoder's reordering)."""

@@ -153,6 +153,19 @@ def test_warm_up_builds_the_size_ahead_and_changes_nothing_else(scheme: str) -> 
     assert warm.frames_labelled == warm.frames_marked == 1
 
 
+def test_a_jobs_warm_up_builds_the_label_and_mark_for_the_inputs_size(config: Config) -> None:
+    """`warm_swap(size=...)`, which the file and live jobs call before their first frame with the
+    input's size, builds the disclosure for that size (also before a source face is set) and
+    counts nothing."""
+    job = LiveJob(config)
+    try:
+        job.warm_swap(size=(360, 640))
+        assert (360, 640, -1) in job.disclosure._patches
+        assert job.disclosure.frames_labelled == job.disclosure.frames_marked == 0
+    finally:
+        job.close()
+
+
 def test_live_job_labels_and_marks_every_frame(config: Config) -> None:
     """The live path (LiveJob.swap_frame, which RTMP/HLS and WHIP use) with the live default."""
     job = LiveJob(config)
