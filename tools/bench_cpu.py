@@ -54,7 +54,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_run import run_summary  # noqa: E402
-from benchlib import cpu_name, package_links, run_fields  # noqa: E402
+from benchlib import cpu_name, package_links, run_fields, set_flags, source_image  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CLIP = ROOT / ".bench" / "streams_720p30.mp4"
@@ -150,8 +150,7 @@ def swapstream_cmd() -> list[str]:
 
 
 def run_file(tree: Tree, preset: str | None, source: Path, clip: Path, out: Path) -> dict[str, Any]:
-    opts = (["-c", preset] if preset else []) + [x for v in ["disclosure.label_files=true", *tree.sets]
-                                                 for x in ("--set", v)] + ["-q"]
+    opts = (["-c", preset] if preset else []) + set_flags(["disclosure.label_files=true", *tree.sets]) + ["-q"]
     cmd = swapstream_cmd() + ["run", "-s", str(source), "-i", str(clip), "-o", str(out)] + opts
     r = run_summary(cmd, env=tree.env(), cwd=ROOT)
     return {"fps": r["fps"], "frames": r["frames"], "frames_swapped": r["frames_swapped"],
@@ -168,8 +167,8 @@ def run_live(tree: Tree, source: Path, clip: Path, hls: Path) -> dict[str, Any]:
     expected = "/baseline/" if tree.pythonpath else str(ROOT)
     if expected not in str(Path(res["package"]).resolve()):
         raise SystemExit(f"{tree.label}: imported swapstream from {res['package']}, not its tree")
-    sets = "".join(f" --set {v}" for v in tree.sets)
-    res["command"] = (f"swapstream live -s {source.name} -i {clip.name} --hls-dir DIR{sets} "
+    res["command"] = (" ".join(["swapstream live -s", source.name, "-i", clip.name, "--hls-dir DIR",
+                                *set_flags(tree.sets)]) + " "
                       f"(job built as the CLI does: tools/bench_cpu.py LIVE_DRIVER)")
     return res
 
@@ -198,10 +197,6 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("bench_cpu: terminated"))
     if not args.clip.is_file():
         sys.exit(f"error: no clip at '{args.clip}': make it with python tools/make_bench_clips.py")
-    import cv2
-
-    from swapstream.demo import astronaut
-
     command = "python tools/bench_cpu.py " + " ".join(sys.argv[1:])
     wait_for_quiet(args.max_load, args.wait)
     load_start = os.getloadavg()
@@ -213,8 +208,7 @@ def main() -> None:
     cases = [Case(name, CASES[name]) for name in CASES if name in wanted]
     with tempfile.TemporaryDirectory(prefix="bench_cpu_") as tmpdir:
         tmp = Path(tmpdir)
-        source = tmp / "astronaut.png"  # a shipped public-domain portrait with a built-in consent record
-        cv2.imwrite(str(source), cv2.cvtColor(astronaut(), cv2.COLOR_RGB2BGR))
+        source = source_image(tmp)
         trees = [Tree("new", git("rev-parse", "--short", "HEAD") + ("+changes" if dirty else ""), None, args.sets)]
         try:
             trees.append(make_baseline(args.baseline_rev, tmp, args.baseline_sets))
@@ -281,8 +275,7 @@ def write_records(args: argparse.Namespace, cases: list[Case], trees: list[Tree]
         return f"{median_of(runs, key):.{digits}f}" if runs else "-"
 
     def named(label: str) -> str:
-        sets = next(t.sets for t in trees if t.label == label)
-        return revs[label] + "".join(f" `{v}`" for v in sets)
+        return revs[label] + "".join(f" `{v}`" for v in sets_of[label])
 
     new, old = named("new"), named("baseline")
     lines = [f"# CPU pipeline at 720p: `run` and `live` against {old}", "",

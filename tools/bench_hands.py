@@ -73,18 +73,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks")
     ap.add_argument("--name", default="hands_cpu")
     args = ap.parse_args()
-    import cv2
-
     from bench_run import run_summary
-    from benchlib import cpu_name, gpu_name, run_fields
-
-    from swapstream.demo import astronaut
+    from benchlib import cpu_name, gpu_name, run_fields, source_image
 
     work = Path(tempfile.mkdtemp(prefix="bench-hands-"))
     clip = work / "hand_720p30.mp4"
     frames = make_clip(clip, args.seconds)
-    source = work / "astronaut.png"
-    cv2.imwrite(str(source), cv2.cvtColor(astronaut(), cv2.COLOR_RGB2BGR))
+    source = source_image(work)
     base = [sys.executable, "-m", "swapstream.cli", "run", "-s", str(source), "-i", str(clip), "-o", "null:", "-q",
             *(["-c", args.config] if args.config else []), "--set", f"mask.hands_model={args.hands_model}"]
     cases = {"off": ["--set", "mask.hands=false"], "on": ["--set", "mask.hands=true"]}

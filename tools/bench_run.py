@@ -34,7 +34,7 @@ from typing import Any
 
 TOOLS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TOOLS))
-from benchlib import package_links  # noqa: E402
+from benchlib import package_links, set_flags, source_image  # noqa: E402
 
 
 def run_summary(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> dict[str, Any]:
@@ -68,13 +68,8 @@ def run_setup(work: Path, *, config: str | None, swapper: str, synthetic: bool,
     """What each timed `swapstream run` takes: the source image (the built-in astronaut, written into
     `work`) and the options after `-q`; with `synthetic`, the full-size inswapper architecture with
     random weights, written into `work/models` (bench_pipeline.write_synthetic_models)."""
-    import cv2
-
-    from swapstream.demo import astronaut
-
-    source = work / "astronaut.png"
-    cv2.imwrite(str(source), cv2.cvtColor(astronaut(), cv2.COLOR_RGB2BGR))
-    opts = (["-c", config] if config else []) + ["--set", f"swapper={swapper}", *[x for v in sets for x in ("--set", v)]]
+    source = source_image(work)
+    opts = (["-c", config] if config else []) + set_flags([f"swapper={swapper}", *sets])
     if synthetic:
         from bench_pipeline import write_synthetic_models
 

@@ -119,3 +119,20 @@ def package_links(tree: Path, folder: Path, env: dict[str, str]) -> None:
                            check=True).stdout.strip()
     if not Path(where).resolve().is_relative_to(tree):
         raise SystemExit(f"error: the baseline imports swapstream from {where}, not from {tree}")
+
+
+def source_image(folder: Path) -> Path:
+    """The built-in astronaut portrait (public domain, with a built-in consent record) written into
+    `folder` as the `-s` picture of a timed `swapstream run`."""
+    import cv2
+
+    from swapstream.demo import astronaut
+
+    path = folder / "astronaut.png"
+    cv2.imwrite(str(path), cv2.cvtColor(astronaut(), cv2.COLOR_RGB2BGR))
+    return path
+
+
+def set_flags(sets: list[str]) -> list[str]:
+    """`--set KEY=VALUE` for each override, as `swapstream run` takes them."""
+    return [x for v in sets for x in ("--set", v)]
