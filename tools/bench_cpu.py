@@ -169,7 +169,7 @@ def run_live(tree: Tree, source: Path, clip: Path, hls: Path) -> dict[str, Any]:
         raise SystemExit(f"{tree.label}: imported swapstream from {res['package']}, not its tree")
     res["command"] = (" ".join(["swapstream live -s", source.name, "-i", clip.name, "--hls-dir DIR",
                                 *set_flags(tree.sets)]) + " "
-                      f"(job built as the CLI does: tools/bench_cpu.py LIVE_DRIVER)")
+                      "(job built as the CLI does: tools/bench_cpu.py LIVE_DRIVER)")
     return res
 
 

@@ -132,7 +132,7 @@ def peer_stages(tmp: Path) -> tuple[Any, Any]:
     return analyser, stages.swapper
 
 
-# -- variants --------------------------------------------------------------------------------- ----------------------------------------------------
+# -- variants -------------------------------------------------------------------------------------
 
 def run_peer(clip: Path, frames: int, tmp: Path) -> dict[str, Any]:
     import cv2
