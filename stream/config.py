@@ -168,7 +168,12 @@ class NeuralConfig(_Section):
 
 class RuntimeConfig(_Section):
     max_wait_ms: float = Field(4.0, ge=0.0, le=1000.0)
-    """Longest a face waits for others to fill a swap batch (multi-stream runtime)."""
+    """Longest a face waits for others to fill a swap batch (multi-stream runtime); on a GPU, where
+    frames are analysed together first, the longest a frame waits for others to fill an analysis
+    batch."""
+    swap_max_wait_ms: float | None = Field(None, ge=0.0, le=1000.0)
+    """On a GPU: the longest an analysed frame's faces wait for others to fill a swap batch. None:
+    `max_wait_ms`."""
     # A minute, as the API's per-stream budget_ms: a frame older than that is no longer live.
     budget_ms: float = Field(250.0, gt=0.0, le=60000.0)
     """Default latency budget of a stream: a frame's arrival to its encoding, at the p99."""

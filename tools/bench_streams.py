@@ -360,10 +360,18 @@ def wait_steady(api: Api, ids: list[str], fps: float, timeout: float) -> bool:
     return False
 
 
+BATCH_KEYS = {"swapstream_batch_size": "batch_faces", "swapstream_batch_seconds": "batch_run",
+              "swapstream_analysis_batch_size": "analysis_frames",
+              "swapstream_analysis_batch_seconds": "analysis_run"}
+"""The server's batch histograms, by the name their means take in a record."""
+COUNT_KEYS = ("batch_faces", "analysis_frames")
+"""Of those, the ones that count (faces, frames) rather than time."""
+
+
 def stage_sums(api: Api, ids: set[str]) -> dict[str, tuple[float, float]]:
     """The server's own per-stage time histograms (/metrics), summed over the streams in `ids`:
-    stage -> (seconds, frames); and the swap batches' faces and seconds per call ("batch_faces",
-    "batch_run")."""
+    stage -> (seconds, frames); and the swap and analysis batches' faces (frames) and seconds per
+    call (BATCH_KEYS)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     status, text = api.call("GET", "/metrics")
@@ -374,8 +382,8 @@ def stage_sums(api: Api, ids: set[str]) -> dict[str, tuple[float, float]]:
         for smp in fam.samples:
             if fam.name == "swapstream_stage_latency_seconds" and smp.labels.get("stream") in ids:
                 key = smp.labels["stage"]
-            elif fam.name in ("swapstream_batch_size", "swapstream_batch_seconds"):
-                key = "batch_faces" if fam.name == "swapstream_batch_size" else "batch_run"
+            elif fam.name in BATCH_KEYS:
+                key = BATCH_KEYS[fam.name]
             else:
                 continue
             if smp.name.endswith("_sum"):
@@ -386,12 +394,12 @@ def stage_sums(api: Api, ids: set[str]) -> dict[str, tuple[float, float]]:
 
 
 def stage_means(a: dict[str, tuple[float, float]], b: dict[str, tuple[float, float]]) -> dict[str, float]:
-    """Each stage's mean over the window between two `stage_sums` (ms; batch_faces in faces)."""
+    """Each stage's mean over the window between two `stage_sums` (ms; COUNT_KEYS in faces or frames)."""
     out = {}
     for k, (s1, n1) in b.items():
         s0, n0 = a.get(k, (0.0, 0.0))
         if n1 > n0:
-            out[k] = round((s1 - s0) / (n1 - n0) * (1.0 if k == "batch_faces" else 1e3), 2)
+            out[k] = round((s1 - s0) / (n1 - n0) * (1.0 if k in COUNT_KEYS else 1e3), 2)
     return out
 
 
@@ -483,11 +491,13 @@ def markdown(rows: list[dict[str, Any]], recs: list[dict[str, Any]], workers: in
                      f"{r['streams_degraded']} | {r['streams_failed']} | {'yes' if r['within_budget'] else 'no'} |")
     staged = [r for r in rows if r.get("stage_ms_mean")]
     if staged:
-        keys = ("queue", "analyse", "swap_wait", "swap", "encode", "total", "batch_run", "batch_faces")
+        keys = ("queue", "analyse", "swap_wait", "swap", "encode", "total", "analysis_run", "analysis_frames",
+                "batch_run", "batch_faces")
         lines += ["", "GPU utilisation (NVML, mean over the window): " + ", ".join(
             f"{r['res']} N={r['n']}: {r['gpu_util_mean']:.0%}" for r in staged if r.get("gpu_util_mean") is not None)]
         lines += ["", "Where a frame's time goes (the server's own stage histograms, means over the window; "
-                  "analyse includes its batch's wait; batch_run is one swap call, batch_faces its faces):", "",
+                  "analyse includes its batch's wait; analysis_run is one analysis call, analysis_frames its "
+                  "frames; batch_run is one swap call, batch_faces its faces):", "",
                   "| res | N | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
         for r in staged:
             m = r["stage_ms_mean"]

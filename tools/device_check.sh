@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the `device` tool), from the repository root:
-#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|run_live|run_ab|serve|serve_ab|live|live_bench|live_rtmp|hands|mesh|pending|recheck|face_stack|serve_stack|stack_profile|stack_tests|stack|all|none][,...]
+#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|run_live|run_ab|serve|serve_ab|serve_wait|live|live_bench|live_rtmp|hands|mesh|pending|recheck|face_stack|serve_stack|stack_profile|stack_tests|stack|all|none][,...]
 #     (default: all; bench = kernels + swap + pipeline; none = install the carried wheels only)
 #   tools/device_check.sh pytest ARGS...    (pytest with ARGS, in the same environment)
 # Installs the carried wheels (.whl/, ignored by git), makes `swapstream` importable from this tree,
@@ -191,6 +191,18 @@ if want serve_ab; then
       --name serve_streams_one_thread $SERVE_SETUP --ns 32 --res 720p --set runtime.analysis_thread=false 2>&1 \
       | tee "$OUT/bench_serve_one_thread.log" || rc=1
   fi
+fi
+if want serve_wait; then
+  # Issue 18 through `swapstream serve`: how long frames wait to be batched. The targets' setup at
+  # 32 720p streams, once per SERVE_WAITS entry "ANALYSIS/SWAP" (runtime.max_wait_ms and
+  # runtime.swap_max_wait_ms, ms), each a serve process tree of its own under SERVE_WAIT_S.
+  for pair in ${SERVE_WAITS:-4/4 8/0 12/0}; do
+    a=${pair%/*}; s=${pair#*/}
+    timeout -s INT -k 30 "${SERVE_WAIT_S:-185}" python3 tools/bench_streams.py "${SERVE_CLIPS[@]}" --out "$OUT" \
+      --name "serve_wait_${a}_${s}" $SERVE_SETUP --ns "${SERVE_NS:-32}" --res 720p \
+      --set "runtime.max_wait_ms=$a" --set "runtime.swap_max_wait_ms=$s" 2>&1 \
+      | tee "$OUT/bench_serve_wait_${a}_${s}.log" || rc=1
+  done
 fi
 if want run_ab; then
   # `swapstream run -c live` with encoding excluded against another revision's, in the same rounds

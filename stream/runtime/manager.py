@@ -134,8 +134,11 @@ class DeviceSlot:
         self.failed_frames = 0
         """Frames passed on unswapped because their batch failed."""
         self._failure_logged: dict[Hashable, float] = {}
+        swap_wait_ms = config.runtime.max_wait_ms
+        if self.gpu_index is not None and config.runtime.swap_max_wait_ms is not None:
+            swap_wait_ms = config.runtime.swap_max_wait_ms
         self.batcher = DynamicBatcher(self._run, max_batch=config.neural.max_batch,
-                                      max_wait=config.runtime.max_wait_ms / 1e3, executor=self._pool,
+                                      max_wait=swap_wait_ms / 1e3, executor=self._pool,
                                       observer=self._observed, name=f"batcher-{name}",
                                       sources=lambda: self.streams)
         self._nvdec: tuple[bool, str] | None = None
@@ -159,6 +162,7 @@ class DeviceSlot:
             self.analysis_batcher = DynamicBatcher(self._analyse_batch, max_batch=ANALYSIS_BATCH,
                                                    max_wait=config.runtime.max_wait_ms / 1e3,
                                                    executor=self._analysis_pool, name=f"analysis-{name}",
+                                                   observer=self._observed_analysis,
                                                    sources=lambda: self.streams)
 
     def _device(self) -> Any:
@@ -257,6 +261,9 @@ class DeviceSlot:
 
     def _observed(self, r: BatchRecord) -> None:
         self.metrics.observe_batch(self.name, r.faces, r.seconds, r.waited, r.late)
+
+    def _observed_analysis(self, r: BatchRecord) -> None:
+        self.metrics.observe_analysis_batch(self.name, r.faces, r.seconds)
 
     def _analyse_batch(self, key: Hashable, items: list[tuple[str, Any, Config]]) -> list[Any]:
         """Frames of several streams analysed together, in the worker thread (GPU slots)."""

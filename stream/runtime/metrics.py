@@ -204,6 +204,12 @@ class RuntimeMetrics:
         self.batch_wait = Histogram("swapstream_batch_wait_seconds",
                                     "How long the oldest face of a batch waited for it to start.",
                                     ["device"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.analysis_batch_size = Histogram("swapstream_analysis_batch_size",
+                                             "Frames per face-analysis call (GPU devices).", ["device"],
+                                             buckets=(1, 2, 3, 4, 6, 8), registry=self.registry)
+        self.analysis_batch_seconds = Histogram("swapstream_analysis_batch_seconds",
+                                                "Run time of one face-analysis call (GPU devices).", ["device"],
+                                                buckets=LATENCY_BUCKETS, registry=self.registry)
         self.late = Counter("swapstream_batch_late", "Frames whose swap finished after their deadline.",
                             ["device"], registry=self.registry)
         self.swap_failed = Counter("swapstream_swap_failed_frames",
@@ -220,6 +226,10 @@ class RuntimeMetrics:
         self.batch_wait.labels(device).observe(waited)
         if late:
             self.late.labels(device).inc(late)
+
+    def observe_analysis_batch(self, device: str, frames: int, seconds: float) -> None:
+        self.analysis_batch_size.labels(device).observe(frames)
+        self.analysis_batch_seconds.labels(device).observe(seconds)
 
     def observe_swap_failed(self, device: str, frames: int) -> None:
         self.swap_failed.labels(device).inc(frames)
