@@ -172,8 +172,8 @@ class RuntimeConfig(_Section):
     frames are analysed together first, the longest a frame waits for others to fill an analysis
     batch."""
     swap_max_wait_ms: float | None = Field(None, ge=0.0, le=1000.0)
-    """On a GPU: the longest an analysed frame's faces wait for others to fill a swap batch. None:
-    `max_wait_ms`."""
+    """On a GPU: the longest an analysed frame's faces wait for others to fill a swap batch. None
+    (the default): no wait, the frames analysed together are swapped together."""
     # A minute, as the API's per-stream budget_ms: a frame older than that is no longer live.
     budget_ms: float = Field(250.0, gt=0.0, le=60000.0)
     """Default latency budget of a stream: a frame's arrival to its encoding, at the p99."""

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the `device` tool), from the repository root:
-#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|run_live|run_ab|serve|serve_ab|serve_wait|live|live_bench|live_rtmp|hands|mesh|pending|recheck|face_stack|serve_stack|stack_profile|stack_tests|stack|all|none][,...]
+#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|run_live|run_ab|serve|serve_ab|serve_wait|serve_faces|live|live_bench|live_rtmp|hands|mesh|pending|recheck|face_stack|serve_stack|stack_profile|stack_tests|stack|all|none][,...]
 #     (default: all; bench = kernels + swap + pipeline; none = install the carried wheels only)
 #   tools/device_check.sh pytest ARGS...    (pytest with ARGS, in the same environment)
 # Installs the carried wheels (.whl/, ignored by git), makes `swapstream` importable from this tree,
@@ -166,7 +166,14 @@ if want serve all; then
   # "--workers 4 --ns 8 --res 720p --sink null --seconds 5". RTMP sources and sinks need
   # .devtools/nginx (tools/device_prepare.sh).
   python3 tools/bench_streams.py "${SERVE_CLIPS[@]}" --out "$OUT" --name "${SERVE_NAME:-serve_streams}" \
-    ${SERVE_ARGS:-$SERVE_SETUP --ns 16,32 --res 720p} 2>&1 | tee "$OUT/bench_serve.log" || rc=1
+    ${SERVE_ARGS:-$SERVE_SETUP --ns ${SERVE_NS:-16,32} --res ${SERVE_RES:-720p}} 2>&1 | tee "$OUT/bench_serve.log" || rc=1
+fi
+if want serve_faces; then
+  # Issue 18's faces/s target (1,500 1080p faces/s at <= 1% drops): the targets' setup with more
+  # streams than fit the latency budget, under a time limit.
+  timeout -s INT -k 30 "${FACES_S:-200}" python3 tools/bench_streams.py "${SERVE_CLIPS[@]}" --out "$OUT" \
+    --name serve_faces_1080p $SERVE_SETUP --ns "${FACES_NS:-44,52}" --res 1080p 2>&1 \
+    | tee "$OUT/bench_serve_faces.log" || rc=1
 fi
 if want recheck; then
   # What changed after the last GPU run (session 43): the file job's warm-up moved into

@@ -658,3 +658,17 @@ def test_a_gpu_slot_analyses_one_batch_while_it_swaps_another(own_thread: bool,
     finally:
         release.set()
         asyncio.run(slot.close())
+
+
+def test_a_gpu_slots_swap_batcher_does_not_wait_again() -> None:
+    """A GPU slot gathers frames for analysis (`runtime.max_wait_ms`); its swap batches go as soon as
+    the analysed frames come (`runtime.swap_max_wait_ms` unset), where a CPU slot's swap batcher
+    gathers faces itself."""
+    cfg = runtime_config("runtime.max_wait_ms=7")
+    gpu = StreamRuntime(cfg, devices=["cuda:0"]).slots[0]
+    cpu = StreamRuntime(cfg, devices=["cpu"]).slots[0]
+    assert gpu.analysis_batcher is not None and gpu.analysis_batcher.max_wait == pytest.approx(0.007)
+    assert gpu.batcher.max_wait == 0.0
+    assert cpu.analysis_batcher is None and cpu.batcher.max_wait == pytest.approx(0.007)
+    chosen = StreamRuntime(runtime_config("runtime.swap_max_wait_ms=3"), devices=["cuda:0"]).slots[0]
+    assert chosen.batcher.max_wait == pytest.approx(0.003)
