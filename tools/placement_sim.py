@@ -12,7 +12,8 @@ takes (1.0: the load at which the GPU still meets every stream's latency budget)
 - mesh_gpu.json: `mesh_occlusion_gpu_us_per_face_1080p`'s wall time a call (p50, the runtime's mesh
   backend with its default occlusion mask on a 1080p face: what a worker's device thread waits for,
   host-bound, about 26 times its GPU time) times 30 fps.
-A GPU is one worker here whose load report is exact (its busy share is the sum of its streams' costs;
+A GPU is one worker here whose load report is exact (its busy share is the sum of its streams' costs, and
+its cost per swapper their mean per swapper;
 none of its streams is over budget while that sum stays below 1): the simulator measures the policy,
 not the reports' noise. Streams arrive as a Poisson process and live for an exponential time (10
 minutes); the offered load (arrival rate x mean life x mean cost) is `--offered` times the GPUs'
@@ -57,11 +58,11 @@ def stream_costs(bench: Path) -> dict[str, dict[str, Any]]:
         faces = by[(f"serve_faces_per_s_{res}30_null_n{n}", "mean")]
         fps = float(faces["config"]["fps"])
         kinds[f"inswapper_{res}30"] = {
-            "cost": 1.0 / n, "faces_per_frame": round(float(faces["value"]) / (n * fps), 2),
+            "cost": 1.0 / n, "swapper": "inswapper_128", "faces_per_frame": round(float(faces["value"]) / (n * fps), 2),
             "source": f"serve_streams.json serve_streams_{res}30_null_within_budget = {n} on {fit['device']}"}
     mesh = next(r for r in mesh_gpu if r["metric"] == "mesh_occlusion_gpu_us_per_face_1080p")
     wall = float(mesh["config"]["wall_ms_p50"])
-    kinds["mesh_1080p30"] = {"cost": wall * 30 / 1000, "faces_per_frame": 1.0,
+    kinds["mesh_1080p30"] = {"cost": wall * 30 / 1000, "faces_per_frame": 1.0, "swapper": "mesh",
                              "source": f"mesh_gpu.json mesh_occlusion_gpu_us_per_face_1080p wall p50 = {wall} ms "
                                        f"a call on {mesh['device']}, x 30 fps"}
     return kinds
@@ -112,7 +113,8 @@ def simulate(gpus: int, streams: int, offered: float, mix: dict[str, float], kin
         cost = kinds[kind]["cost"]
         t0 = time.perf_counter()
         try:
-            w = choose(workers, held, 64)
+            # The server knows a new stream's swapper (its create request), not its resolution.
+            w = choose(workers, held, 64, swapper=kinds[kind]["swapper"])
         except NoRoom:
             w = None
         (place_s if w is not None else refuse_s).append(time.perf_counter() - t0)
@@ -122,11 +124,11 @@ def simulate(gpus: int, streams: int, offered: float, mix: dict[str, float], kin
                 full_at = last = t
             continue
         placed += 1
-        w.streams[sid] = (cost, rng.random())
+        w.streams[sid] = (cost, rng.random(), kinds[kind]["swapper"])
         busy_total += cost
         w.report()
         heapq.heappush(leaving, (t + rng.expovariate(1.0 / life), sid, w))
-    over = [w.name for w in workers if sum(c for c, _ in w.streams.values()) > 1.0]
+    over = [w.name for w in workers if sum(c for c, _, _ in w.streams.values()) > 1.0]
     ms = sorted(x * 1e3 for x in place_s)
     no = sorted(x * 1e3 for x in refuse_s) or [0.0]
     return {"gpus": gpus, "streams": streams, "offered": offered, "mix": mix, "mean_cost": round(mean_cost, 4),

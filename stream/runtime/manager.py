@@ -129,6 +129,9 @@ class DeviceSlot:
         # (end, seconds) of each batch, per thread: the swap thread's, and the analysis thread's
         # where analysis has one (the same deque where it shares the swap thread).
         self._busy: deque[tuple[float, float]] = deque(maxlen=2000)
+        self._swap_busy: deque[tuple[float, Hashable, float]] = deque(maxlen=2000)
+        """(end, backend, seconds) of each swap batch: how the swap thread's time divides between
+        backends (`backend_shares`)."""
         self._analysis_busy = self._busy
         self._analysis_pool = self._pool
         self.failed_frames = 0
@@ -266,6 +269,18 @@ class DeviceSlot:
 
     def _observed(self, r: BatchRecord) -> None:
         self.metrics.observe_batch(self.name, r.faces, r.seconds, r.waited, r.late)
+        self._swap_busy.append((time.monotonic(), r.key, r.seconds))
+
+    def backend_shares(self, window: float = 5.0) -> dict[str, float]:
+        """How the swap batches' time over the last `window` seconds divides between the backends
+        (fractions that sum to 1; empty when no batch ran)."""
+        now = time.monotonic()
+        by: dict[str, float] = {}
+        for t, key, sec in list(self._swap_busy):  # list(): one C call under the GIL, as in busy()
+            if now - t <= window:
+                by[str(key)] = by.get(str(key), 0.0) + sec
+        total = sum(by.values())
+        return {k: v / total for k, v in by.items()} if total > 0 else {}
 
     def _observed_analysis(self, r: BatchRecord) -> None:
         self.metrics.observe_analysis_batch(self.name, r.faces, r.seconds)

@@ -6,7 +6,9 @@ simulator (tools/placement_sim.py), so that what the simulator reports is what t
 A worker is judged by what it last reported (`/worker/load`, runtime.worker.load_report), summed up
 once per report in a `Headroom`:
 - its device thread's busy share over the last seconds (the device time its streams take: GPU ms per
-  frame times their frame rates, over wall time) and, from it, what one more stream would add;
+  frame times their frame rates, over wall time) and, from it, what one more stream would add: the
+  mean of its streams of the new stream's swapper where it has some (a mesh stream costs a GPU
+  several times a neural one), else the mean of all its streams;
 - each running stream's p99 against its latency budget;
 - the arrival phases of its streams (where in a frame period each stream's frames arrive);
 - whether its models verified.
@@ -57,6 +59,9 @@ class Headroom:
     """The stream with the highest p99/budget, and that ratio."""
     phases: tuple[float, ...] = ()
     """The arrival phase of each of its streams, as a fraction of a frame period (0..1)."""
+    costs: dict[str, float] = field(default_factory=dict)
+    """Swapper -> what one of its settled streams of that swapper adds to `busy` (the report's
+    `costs`; empty: the report does not say)."""
     models: str | None = None
     """Why its models did not verify (None: they did, or the report does not say)."""
     per_stream: float = field(init=False)
@@ -88,7 +93,8 @@ def headroom(report: Mapping[str, Any]) -> Headroom:
                     settled_streams=None if settled is None else int(settled),
                     max_streams=int(report.get("max_streams", 0)),
                     worst=(str(worst[0]), float(worst[1])) if worst else None,
-                    phases=tuple(float(v) for v in phases.values()), models=report.get("models"))
+                    phases=tuple(float(v) for v in phases.values()), models=report.get("models"),
+                    costs={str(k): float(v) for k, v in (report.get("costs") or {}).items()})
 
 
 class Placeable(Protocol):
@@ -120,26 +126,38 @@ def crowding(phases: Sequence[float], phase: float) -> int:
     return n
 
 
-def stream_cost(workers: Sequence[Placeable]) -> float:
-    """What one stream adds to a busy share, judged by every worker that reported settled streams
-    (their mean per stream); FALLBACK_COST when none did. Used for a worker whose own report holds
-    none."""
+def stream_cost(workers: Sequence[Placeable], swapper: str | None = None) -> float:
+    """What one stream adds to a busy share, judged by every worker that reported settled streams:
+    the mean of their costs for `swapper` where some report one, else of their means per stream;
+    FALLBACK_COST when none did. Used for a worker whose own report cannot tell."""
+    if swapper is not None:
+        of_kind = [w.headroom.costs[swapper] for w in workers if swapper in w.headroom.costs]
+        if of_kind:
+            return sum(of_kind) / len(of_kind)
     known = [w.headroom.per_stream for w in workers if w.headroom.costed]
     return sum(known) / len(known) if known else FALLBACK_COST
 
 
-def projected_busy(h: Headroom, held: int, cost: float) -> float:
+def projected_busy(h: Headroom, held: int, cost: float, swapper: str | None = None,
+                   kind_cost: float | None = None) -> float:
     """The busy share of a worker with one more stream: its report's, plus a stream's cost for each
     stream not in it (placed since the report, or still starting) and for the new one: its own
-    settled streams' mean when it has some, else `cost`."""
+    settled streams' mean when it has some, else `cost`. The new one costs what the report says its
+    streams of `swapper` cost, else `kind_cost` (what other workers' reports say) where known."""
     one = h.per_stream if h.costed else cost
-    return h.busy + one * (max(0, held - h.costed) + 1)
+    new = one
+    if swapper is not None:
+        new = h.costs.get(swapper, kind_cost if kind_cost is not None else one)
+    return h.busy + one * max(0, held - h.costed) + new
 
 
-def refusal(w: Placeable, held: int, default_max: int, cost: float = FALLBACK_COST) -> str | None:
+def refusal(w: Placeable, held: int, default_max: int, cost: float = FALLBACK_COST,
+            swapper: str | None = None, kind_cost: float | None = None) -> str | None:
     """Why `w` takes no new stream now (None: it takes one). `held`: the streams the parent placed on
     it, those being created included (a burst of creates must spread before the next reports show
-    them); `cost`: a stream's busy share where the worker's own report cannot tell (`stream_cost`)."""
+    them); `cost`: a stream's busy share where the worker's own report cannot tell (`stream_cost`);
+    `swapper`: the new stream's, and `kind_cost` what other workers' reports say one costs
+    (`projected_busy`)."""
     if w.state != "ready":
         return f"{w.name}: {w.state}"
     h = w.headroom
@@ -148,7 +166,7 @@ def refusal(w: Placeable, held: int, default_max: int, cost: float = FALLBACK_CO
     cap = h.max_streams or default_max
     if held >= cap:
         return f"{w.name}: {held} streams, its most (runtime.max_streams {cap})"
-    projected = projected_busy(h, held, cost)
+    projected = projected_busy(h, held, cost, swapper, kind_cost)
     if projected > BUSY_MAX:
         return (f"{w.name}: device thread busy {h.busy:.0%} of the time, {projected:.0%} with one more "
                 f"stream")
@@ -159,15 +177,23 @@ def refusal(w: Placeable, held: int, default_max: int, cost: float = FALLBACK_CO
 
 
 def choose(workers: Sequence[W], held: Callable[[W], int], default_max: int, *,
-           phase: float | None = None, cost: float | None = None, exclude: W | None = None) -> W:
+           phase: float | None = None, cost: float | None = None, exclude: W | None = None,
+           swapper: str | None = None) -> W:
     """The worker a new stream goes to (see the module's docstring); NoRoom with every worker's
     reason when none takes it. `cost`: a stream's busy share where a worker's report cannot tell
-    (default: `stream_cost`). One pass over the workers, and a second over those whose report holds
+    (default: `stream_cost`); `swapper`: the new stream's, whose cost a report may give. One pass over the workers, and a second over those whose report holds
     no stream (few): this runs on every create and every move, and the simulator calls it for
     1,000 GPUs, so the checks of `refusal` and `projected_busy` are written out inline."""
     best: W | None = None
     best_key: tuple[int, int, int, int] = (0, 0, 0, 0)
     known, known_sum = 0, 0.0
+    # The new stream's swapper's cost as the workers that run some report it: charged to a worker
+    # that runs none (a GPU of neural streams that takes its first mesh stream, which costs several
+    # times one of them, passed its budget when charged its own mean per stream).
+    kind_cost = None
+    if swapper is not None:
+        of_kind = [c for w in workers if (c := w.headroom.costs.get(swapper)) is not None]
+        kind_cost = sum(of_kind) / len(of_kind) if of_kind else None
     unreported: list[tuple[int, W, int]] = []
     for i, w in enumerate(workers):
         h = w.headroom
@@ -183,7 +209,8 @@ def choose(workers: Sequence[W], held: Callable[[W], int], default_max: int, *,
         if not rs:
             unreported.append((i, w, n))
             continue
-        projected = h.busy + h.per_stream * ((n - rs if n > rs else 0) + 1)
+        new = h.per_stream if kind_cost is None else h.costs.get(swapper, kind_cost)  # type: ignore[arg-type]
+        projected = h.busy + h.per_stream * (n - rs if n > rs else 0) + new
         if projected > BUSY_MAX:
             continue
         # Ranked by the load it would have (in tenths), streams placed since its report included:
@@ -195,7 +222,9 @@ def choose(workers: Sequence[W], held: Callable[[W], int], default_max: int, *,
         key = (load, crowding(h.phases, phase) if phase is not None else 0, n, i)  # ties: the first
         if best is None or key < best_key:
             best, best_key = w, key
-    est = cost if cost is not None else (known_sum / known if known else FALLBACK_COST)  # stream_cost
+    # stream_cost, from the sums of the pass above
+    est = cost if cost is not None else (kind_cost if kind_cost is not None else
+                                         known_sum / known if known else FALLBACK_COST)
     for i, w, n in unreported:
         h = w.headroom
         projected = h.busy + est * (max(0, n - h.costed) + 1)
@@ -207,7 +236,7 @@ def choose(workers: Sequence[W], held: Callable[[W], int], default_max: int, *,
             best, best_key = w, key
     if best is None:
         raise NoRoom([r for w in workers if w is not exclude
-                      and (r := refusal(w, held(w), default_max, est)) is not None])
+                      and (r := refusal(w, held(w), default_max, est, swapper, kind_cost)) is not None])
     return best
 
 
@@ -218,13 +247,17 @@ class SimWorker:
 
     name: str
     state: str = "ready"
-    streams: dict[int, tuple[float, float]] = field(default_factory=dict)
-    """Stream id: (cost as a busy share, arrival phase)."""
+    streams: dict[int, tuple[float, float, str]] = field(default_factory=dict)
+    """Stream id: (cost as a busy share, arrival phase, swapper)."""
     max_streams: int = 64
     headroom: Headroom = field(default_factory=Headroom)
 
     def report(self) -> None:
         """What its load report would say now (a GPU within its budget: no stream over it)."""
-        busy = sum(c for c, _ in self.streams.values())
+        busy = sum(c for c, _, _ in self.streams.values())
+        by: dict[str, list[float]] = {}
+        for c, _, k in self.streams.values():
+            by.setdefault(k, []).append(c)
         self.headroom = Headroom(busy=busy, reported_streams=len(self.streams), max_streams=self.max_streams,
-                                 phases=tuple(p for _, p in self.streams.values()))
+                                 phases=tuple(p for _, p, _ in self.streams.values()),
+                                 costs={k: sum(v) / len(v) for k, v in by.items()})

@@ -110,10 +110,29 @@ def load_report(runtime: Any, models: str | None = None) -> dict[str, Any]:
     # divides by these for a stream's cost (divided by streams still starting, a burst's first
     # report made a stream look nearly free).
     settled_n = sum(1 for p in streams if p.state == "running" and now - p.created >= LOAD_GRACE_S)
+    busy, costs = 0.0, {}
+    if runtime.slots:
+        slot = max(runtime.slots, key=lambda s: s.busy(LOAD_WINDOW_S))
+        busy = slot.busy(LOAD_WINDOW_S)
+        costs = swapper_costs(busy, slot.backend_shares(LOAD_WINDOW_S),
+                              [p.backend_name for p in streams if p.slot is slot and p.state == "running"
+                               and now - p.created >= LOAD_GRACE_S])
     return {"streams": runtime.active(), "settled": settled_n, "max_streams": runtime.config.runtime.max_streams,
-            "busy": round(max((s.busy() for s in runtime.slots), default=0.0), 3),
+            "busy": round(busy, 3), "costs": costs,
             "p99_over_budget": ratios, "phases": phases, "devices": [s.name for s in runtime.slots],
             "models": models}
+
+
+def swapper_costs(busy: float, shares: dict[str, float], backends: list[str]) -> dict[str, float]:
+    """What one settled stream of each swapper adds to `busy`: the busy share divided between the
+    swappers as their batches divide the swap thread's time, then among each swapper's streams
+    (`backends`: each settled stream's current swapper). Placement charges a new stream its
+    swapper's cost (a mesh stream takes a GPU's device thread several times as long as a neural one);
+    a swapper whose streams ran no batch in the window (no face yet) is left out."""
+    counts: dict[str, int] = {}
+    for b in backends:
+        counts[b] = counts.get(b, 0) + 1
+    return {b: round(busy * share / counts[b], 4) for b, share in shares.items() if counts.get(b)}
 
 
 def build_app(settings: dict[str, Any]) -> tuple[Any, Any]:

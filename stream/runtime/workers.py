@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..config import Config
+from .api import CreateBody
 from .placement import Headroom, NoRoom, choose, headroom, refusal, stream_cost
 
 log = logging.getLogger(__name__)
@@ -376,7 +377,7 @@ class WorkerPool:
             log.error("stream %s: %s", p.id, p.lost)
             return
         try:
-            target = self.choose(exclude=exclude, phase=phase)
+            target = self.choose(exclude=exclude, phase=phase, swapper=self.swapper_of(p.body))
             self._pending[p.id] = target  # counted there while it is being created
             try:
                 status, _, payload = await self.forward(target, "POST", "/api/streams", json.dumps(p.body).encode(),
@@ -426,12 +427,19 @@ class WorkerPool:
         """Why `w` takes no new stream now, or None (runtime.placement.refusal)."""
         return refusal(w, self.streams_on(w), self.config.runtime.max_streams, stream_cost(self.workers))
 
-    def choose(self, exclude: Worker | None = None, phase: float | None = None) -> Worker:
+    def swapper_of(self, body: dict[str, Any]) -> str:
+        """The swapper a create request asks for (the API's default where it names none)."""
+        swapper = body.get("swapper")
+        return swapper if isinstance(swapper, str) else str(CreateBody.model_fields["swapper"].default)
+
+    def choose(self, exclude: Worker | None = None, phase: float | None = None,
+               swapper: str | None = None) -> Worker:
         """The worker a new stream goes to (runtime.placement.choose): PoolError 503 with every
-        worker's reason when none takes it."""
+        worker's reason when none takes it. `swapper`: the new stream's, whose cost the workers'
+        reports may give."""
         try:
             return choose(self.workers, self.streams_on, self.config.runtime.max_streams,
-                          phase=phase, exclude=exclude)
+                          phase=phase, exclude=exclude, swapper=swapper)
         except NoRoom as e:
             raise PoolError(503, "no worker can take another stream within its latency budget ("
                                  + str(e) + "): stop a stream, or start swapstream serve with more "
@@ -484,7 +492,7 @@ class WorkerPool:
                 # (409 while it stops), so two workers never hold one id (and one HLS folder).
                 w = grave[0]
             else:
-                w = self.choose()
+                w = self.choose(swapper=self.swapper_of(body))
             if isinstance(sid, str):
                 self._pending[sid] = w
             status, _, payload = await self.forward(w, "POST", "/api/streams", json.dumps(body).encode(),

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import pytest
 
 from swapstream.runtime.placement import (BUSY_MAX, FALLBACK_COST, Headroom, NoRoom, choose, crowding, headroom,
-                                          refusal, stream_cost)
+                                          projected_busy, refusal, stream_cost)
 from swapstream.runtime.workers import merge_metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -177,6 +177,41 @@ def test_placement_refuses_with_every_reason() -> None:
     with pytest.raises(NoRoom):
         choose([ok], lambda w: 3, 8)  # 0.5 + 0.25 * 2 > BUSY_MAX
     assert BUSY_MAX < 1.0 and Headroom().per_stream == 0.0 and Headroom().costed == 0
+
+
+def test_a_new_stream_is_charged_what_its_swapper_costs() -> None:
+    # Worker n: 0.84 busy with 28 neural streams (0.03 each). Worker m: 0.5 busy with 2 neural
+    # streams (0.03 each) and 4 mesh streams (0.11 each).
+    n = _worker("n", busy=0.84, streams=28, costs={"inswapper_128": 0.03})
+    m = _worker("m", busy=0.5, streams=6, costs={"inswapper_128": 0.03, "mesh": 0.11})
+    held = {"n": 28, "m": 6}
+    # Alone, n takes one more neural stream (0.87), and a mesh stream at its own mean per stream
+    # when no report says what mesh costs.
+    assert choose([n], lambda w: held[w.name], 64, swapper="inswapper_128").name == "n"
+    assert choose([n], lambda w: held[w.name], 64, swapper="mesh").name == "n"
+    # At 0.85 busy, n is charged what m's report says a mesh stream costs (0.11): 0.96 is over
+    # BUSY_MAX, so m takes it (charged at its own neural mean, n would have taken it at 0.88).
+    n = _worker("n", busy=0.85, streams=28, costs={"inswapper_128": 0.03})
+    assert choose([n, m], lambda w: held[w.name], 64, swapper="mesh").name == "m"
+    with pytest.raises(NoRoom) as e:
+        choose([n, m], lambda w: held[w.name], 64, swapper="mesh", exclude=m)
+    assert e.value.reasons == ["n: device thread busy 85% of the time, 96% with one more stream"]
+    # On m itself, its own mesh streams' cost: 0.5 + 0.11.
+    assert projected_busy(m.headroom, 6, 0.05, "mesh") == pytest.approx(0.61)
+    assert stream_cost([n, m], "mesh") == pytest.approx(0.11)
+    assert stream_cost([n, m], "simswap_256") == pytest.approx((0.85 / 28 + 0.5 / 6) / 2)
+
+
+def test_a_worker_reports_each_swappers_cost_by_its_share_of_the_swap_thread() -> None:
+    from swapstream.runtime.worker import swapper_costs
+
+    # 0.6 busy; mesh batches took 3/4 of the swap thread's time for 2 streams, the neural ones 1/4
+    # for 3 streams; a swapper without batches in the window (a stream with no face yet) is left out.
+    costs = swapper_costs(0.6, {"mesh": 0.75, "inswapper_128": 0.25}, ["mesh", "inswapper_128", "mesh",
+                                                                         "inswapper_128", "inswapper_128",
+                                                                         "simswap_256"])
+    assert costs == {"mesh": pytest.approx(0.225), "inswapper_128": pytest.approx(0.05)}
+    assert swapper_costs(0.6, {}, ["mesh"]) == {}
 
 
 def test_cluster_metrics_carry_node_and_worker() -> None:

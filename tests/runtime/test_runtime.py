@@ -672,3 +672,15 @@ def test_a_gpu_slots_swap_batcher_does_not_wait_again() -> None:
     assert cpu.analysis_batcher is None and cpu.batcher.max_wait == pytest.approx(0.007)
     chosen = StreamRuntime(runtime_config("runtime.swap_max_wait_ms=3"), devices=["cuda:0"]).slots[0]
     assert chosen.batcher.max_wait == pytest.approx(0.003)
+
+
+def test_a_slot_divides_its_swap_time_between_backends() -> None:
+    """`backend_shares`, which a worker's load report turns into a cost per swapper: each backend's
+    share of the swap batches' time in the window."""
+    from swapstream.runtime.batcher import BatchRecord
+
+    slot = StreamRuntime(runtime_config(), devices=["cpu"]).slots[0]
+    assert slot.backend_shares() == {}
+    for key, seconds in (("mesh", 0.03), ("inswapper_128", 0.01), ("mesh", 0.03), ("inswapper_128", 0.01)):
+        slot._observed(BatchRecord(key, ("s",), 1, (0.0,), 0.0, seconds, 0))
+    assert slot.backend_shares() == {"mesh": pytest.approx(0.75), "inswapper_128": pytest.approx(0.25)}
