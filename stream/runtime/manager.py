@@ -129,9 +129,9 @@ class DeviceSlot:
         # (end, seconds) of each batch, per thread: the swap thread's, and the analysis thread's
         # where analysis has one (the same deque where it shares the swap thread).
         self._busy: deque[tuple[float, float]] = deque(maxlen=2000)
-        self._swap_busy: deque[tuple[float, Hashable, float]] = deque(maxlen=2000)
-        """(end, backend, seconds) of each swap batch: how the swap thread's time divides between
-        backends (`backend_shares`)."""
+        self._stream_busy: deque[tuple[float, str, float]] = deque(maxlen=4000)
+        """(end, stream id, seconds) of each frame in a swap batch, the batch's time split by faces:
+        how the swap thread's time divides between streams (`stream_shares`)."""
         self._analysis_busy = self._busy
         self._analysis_pool = self._pool
         self.failed_frames = 0
@@ -262,23 +262,26 @@ class DeviceSlot:
                 log.exception("%s: a batch on %s failed; its %d frame(s) go on unswapped (%d so far)",
                               self.name, key, len(items), self.failed_frames)
         t1 = time.monotonic()
+        faces = sum(max(1, len(it.faces)) for it in items)
         for it in items:
             it.ended = t1
+            # Timed here, in the thread: the batcher's own time would hold the wait for the thread.
+            self._stream_busy.append((t1, it.stream_id, (t1 - t0) * max(1, len(it.faces)) / faces))
         self._busy.append((t1, t1 - t0))
         return counts
 
     def _observed(self, r: BatchRecord) -> None:
         self.metrics.observe_batch(self.name, r.faces, r.seconds, r.waited, r.late)
-        self._swap_busy.append((time.monotonic(), r.key, r.seconds))
 
-    def backend_shares(self, window: float = 5.0) -> dict[str, float]:
-        """How the swap batches' time over the last `window` seconds divides between the backends
+    def stream_shares(self, window: float = 5.0) -> dict[str, float]:
+        """How the swap thread's time over the last `window` seconds divides between streams
         (fractions that sum to 1; empty when no batch ran)."""
         now = time.monotonic()
         by: dict[str, float] = {}
-        for t, key, sec in list(self._swap_busy):  # list(): one C call under the GIL, as in busy()
+        # The swap thread appends while this runs on the loop: list() copies in one C call (busy()).
+        for t, sid, sec in list(self._stream_busy):
             if now - t <= window:
-                by[str(key)] = by.get(str(key), 0.0) + sec
+                by[sid] = by.get(sid, 0.0) + sec
         total = sum(by.values())
         return {k: v / total for k, v in by.items()} if total > 0 else {}
 

@@ -8,7 +8,8 @@ once per report in a `Headroom`:
 - its device thread's busy share over the last seconds (the device time its streams take: GPU ms per
   frame times their frame rates, over wall time) and, from it, what one more stream would add: the
   mean of its streams of the new stream's swapper where it has some (a mesh stream costs a GPU
-  several times a neural one), else the mean of all its streams;
+  several times a neural one), else what other workers report such a stream costs, else the mean of
+  all its streams;
 - each running stream's p99 against its latency budget;
 - the arrival phases of its streams (where in a frame period each stream's frames arrive);
 - whether its models verified.
@@ -59,7 +60,7 @@ class Headroom:
     """The stream with the highest p99/budget, and that ratio."""
     phases: tuple[float, ...] = ()
     """The arrival phase of each of its streams, as a fraction of a frame period (0..1)."""
-    costs: dict[str, float] = field(default_factory=dict)
+    costs: dict[str, float] = field(default_factory=dict, hash=False)
     """Swapper -> what one of its settled streams of that swapper adds to `busy` (the report's
     `costs`; empty: the report does not say)."""
     models: str | None = None
@@ -126,14 +127,10 @@ def crowding(phases: Sequence[float], phase: float) -> int:
     return n
 
 
-def stream_cost(workers: Sequence[Placeable], swapper: str | None = None) -> float:
-    """What one stream adds to a busy share, judged by every worker that reported settled streams:
-    the mean of their costs for `swapper` where some report one, else of their means per stream;
-    FALLBACK_COST when none did. Used for a worker whose own report cannot tell."""
-    if swapper is not None:
-        of_kind = [w.headroom.costs[swapper] for w in workers if swapper in w.headroom.costs]
-        if of_kind:
-            return sum(of_kind) / len(of_kind)
+def stream_cost(workers: Sequence[Placeable]) -> float:
+    """What one stream adds to a busy share, judged by every worker that reported settled streams
+    (their mean per stream); FALLBACK_COST when none did. Used for a worker whose own report holds
+    none."""
     known = [w.headroom.per_stream for w in workers if w.headroom.costed]
     return sum(known) / len(known) if known else FALLBACK_COST
 
@@ -141,9 +138,10 @@ def stream_cost(workers: Sequence[Placeable], swapper: str | None = None) -> flo
 def projected_busy(h: Headroom, held: int, cost: float, swapper: str | None = None,
                    kind_cost: float | None = None) -> float:
     """The busy share of a worker with one more stream: its report's, plus a stream's cost for each
-    stream not in it (placed since the report, or still starting) and for the new one: its own
-    settled streams' mean when it has some, else `cost`. The new one costs what the report says its
-    streams of `swapper` cost, else `kind_cost` (what other workers' reports say) where known."""
+    stream not in it (placed since the report, or still starting: their swappers are not known here)
+    at its own settled streams' mean when it has some, else `cost`; and the new one at what the
+    report says its streams of `swapper` cost, else `kind_cost` (what other workers' reports say),
+    else the same as the others. `choose` applies the same rule inline."""
     one = h.per_stream if h.costed else cost
     new = one
     if swapper is not None:
@@ -181,8 +179,9 @@ def choose(workers: Sequence[W], held: Callable[[W], int], default_max: int, *,
            swapper: str | None = None) -> W:
     """The worker a new stream goes to (see the module's docstring); NoRoom with every worker's
     reason when none takes it. `cost`: a stream's busy share where a worker's report cannot tell
-    (default: `stream_cost`); `swapper`: the new stream's, whose cost a report may give. One pass over the workers, and a second over those whose report holds
-    no stream (few): this runs on every create and every move, and the simulator calls it for
+    (default: `stream_cost`); `swapper`: the new stream's, whose cost a report may give. One pass
+    over the workers' reports for that cost, one over the workers, and one over those whose report
+    holds no stream (few): this runs on every create and every move, and the simulator calls it for
     1,000 GPUs, so the checks of `refusal` and `projected_busy` are written out inline."""
     best: W | None = None
     best_key: tuple[int, int, int, int] = (0, 0, 0, 0)
@@ -209,7 +208,9 @@ def choose(workers: Sequence[W], held: Callable[[W], int], default_max: int, *,
         if not rs:
             unreported.append((i, w, n))
             continue
-        new = h.per_stream if kind_cost is None else h.costs.get(swapper, kind_cost)  # type: ignore[arg-type]
+        new = h.per_stream
+        if swapper is not None:
+            new = h.costs.get(swapper, kind_cost if kind_cost is not None else new)
         projected = h.busy + h.per_stream * (n - rs if n > rs else 0) + new
         if projected > BUSY_MAX:
             continue
@@ -222,12 +223,11 @@ def choose(workers: Sequence[W], held: Callable[[W], int], default_max: int, *,
         key = (load, crowding(h.phases, phase) if phase is not None else 0, n, i)  # ties: the first
         if best is None or key < best_key:
             best, best_key = w, key
-    # stream_cost, from the sums of the pass above
-    est = cost if cost is not None else (kind_cost if kind_cost is not None else
-                                         known_sum / known if known else FALLBACK_COST)
+    est = cost if cost is not None else (known_sum / known if known else FALLBACK_COST)  # stream_cost()
+    new_est = kind_cost if kind_cost is not None else est
     for i, w, n in unreported:
         h = w.headroom
-        projected = h.busy + est * (max(0, n - h.costed) + 1)
+        projected = h.busy + est * max(0, n - h.costed) + new_est
         if projected > BUSY_MAX:
             continue
         load = int((projected if projected > h.worst_ratio else h.worst_ratio) * 10 + 0.5)

@@ -555,7 +555,7 @@ class StreamPipeline:
         if identity is None:
             return
         item = SwapItem(w.frame.data, w.faces, identity, self.scale, region=self.region,
-                        enhance=self.enhance)
+                        enhance=self.enhance, stream_id=self.id)
         submitted = time.monotonic()
         try:
             w.swapped = await self.slot.batcher.submit(self.id, backend, len(w.faces),

@@ -44,6 +44,9 @@ class SwapItem:
     """False: skip the region parser for these faces (the controller's `region_off` step)."""
     enhance: bool = True
     """False: skip the face enhancer for these faces (the controller's `enhancer_off` step)."""
+    stream_id: str = ""
+    """Its stream: the device thread's time is split between streams by their faces
+    (`DeviceSlot.stream_shares`), which the worker's load report turns into a cost per swapper."""
     started: float = 0.0
     """time.monotonic() when its batch started (set by the device thread)."""
     ended: float = 0.0

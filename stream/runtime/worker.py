@@ -110,29 +110,36 @@ def load_report(runtime: Any, models: str | None = None) -> dict[str, Any]:
     # divides by these for a stream's cost (divided by streams still starting, a burst's first
     # report made a stream look nearly free).
     settled_n = sum(1 for p in streams if p.state == "running" and now - p.created >= LOAD_GRACE_S)
-    busy, costs = 0.0, {}
+    busy = 0.0
+    costs: dict[str, float] = {}
     if runtime.slots:
         slot = max(runtime.slots, key=lambda s: s.busy(LOAD_WINDOW_S))
         busy = slot.busy(LOAD_WINDOW_S)
-        costs = swapper_costs(busy, slot.backend_shares(LOAD_WINDOW_S),
-                              [p.backend_name for p in streams if p.slot is slot and p.state == "running"
-                               and now - p.created >= LOAD_GRACE_S])
+        # Keyed by the swapper each stream asked for (a create request's), not the one a controller
+        # step may have put it on: the parent charges a new stream by what its request says.
+        costs = swapper_costs(busy, slot.stream_shares(LOAD_WINDOW_S),
+                              {p.id: p.spec.swapper for p in streams if p.slot is slot and p.state == "running"
+                               and now - p.created >= LOAD_GRACE_S})
     return {"streams": runtime.active(), "settled": settled_n, "max_streams": runtime.config.runtime.max_streams,
             "busy": round(busy, 3), "costs": costs,
             "p99_over_budget": ratios, "phases": phases, "devices": [s.name for s in runtime.slots],
             "models": models}
 
 
-def swapper_costs(busy: float, shares: dict[str, float], backends: list[str]) -> dict[str, float]:
-    """What one settled stream of each swapper adds to `busy`: the busy share divided between the
-    swappers as their batches divide the swap thread's time, then among each swapper's streams
-    (`backends`: each settled stream's current swapper). Placement charges a new stream its
-    swapper's cost (a mesh stream takes a GPU's device thread several times as long as a neural one);
-    a swapper whose streams ran no batch in the window (no face yet) is left out."""
-    counts: dict[str, int] = {}
-    for b in backends:
-        counts[b] = counts.get(b, 0) + 1
-    return {b: round(busy * share / counts[b], 4) for b, share in shares.items() if counts.get(b)}
+def swapper_costs(busy: float, shares: dict[str, float], settled: dict[str, str]) -> dict[str, float]:
+    """What one settled stream of each swapper adds to `busy`: each stream's part of it is its share
+    of the swap thread's time (`shares`, by stream id), and a swapper's cost the mean part of its
+    settled streams (`settled`: stream id -> the swapper it asked for). Placement charges a new stream
+    its swapper's cost: a mesh stream holds a GPU's device thread several times as long as a neural
+    one. Streams still starting are left out (their first frames say nothing of their cost), as are
+    streams without a batch in the window (no face yet). `busy` is the busier of the device's
+    threads; where analysis is the busier, its time (the same for every swapper) is split as the
+    swap thread's is, which overcharges the costlier swapper: a margin, not a saving."""
+    parts: dict[str, list[float]] = {}
+    for sid, swapper in settled.items():
+        if sid in shares:
+            parts.setdefault(swapper, []).append(busy * shares[sid])
+    return {k: round(sum(v) / len(v), 4) for k, v in parts.items()}
 
 
 def build_app(settings: dict[str, Any]) -> tuple[Any, Any]:

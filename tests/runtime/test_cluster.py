@@ -180,38 +180,45 @@ def test_placement_refuses_with_every_reason() -> None:
 
 
 def test_a_new_stream_is_charged_what_its_swapper_costs() -> None:
-    # Worker n: 0.84 busy with 28 neural streams (0.03 each). Worker m: 0.5 busy with 2 neural
-    # streams (0.03 each) and 4 mesh streams (0.11 each).
-    n = _worker("n", busy=0.84, streams=28, costs={"inswapper_128": 0.03})
-    m = _worker("m", busy=0.5, streams=6, costs={"inswapper_128": 0.03, "mesh": 0.11})
-    held = {"n": 28, "m": 6}
-    # Alone, n takes one more neural stream (0.87), and a mesh stream at its own mean per stream
-    # when no report says what mesh costs.
-    assert choose([n], lambda w: held[w.name], 64, swapper="inswapper_128").name == "n"
-    assert choose([n], lambda w: held[w.name], 64, swapper="mesh").name == "n"
-    # At 0.85 busy, n is charged what m's report says a mesh stream costs (0.11): 0.96 is over
-    # BUSY_MAX, so m takes it (charged at its own neural mean, n would have taken it at 0.88).
+    # n: 28 neural streams, 0.03 each. m: 2 neural streams (0.07 each) and 3 mesh streams (0.22
+    # each), 0.16 a stream on average.
     n = _worker("n", busy=0.85, streams=28, costs={"inswapper_128": 0.03})
-    assert choose([n, m], lambda w: held[w.name], 64, swapper="mesh").name == "m"
+    m = _worker("m", busy=0.80, streams=5, costs={"inswapper_128": 0.07, "mesh": 0.22})
+    held = {"n": 28, "m": 5, "f": 6}
+    # A neural stream: n would pass BUSY_MAX only at 0.96 (so it takes one at 0.88); m takes one at
+    # its neural cost (0.87), where its mean per stream (0.96) refused it before costs per swapper.
+    assert choose([n, m], lambda w: held[w.name], 64, swapper="inswapper_128").name == "m"
+    assert projected_busy(m.headroom, 5, 0.05, "inswapper_128") == pytest.approx(0.87)
+    assert projected_busy(m.headroom, 5, 0.05) == pytest.approx(0.96)  # swapper unknown: its mean
+    # A mesh stream: m's report says one costs 0.22, so m refuses (1.02), and n, which runs none, is
+    # charged that too (1.07), where its own mean (0.03) would have let it take one.
     with pytest.raises(NoRoom) as e:
-        choose([n, m], lambda w: held[w.name], 64, swapper="mesh", exclude=m)
-    assert e.value.reasons == ["n: device thread busy 85% of the time, 96% with one more stream"]
-    # On m itself, its own mesh streams' cost: 0.5 + 0.11.
-    assert projected_busy(m.headroom, 6, 0.05, "mesh") == pytest.approx(0.61)
-    assert stream_cost([n, m], "mesh") == pytest.approx(0.11)
-    assert stream_cost([n, m], "simswap_256") == pytest.approx((0.85 / 28 + 0.5 / 6) / 2)
+        choose([n, m], lambda w: held[w.name], 64, swapper="mesh")
+    assert e.value.reasons == ["n: device thread busy 85% of the time, 107% with one more stream",
+                               "m: device thread busy 80% of the time, 102% with one more stream"]
+    assert choose([n], lambda w: held[w.name], 64, swapper="mesh").name == "n"  # no report knows mesh
+    # A worker without a report: the streams placed on it since at the reports' mean per stream, the
+    # new one at what the reports say its swapper costs.
+    fresh = _worker("f", busy=0.0, streams=0)
+    mean = stream_cost([n, m])
+    assert mean == pytest.approx((0.85 / 28 + 0.80 / 5) / 2)
+    assert choose([n, m, fresh], lambda w: held[w.name], 64, swapper="mesh").name == "f"
+    assert projected_busy(fresh.headroom, 6, mean, "mesh", 0.22) == pytest.approx(6 * mean + 0.22)
+    assert projected_busy(fresh.headroom, 6, mean, "mesh", None) == pytest.approx(7 * mean)
+    assert refusal(fresh, 6, 64, mean, "mesh", 0.22) is None
+    assert "with one more stream" in str(refusal(fresh, 8, 64, mean, "mesh", 0.22))  # 0.98
 
 
 def test_a_worker_reports_each_swappers_cost_by_its_share_of_the_swap_thread() -> None:
     from swapstream.runtime.worker import swapper_costs
 
-    # 0.6 busy; mesh batches took 3/4 of the swap thread's time for 2 streams, the neural ones 1/4
-    # for 3 streams; a swapper without batches in the window (a stream with no face yet) is left out.
-    costs = swapper_costs(0.6, {"mesh": 0.75, "inswapper_128": 0.25}, ["mesh", "inswapper_128", "mesh",
-                                                                         "inswapper_128", "inswapper_128",
-                                                                         "simswap_256"])
-    assert costs == {"mesh": pytest.approx(0.225), "inswapper_128": pytest.approx(0.05)}
-    assert swapper_costs(0.6, {}, ["mesh"]) == {}
+    # 0.6 busy. Two mesh streams took 0.3 and 0.2 of the swap thread's time, two neural streams 0.1
+    # each; "new" (0.3) is still starting, "noface" ran no batch: neither says what its swapper costs.
+    shares = {"m1": 0.3, "m2": 0.2, "i1": 0.1, "i2": 0.1, "new": 0.3}
+    settled = {"m1": "mesh", "m2": "mesh", "i1": "inswapper_128", "i2": "inswapper_128", "noface": "simswap_256"}
+    costs = swapper_costs(0.6, shares, settled)
+    assert costs == {"mesh": pytest.approx(0.15), "inswapper_128": pytest.approx(0.06)}
+    assert swapper_costs(0.6, {}, {"m1": "mesh"}) == {}
 
 
 def test_cluster_metrics_carry_node_and_worker() -> None:

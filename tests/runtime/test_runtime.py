@@ -674,13 +674,28 @@ def test_a_gpu_slots_swap_batcher_does_not_wait_again() -> None:
     assert chosen.batcher.max_wait == pytest.approx(0.003)
 
 
-def test_a_slot_divides_its_swap_time_between_backends() -> None:
-    """`backend_shares`, which a worker's load report turns into a cost per swapper: each backend's
-    share of the swap batches' time in the window."""
-    from swapstream.runtime.batcher import BatchRecord
+def test_a_slot_divides_its_swap_time_between_streams_by_faces() -> None:
+    """`stream_shares`, which a worker's load report turns into a cost per swapper: each stream's
+    share of the swap thread's time, a batch's time split by faces, timed in the thread."""
 
-    slot = StreamRuntime(runtime_config(), devices=["cpu"]).slots[0]
-    assert slot.backend_shares() == {}
-    for key, seconds in (("mesh", 0.03), ("inswapper_128", 0.01), ("mesh", 0.03), ("inswapper_128", 0.01)):
-        slot._observed(BatchRecord(key, ("s",), 1, (0.0,), 0.0, seconds, 0))
-    assert slot.backend_shares() == {"mesh": pytest.approx(0.75), "inswapper_128": pytest.approx(0.25)}
+    class Sleepy:
+        def swap(self, items: list[SwapItem]) -> list[int]:
+            time.sleep(0.02)
+            return [len(it.faces) for it in items]
+
+        def close(self) -> None:
+            pass
+
+    slot = StreamRuntime(runtime_config(), devices=["cpu"], backend_factory=lambda n, c, d: Sleepy()).slots[0]
+    assert slot.stream_shares() == {}
+    frame = np.zeros((4, 4, 3), np.uint8)
+    face = object()
+    # One batch: stream a with three faces, b with one; then a batch of c alone, as long.
+    slot._run("sleepy", [SwapItem(frame, [face] * 3, None, stream_id="a"),
+                         SwapItem(frame, [face], None, stream_id="b")])
+    slot._run("sleepy", [SwapItem(frame, [face], None, stream_id="c")])
+    shares = slot.stream_shares()
+    # Two batches of about 20 ms each: a 3/8, b 1/8, c 1/2 (the sleeps' own jitter is the tolerance).
+    assert shares == {"a": pytest.approx(0.375, abs=0.05), "b": pytest.approx(0.125, abs=0.05),
+                      "c": pytest.approx(0.5, abs=0.05)}
+    assert sum(shares.values()) == pytest.approx(1.0)

@@ -347,3 +347,29 @@ def test_frames_behind_a_stream_start_do_not_refuse_new_streams() -> None:
     # Without a recent start the same stalled frames count: the worker is over budget.
     new.changed_mono = now - 120.0
     assert load_report(runtime)["p99_over_budget"]["old"] == round(80.0 / 33.0, 3)
+
+
+def test_a_load_report_gives_each_requested_swappers_cost() -> None:
+    """`load_report`'s `costs`: the busier slot's busy share split by its streams' shares of the swap
+    thread, keyed by the swapper each stream asked for, its settled running streams only."""
+    from swapstream.runtime.worker import LOAD_GRACE_S, load_report
+
+    slot = SimpleNamespace(name="cuda:1", busy=lambda window=5.0: 0.5,
+                           stream_shares=lambda window=5.0: {"a": 0.6, "b": 0.2, "young": 0.2})
+    idle = SimpleNamespace(name="cuda:0", busy=lambda window=5.0: 0.1, stream_shares=lambda window=5.0: {"z": 1.0})
+
+    def stream(sid: str, swapper: str, age: float, on: object = slot) -> SimpleNamespace:
+        s = _Reported(sid, [], changed_mono=time.monotonic() - 120.0)
+        s.created = time.time() - age
+        return SimpleNamespace(**vars(s), latency_window=lambda *a, **k: {"p99": None, "frames": 0},
+                               arrival_phase=lambda: None, slot=on, spec=SimpleNamespace(swapper=swapper),
+                               # A controller step may have moved it to mesh: its request's swapper counts.
+                               backend_name="mesh")
+
+    streams = {"a": stream("a", "inswapper_128", 60.0), "b": stream("b", "inswapper_128", 60.0),
+               "young": stream("young", "mesh", LOAD_GRACE_S / 2), "z": stream("z", "mesh", 60.0, idle)}
+    runtime = SimpleNamespace(streams=streams, active=lambda: 4, slots=[idle, slot],
+                              config=SimpleNamespace(runtime=SimpleNamespace(min_samples=10, max_streams=8)))
+    report = load_report(runtime)
+    assert report["busy"] == 0.5
+    assert report["costs"] == {"inswapper_128": pytest.approx(0.2)}  # (0.5 x 0.6 + 0.5 x 0.2) / 2
