@@ -1,6 +1,7 @@
 """x264's encode time per frame (PyAV, the benchmark's settings), pixel format and threads side by side.
 
     python tools/bench_x264.py [--frames 60] [--out DIR]
+    python tools/bench_x264.py --beside [--frames 120] [--out DIR] [--name x264_gil]
 
 Encodes random NV12 frames at 720p and 1080p with libx264 and the live outputs' settings
 (`x264_live_options`: `ultrafast`, `zerolatency`, CRF 23, a keyframe every second), as
@@ -9,6 +10,14 @@ product's writers do) and once with NV12 given as it is, each with 1 and 2 x264 
 median and max after 10 warm-up frames, on an otherwise idle machine: what one stream's encoder
 costs, not what it costs beside 31 others. Random frames are x264's worst case (nothing to predict):
 the times are an upper bound for video.
+
+`--beside` asks what the same encode costs in a process whose other threads run Python, as a
+`serve` worker's do (its event loop, analysis, swap and reader threads): the 720p NV12 frame's
+picture (`VideoFrame.from_ndarray`), its encode, and its encode and mux, each timed alone and beside
+one thread running a pure-Python loop, at the GIL switch interval the runtime sets
+(`runtime.priority.SWITCH_INTERVAL_S`) and at Python's default. Each step gives the GIL back around
+its native work and has to wait for it again; the difference is that wait. The frames are a
+moving crop of a noise picture. Writes NAME.json and .md under --out.
 """
 
 from __future__ import annotations
@@ -21,6 +30,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def encode_ms(w: int, h: int, fmt: str, threads: int, frames: int) -> list[float]:
@@ -47,13 +58,105 @@ def encode_ms(w: int, h: int, fmt: str, threads: int, frames: int) -> list[float
     return sorted(ts[10:])
 
 
+def encode_steps_ms(w: int, h: int, frames: int, step: str, switch: float, beside: bool) -> float:
+    """Median host ms per frame of `step` ("picture", "encode", "mux") at GIL switch interval
+    `switch`, alone or beside one thread running a pure-Python loop."""
+    import threading
+
+    import av
+
+    from swapstream.live.streams import x264_live_options
+
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 256, (h * 3 // 2 + 64, w + 64), dtype=np.uint8)
+    pics = [np.ascontiguousarray(base[i % 64:i % 64 + h * 3 // 2, 2 * i % 64:2 * i % 64 + w]) for i in range(16)]
+    c = av.open(os.devnull, "w", format="flv")
+    s = c.add_stream("libx264", rate=30)
+    s.width, s.height, s.pix_fmt = w, h, "yuv420p"
+    s.options = x264_live_options(30.0)
+    s.thread_count = 1  # one core for the encoder, one for the Python thread (a 2-core machine)
+    stop = threading.Event()
+
+    def spin() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(switch)
+    other = threading.Thread(target=spin, daemon=True)
+    if beside:
+        other.start()
+    ts: list[float] = []
+    try:
+        for i in range(frames):
+            t = time.perf_counter()
+            vf = av.VideoFrame.from_ndarray(pics[i % len(pics)], format="nv12")
+            vf.pts = i
+            if step != "picture":
+                for p in s.encode(vf):
+                    if step == "mux":
+                        c.mux(p)
+            ts.append((time.perf_counter() - t) * 1e3)
+    finally:
+        stop.set()
+        if beside:
+            other.join()
+        sys.setswitchinterval(before)
+        c.close()
+    ts = sorted(ts[10:])
+    return round(ts[len(ts) // 2], 2)
+
+
+def beside_python(frames: int, out: Path | None, name: str) -> None:
+    from benchlib import cpu_name, run_fields
+
+    from swapstream.runtime.priority import SWITCH_INTERVAL_S
+
+    rows: list[dict[str, object]] = []
+    for switch in (SWITCH_INTERVAL_S, 0.005):
+        for step in ("picture", "encode", "mux"):
+            alone = encode_steps_ms(1280, 720, frames, step, switch, beside=False)
+            near = encode_steps_ms(1280, 720, frames, step, switch, beside=True)
+            rows.append({"switch_ms": switch * 1e3, "step": step, "alone_ms": alone, "beside_ms": near,
+                         "lost_ms": round(near - alone, 2)})
+            print(f"switch {switch * 1e3:g} ms, {step:7s}: alone {alone:.2f} ms, beside a Python thread "
+                  f"{near:.2f} ms", flush=True)
+    if out is None:
+        return
+    cmd = "python tools/bench_x264.py --beside --frames %d --name %s" % (frames, name)
+    fields = run_fields(cpu_name(), cmd)
+    records = [{"metric": f"x264_720p_{r['step']}_ms_switch_{r['switch_ms']:g}ms", "value": r["beside_ms"],
+                "unit": "ms", "stat": "p50", "config": {"alone_ms": r["alone_ms"], "threads": 1}, **fields}
+               for r in rows]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(records, indent=1) + "\n")
+    lines = [f"# x264 beside Python threads ({fields['device']}, {fields['commit']}, {fields['date']})", "",
+             f"Command: `{cmd}`", "",
+             "One 720p30 stream's x264 frame (`x264_live_options`, one x264 thread, NV12 in, FLV out to "
+             "/dev/null) through PyAV, each step timed alone and beside one thread running a pure-Python "
+             "loop (as a `serve` worker's other threads do), at the runtime's GIL switch interval and at "
+             "Python's default. Median host ms per frame; each step includes the ones before it.", "",
+             "| switch interval | step | alone ms | beside a Python thread ms | lost ms |", "|---|---|---|---|---|"]
+    lines += [f"| {r['switch_ms']:g} ms | {r['step']} | {r['alone_ms']} | {r['beside_ms']} | {r['lost_ms']} |"
+              for r in rows]
+    (out / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out / name}.json and .md")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--frames", type=int, default=60)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--beside", action="store_true",
+                    help="the encode's steps alone and beside a Python thread (see the docstring)")
+    ap.add_argument("--name", default="x264_gil")
     args = ap.parse_args()
     if args.frames < 20:
         sys.exit(f"error: --frames {args.frames}: give at least 20 (the first 10 are warm-up)")
+    if args.beside:
+        beside_python(args.frames, args.out, args.name)
+        return
     rows: list[dict[str, object]] = []
     for w, h in ((1280, 720), (1920, 1080)):
         for fmt in ("yuv420p", "nv12"):
