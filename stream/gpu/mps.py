@@ -13,8 +13,8 @@ environment already names (`CUDA_MPS_PIPE_DIRECTORY`) and that answers is used a
 running.
 
 A CUDA process that cannot reach the daemon runs without MPS and says nothing (NVIDIA's manual), so
-`server_pids()` asks the daemon which servers it runs: none once the children have initialised CUDA
-means they are not its clients.
+`server_pids()` asks the daemon which servers it runs (none once the children have initialised CUDA
+means they are not its clients) and `client_pids()` which processes each server serves.
 
 Every question goes through NVIDIA's control client (`nvidia-cuda-mps-control` reading a command on
 standard input); the names of the daemon's pipes are its own business.
@@ -84,6 +84,21 @@ def server_pids(env: dict[str, str], control: str | None = None) -> list[int]:
     if pids is None:
         raise MpsError(f"no MPS control daemon answers in {env.get('CUDA_MPS_PIPE_DIRECTORY', '/tmp/nvidia-mps')}: {said}")
     return pids
+
+
+def client_pids(env: dict[str, str], control: str | None = None) -> set[int]:
+    """The processes that are clients of the MPS servers of the daemon named by `env` (NVIDIA's
+    `get_client_list` for each server of `get_server_list`); MpsError if no daemon answers there."""
+    exe = control or find_control()
+    clients: set[int] = set()
+    for server in server_pids(env, control=exe):
+        r = _ask(exe, env, f"get_client_list {server}", _ASK_TIMEOUT_S)
+        toks = r.stdout.split()
+        if r.returncode != 0 or not all(tok.isdigit() for tok in toks):
+            raise MpsError(f"the MPS daemon in {env.get('CUDA_MPS_PIPE_DIRECTORY')} did not list the clients of "
+                           f"server {server}: {(r.stderr or r.stdout).strip()[:300]}")
+        clients.update(int(tok) for tok in toks)
+    return clients
 
 
 def _stop(exe: str, env: dict[str, str], root: Path) -> str | None:

@@ -109,7 +109,7 @@ class PoolApi:
         async def h() -> web.Response:
             return web.json_response({"workers": [
                 {"name": w.name, "device": w.device, "node": w.node, "node_ip": w.node_ip,
-                 "state": w.state, "pid": w.pid,
+                 "state": w.state, "pid": w.pid, "mps_client": w.mps_client,
                  "streams": sorted(p.id for p in self.pool.placed.values() if p.worker is w),
                  "crashes": w.crashes, "last_exit": w.last_exit, "load": w.load,
                  "refusal": self.pool.refusal(w)} for w in self.pool.workers]})

@@ -104,6 +104,9 @@ class Worker:
     """The launcher's own handle of it (runtime.cluster: the Ray actor)."""
     death: Any = None
     """The launcher's sign of its death (runtime.cluster: a future that completes when the actor dies)."""
+    mps_client: bool | None = None
+    """Whether its GPU's MPS daemon lists it as a client once it is ready (None: no MPS, or not
+    known): a CUDA process that cannot reach the daemon runs without MPS and says nothing."""
 
     @property
     def pid(self) -> int | None:
@@ -206,6 +209,7 @@ class WorkerPool:
             # 8 face-stack workers against 298.5 s at once: the first one's compile took 270 s
             # alone, mostly single-threaded work, and a start from the cache still about 105 s).
             await asyncio.gather(*(self._spawn(w) for w in self.workers))
+            await self._check_mps(self.workers)
         except BaseException as e:
             await self.close()
             # The server cannot start: one line for the user, not a traceback.
@@ -216,6 +220,35 @@ class WorkerPool:
             raise
         self._tasks = [loop.create_task(self._watch(), name="workers-watch"),
                        loop.create_task(self._refresh_loads(), name="workers-load")]
+
+    async def _check_mps(self, workers: Sequence[Worker]) -> None:
+        """Ask each MPS daemon we started which processes are its clients, and say which of
+        `workers` (ready, so they have initialised CUDA) are not: those time-slice the GPU."""
+        if not self.mps:
+            return
+        from ..gpu.mps import MpsError, client_pids
+
+        loop = asyncio.get_running_loop()
+        for device in sorted({w.device for w in workers}):
+            env = self._device_env.get(device)
+            if env is None or not env.get("CUDA_MPS_PIPE_DIRECTORY"):
+                continue
+            on = [w for w in workers if w.device == device]
+            try:
+                clients = await loop.run_in_executor(None, client_pids, env)
+            except MpsError as e:
+                log.warning("MPS on %s: could not ask which workers are its clients: %s", device, e)
+                continue
+            for w in on:
+                w.mps_client = w.pid in clients
+            missing = [w.name for w in on if not w.mps_client]
+            if missing:
+                log.warning("MPS on %s: worker(s) %s are not clients of its daemon, so the GPU time-slices "
+                            "them (their small kernels wait for each other's slices); check that nothing "
+                            "resets CUDA_MPS_PIPE_DIRECTORY for them, or run with --no-mps", device,
+                            ", ".join(missing))
+            else:
+                log.info("MPS on %s: all %d worker(s) are clients of its daemon", device, len(on))
 
     # -- the launcher: local worker processes (runtime.cluster overrides these for Ray actors) ----
 
@@ -363,6 +396,7 @@ class WorkerPool:
             w.state = "dead"
             log.error("worker %s could not be started again: %s", w.name, e)
             return
+        await self._check_mps([w])
         # Streams that found no room when their worker died get another chance on the new one.
         lost = [p for p in self.placed.values() if p.lost is not None and not p.gave_up]
         await asyncio.gather(*(self._move(p, exclude=None) for p in lost))

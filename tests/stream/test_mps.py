@@ -2,7 +2,8 @@
 
 A real daemon needs NVIDIA's driver (the device run `bench_streams.py --mps` starts one,
 docs/performance.md). Here a small shell script stands in for NVIDIA's control program, speaking
-its interface: `-d` starts the daemon, and the client reads one command (`get_server_list`, `quit`)
+its interface: `-d` starts the daemon, and the client reads one command (`get_server_list`,
+`get_client_list PID`, `quit`)
 on standard input, exiting non-zero when no daemon listens. It records every call, so the tests
 check what the module asked, and when."""
 
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from swapstream.gpu.mps import CONTROL, MpsError, find_control, mps_daemon, server_pids
+from swapstream.gpu.mps import CONTROL, MpsError, client_pids, find_control, mps_daemon, server_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,6 +35,7 @@ echo "$cmd" >> "$FAKE_MPS_CALLS"
 [ -e "$up" ] || { echo "Cannot find MPS control daemon process"; exit 1; }
 case "$cmd" in
   get_server_list) [ -n "$FAKE_MPS_SERVER" ] && echo "$FAKE_MPS_SERVER"; exit 0 ;;
+  "get_client_list $FAKE_MPS_SERVER") [ -n "$FAKE_MPS_CLIENTS" ] && echo "$FAKE_MPS_CLIENTS"; exit 0 ;;
   quit) [ -n "$FAKE_MPS_QUIT_FAILS" ] && exit 1; rm "$up"; exit 0 ;;
 esac
 exit 1
@@ -146,3 +148,45 @@ def test_serve_mps_without_a_gpu_is_a_clear_error(tmp_path: Path) -> None:
                         "--mps", "--port", "1"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 2, r.stderr
     assert "error: --mps needs an NVIDIA GPU" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_the_daemons_clients_are_listed_and_serve_says_which_workers_are_not(
+        control: tuple[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """`client_pids`, and what `serve --workers --mps` does with it once its workers are ready: each
+    worker is marked a client or not (`GET /api/workers`' `mps_client`), and those that are not are
+    named in the log (they time-slice the GPU)."""
+    import asyncio
+    import logging
+
+    from swapstream.config import Config
+    from swapstream.runtime.workers import WorkerPool
+
+    exe, _calls_file = control
+    monkeypatch.setenv("FAKE_MPS_SERVER", "4242")
+    monkeypatch.setenv("FAKE_MPS_CLIENTS", "101 102")
+    # The pool finds the control program by name, as on a GPU machine.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    shutil.copy(exe, bin_dir / CONTROL)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    with mps_daemon(control=exe) as env:
+        assert client_pids(env, control=exe) == {101, 102}
+        pool = WorkerPool(Config(), devices=["cuda:0"], per_device=3, mps=True)
+        try:
+            pool._device_env["cuda:0"] = env
+            for w, pid in zip(pool.workers, (101, 102, 103)):
+                w.proc_pid = pid
+            with caplog.at_level(logging.INFO, logger="swapstream.runtime.workers"):
+                asyncio.run(pool._check_mps(pool.workers))
+            assert [w.mps_client for w in pool.workers] == [True, True, False]
+            assert "worker(s) w2 are not clients of its daemon" in caplog.text
+            # All of them clients: said once, at INFO.
+            env["FAKE_MPS_CLIENTS"] = "101 102 103"  # the daemon's environment, which the pool asks with
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger="swapstream.runtime.workers"):
+                asyncio.run(pool._check_mps(pool.workers))
+            assert all(w.mps_client for w in pool.workers) and "all 3 worker(s) are clients" in caplog.text
+        finally:
+            pool._exit.close()
+            shutil.rmtree(pool._dir, ignore_errors=True)
