@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the `device` tool), from the repository root:
-#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|run_live|run_ab|serve|serve_ab|serve_wait|serve_faces|live|live_bench|live_rtmp|hands|mesh|pending|recheck|face_stack|serve_stack|stack_profile|stack_tests|stack|all|none][,...]
+#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|run_live|run_ab|serve|serve_ab|serve_wait|serve_faces|serve_full|x264|live|live_bench|live_rtmp|hands|mesh|pending|recheck|face_stack|serve_stack|stack_profile|stack_tests|stack|all|none][,...]
 #     (default: all; bench = kernels + swap + pipeline; none = install the carried wheels only)
 #   tools/device_check.sh pytest ARGS...    (pytest with ARGS, in the same environment)
 # Installs the carried wheels (.whl/, ignored by git), makes `swapstream` importable from this tree,
@@ -167,6 +167,20 @@ if want serve all; then
   # .devtools/nginx (tools/device_prepare.sh).
   python3 tools/bench_streams.py "${SERVE_CLIPS[@]}" --out "$OUT" --name "${SERVE_NAME:-serve_streams}" \
     ${SERVE_ARGS:-$SERVE_SETUP --ns ${SERVE_NS:-16,32} --res ${SERVE_RES:-720p}} 2>&1 | tee "$OUT/bench_serve.log" || rc=1
+fi
+if want serve_full; then
+  # Issue 18 at full settings: the targets' setup with the degradation controller off
+  # (runtime.degrade=false: no stream detects less often), so the largest N within budget is the
+  # whole pipeline's, at FULL_NS streams of 720p.
+  timeout -s INT -k 30 "${FULL_S:-300}" python3 tools/bench_streams.py "${SERVE_CLIPS[@]}" --out "$OUT" \
+    --name serve_streams_full $SERVE_SETUP --set runtime.degrade=false --ns "${FULL_NS:-24,28,32}" --res 720p 2>&1 \
+    | tee "$OUT/bench_serve_full.log" || rc=1
+fi
+if want x264; then
+  # x264's cost per frame alone, and beside a thread running Python (the GIL waits of a serve
+  # worker's encoders: docs/benchmarks/x264_gil.md was measured on the 2-core CPU machine).
+  python3 tools/bench_x264.py --frames 60 --out "$OUT" 2>&1 | tee "$OUT/bench_x264.log" || rc=1
+  python3 tools/bench_x264.py --beside --frames 150 --out "$OUT" 2>&1 | tee -a "$OUT/bench_x264.log" || rc=1
 fi
 if want serve_faces; then
   # Issue 18's faces/s target (1,500 1080p faces/s at <= 1% drops): the targets' setup with more
