@@ -66,9 +66,10 @@ def test_lab_conversions(rng: np.random.Generator) -> None:
     rgb = rng.uniform(0, 255, (60, 70, 3)).astype(np.float32)
     ref = rgb_to_lab(rgb, np.full_like(rgb, 7.0))
     out = rgb_to_lab_fast(rgb, np.full_like(rgb, -7.0))
-    # OpenCV tabulates the gamma curve and the cube root: within 0.6 in L*, a*, b* (a just noticeable
-    # difference is ~2), 0.1 on average.
-    assert np.abs(out - ref).max() < 0.6 and np.abs(out - ref).mean() < 0.1
+    # OpenCV tabulates the gamma curve and the cube root: within 0.75 in L*, a*, b* (a just noticeable
+    # difference is ~2), 0.1 on average. The worst seen over 20 million random pixels was 0.69, in a*;
+    # the 0.6 this said before was passed by 2 of 300 random images of this size (0.62 at most).
+    assert np.abs(out - ref).max() < 0.75 and np.abs(out - ref).mean() < 0.1
     u8 = rng.integers(0, 256, (60, 70, 3), dtype=np.uint8)
     assert np.abs(rgb_to_lab_fast(u8, np.empty_like(rgb)) - rgb_to_lab(u8, np.empty_like(rgb))).max() < 0.6
     back_ref = lab_to_rgb(ref, np.full_like(rgb, 5.0))
