@@ -262,11 +262,12 @@ class DeviceSlot:
                 log.exception("%s: a batch on %s failed; its %d frame(s) go on unswapped (%d so far)",
                               self.name, key, len(items), self.failed_frames)
         t1 = time.monotonic()
-        faces = sum(max(1, len(it.faces)) for it in items)
-        for it in items:
+        weights = [max(1, len(it.faces)) for it in items]
+        per_face = (t1 - t0) / sum(weights)
+        for it, k in zip(items, weights):
             it.ended = t1
             # Timed here, in the thread: the batcher's own time would hold the wait for the thread.
-            self._stream_busy.append((t1, it.stream_id, (t1 - t0) * max(1, len(it.faces)) / faces))
+            self._stream_busy.append((t1, it.stream_id, per_face * k))
         self._busy.append((t1, t1 - t0))
         return counts
 

@@ -25,7 +25,7 @@ streams, then the first worker.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -135,18 +135,32 @@ def stream_cost(workers: Sequence[Placeable]) -> float:
     return sum(known) / len(known) if known else FALLBACK_COST
 
 
+def mean_by_swapper(parts: Iterable[tuple[str, float]]) -> dict[str, float]:
+    """A load report's `costs`: the mean of the (swapper, busy share) parts of its settled streams,
+    per swapper (`runtime.worker.load_report` from measured shares, `SimWorker` from exact ones)."""
+    by: dict[str, list[float]] = {}
+    for swapper, part in parts:
+        by.setdefault(swapper, []).append(part)
+    return {k: sum(v) / len(v) for k, v in by.items()}
+
+
+def new_stream_cost(h: Headroom, one: float, swapper: str | None, kind_cost: float | None) -> float:
+    """What a new stream of `swapper` adds to a worker whose other streams cost `one` each: what its
+    report says its streams of that swapper cost, else `kind_cost` (what other workers' reports
+    say), else `one`."""
+    if swapper is None:
+        return one
+    return h.costs.get(swapper, kind_cost if kind_cost is not None else one)
+
+
 def projected_busy(h: Headroom, held: int, cost: float, swapper: str | None = None,
                    kind_cost: float | None = None) -> float:
     """The busy share of a worker with one more stream: its report's, plus a stream's cost for each
     stream not in it (placed since the report, or still starting: their swappers are not known here)
-    at its own settled streams' mean when it has some, else `cost`; and the new one at what the
-    report says its streams of `swapper` cost, else `kind_cost` (what other workers' reports say),
-    else the same as the others. `choose` applies the same rule inline."""
+    at its own settled streams' mean when it has some, else `cost`; and the new one's
+    (`new_stream_cost`). `choose` applies the same rule inline."""
     one = h.per_stream if h.costed else cost
-    new = one
-    if swapper is not None:
-        new = h.costs.get(swapper, kind_cost if kind_cost is not None else one)
-    return h.busy + one * max(0, held - h.costed) + new
+    return h.busy + one * max(0, held - h.costed) + new_stream_cost(h, one, swapper, kind_cost)
 
 
 def refusal(w: Placeable, held: int, default_max: int, cost: float = FALLBACK_COST,
@@ -208,10 +222,8 @@ def choose(workers: Sequence[W], held: Callable[[W], int], default_max: int, *,
         if not rs:
             unreported.append((i, w, n))
             continue
-        new = h.per_stream
-        if swapper is not None:
-            new = h.costs.get(swapper, kind_cost if kind_cost is not None else new)
-        projected = h.busy + h.per_stream * (n - rs if n > rs else 0) + new
+        projected = (h.busy + h.per_stream * (n - rs if n > rs else 0)
+                     + new_stream_cost(h, h.per_stream, swapper, kind_cost))
         if projected > BUSY_MAX:
             continue
         # Ranked by the load it would have (in tenths), streams placed since its report included:
@@ -224,10 +236,9 @@ def choose(workers: Sequence[W], held: Callable[[W], int], default_max: int, *,
         if best is None or key < best_key:
             best, best_key = w, key
     est = cost if cost is not None else (known_sum / known if known else FALLBACK_COST)  # stream_cost()
-    new_est = kind_cost if kind_cost is not None else est
     for i, w, n in unreported:
         h = w.headroom
-        projected = h.busy + est * max(0, n - h.costed) + new_est
+        projected = h.busy + est * max(0, n - h.costed) + new_stream_cost(h, est, swapper, kind_cost)
         if projected > BUSY_MAX:
             continue
         load = int((projected if projected > h.worst_ratio else h.worst_ratio) * 10 + 0.5)
@@ -255,9 +266,6 @@ class SimWorker:
     def report(self) -> None:
         """What its load report would say now (a GPU within its budget: no stream over it)."""
         busy = sum(c for c, _, _ in self.streams.values())
-        by: dict[str, list[float]] = {}
-        for c, _, k in self.streams.values():
-            by.setdefault(k, []).append(c)
         self.headroom = Headroom(busy=busy, reported_streams=len(self.streams), max_streams=self.max_streams,
                                  phases=tuple(p for _, p, _ in self.streams.values()),
-                                 costs={k: sum(v) / len(v) for k, v in by.items()})
+                                 costs=mean_by_swapper((k, c) for c, _, k in self.streams.values()))

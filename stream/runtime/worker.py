@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .placement import mean_by_swapper
+
 log = logging.getLogger(__name__)
 
 LOAD_WINDOW_S = 5.0
@@ -113,8 +115,7 @@ def load_report(runtime: Any, models: str | None = None) -> dict[str, Any]:
     busy = 0.0
     costs: dict[str, float] = {}
     if runtime.slots:
-        slot = max(runtime.slots, key=lambda s: s.busy(LOAD_WINDOW_S))
-        busy = slot.busy(LOAD_WINDOW_S)
+        busy, slot = max(((s.busy(LOAD_WINDOW_S), s) for s in runtime.slots), key=lambda bs: bs[0])
         # Keyed by the swapper each stream asked for (a create request's), not the one a controller
         # step may have put it on: the parent charges a new stream by what its request says.
         costs = swapper_costs(busy, slot.stream_shares(LOAD_WINDOW_S),
@@ -135,11 +136,8 @@ def swapper_costs(busy: float, shares: dict[str, float], settled: dict[str, str]
     streams without a batch in the window (no face yet). `busy` is the busier of the device's
     threads; where analysis is the busier, its time (the same for every swapper) is split as the
     swap thread's is, which overcharges the costlier swapper: a margin, not a saving."""
-    parts: dict[str, list[float]] = {}
-    for sid, swapper in settled.items():
-        if sid in shares:
-            parts.setdefault(swapper, []).append(busy * shares[sid])
-    return {k: round(sum(v) / len(v), 4) for k, v in parts.items()}
+    means = mean_by_swapper((swapper, busy * shares[sid]) for sid, swapper in settled.items() if sid in shares)
+    return {k: round(v, 4) for k, v in means.items()}
 
 
 def build_app(settings: dict[str, Any]) -> tuple[Any, Any]:
