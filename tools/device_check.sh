@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the `device` tool), from the repository root:
-#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|run_live|run_ab|serve|serve_ab|serve_wait|serve_faces|serve_full|x264|live|live_bench|live_rtmp|hands|mesh|pending|recheck|face_stack|serve_stack|stack_profile|stack_tests|stack|all|none][,...]
+#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|run_live|run_ab|serve|serve_ab|serve_wait|x264|live|live_bench|live_rtmp|hands|mesh|pending|recheck|face_stack|serve_stack|stack_profile|stack_tests|stack|all|none][,...]
 #     (default: all; bench = kernels + swap + pipeline; none = install the carried wheels only)
 #   tools/device_check.sh pytest ARGS...    (pytest with ARGS, in the same environment)
 # Installs the carried wheels (.whl/, ignored by git), makes `swapstream` importable from this tree,
@@ -162,19 +162,17 @@ fi
 if want serve all; then
   # The stream benchmark: a load generator driving `swapstream serve --workers` (MPS on with 2 or
   # more workers), so the figures are the product's own. The defaults are the targets' setup
-  # (SERVE_SETUP) at 16 and 32 720p streams. SERVE_ARGS replaces them, e.g.
+  # (SERVE_SETUP) at 16 and 32 720p streams; SERVE_NS and SERVE_RES change the streams and sizes,
+  # SERVE_SETS adds settings, SERVE_S is a time limit (SIGINT: the configurations done are written).
+  # Issue 18's runs: SERVE_NS=24,32 SERVE_RES=720p,1080p (the record); SERVE_NS=40 SERVE_RES=1080p
+  # (faces/s at overload); SERVE_SETS="--set runtime.degrade=false" SERVE_NS=24,28,32 (full
+  # settings: no stream detects less often). SERVE_ARGS replaces the setup, e.g.
   # "--workers 4 --ns 8 --res 720p --sink null --seconds 5". RTMP sources and sinks need
   # .devtools/nginx (tools/device_prepare.sh).
-  python3 tools/bench_streams.py "${SERVE_CLIPS[@]}" --out "$OUT" --name "${SERVE_NAME:-serve_streams}" \
-    ${SERVE_ARGS:-$SERVE_SETUP --ns ${SERVE_NS:-16,32} --res ${SERVE_RES:-720p}} 2>&1 | tee "$OUT/bench_serve.log" || rc=1
-fi
-if want serve_full; then
-  # Issue 18 at full settings: the targets' setup with the degradation controller off
-  # (runtime.degrade=false: no stream detects less often), so the largest N within budget is the
-  # whole pipeline's, at FULL_NS streams of 720p.
-  timeout -s INT -k 30 "${FULL_S:-300}" python3 tools/bench_streams.py "${SERVE_CLIPS[@]}" --out "$OUT" \
-    --name serve_streams_full $SERVE_SETUP --set runtime.degrade=false --ns "${FULL_NS:-24,28,32}" --res 720p 2>&1 \
-    | tee "$OUT/bench_serve_full.log" || rc=1
+  timeout -s INT -k 30 "${SERVE_S:-590}" python3 tools/bench_streams.py "${SERVE_CLIPS[@]}" --out "$OUT" \
+    --name "${SERVE_NAME:-serve_streams}" \
+    ${SERVE_ARGS:-$SERVE_SETUP ${SERVE_SETS:-} --ns ${SERVE_NS:-16,32} --res ${SERVE_RES:-720p}} 2>&1 \
+    | tee "$OUT/bench_serve.log" || rc=1
 fi
 if want x264; then
   # x264's cost per frame alone, and beside a thread running Python (the GIL waits of a serve
@@ -182,17 +180,9 @@ if want x264; then
   python3 tools/bench_x264.py --frames 60 --out "$OUT" 2>&1 | tee "$OUT/bench_x264.log" || rc=1
   python3 tools/bench_x264.py --beside --frames 150 --out "$OUT" 2>&1 | tee -a "$OUT/bench_x264.log" || rc=1
 fi
-if want serve_faces; then
-  # Issue 18's faces/s target (1,500 1080p faces/s at <= 1% drops): the targets' setup with more
-  # streams than fit the latency budget, under a time limit.
-  timeout -s INT -k 30 "${FACES_S:-200}" python3 tools/bench_streams.py "${SERVE_CLIPS[@]}" --out "$OUT" \
-    --name serve_faces_1080p $SERVE_SETUP --ns "${FACES_NS:-44,52}" --res 1080p 2>&1 \
-    | tee "$OUT/bench_serve_faces.log" || rc=1
-fi
 if want recheck; then
-  # What changed after the last GPU run (session 43): the file job's warm-up moved into
-  # FramePath.warm_up, same_context's repeated restore, the NVDEC reader's HOLD; the NVENC probe's
-  # test first, so that the GPU job's tests run after it in one process (the order that failed).
+  # The NVDEC/NVENC tests and the GPU file job's, in one process with the NVENC probe's test first
+  # (the order that once broke the thread's CUDA context); passed at 0db19e7.
   # Needs LiteRT installed by an earlier call (`none` with .whl-litert), then .whl-nvc, .whl-av,
   # .models and .bench.
   timeout -s INT -k 10 "${RECHECK_S:-240}" python3 -m pytest -m gpu -rs -v -s -p no:cacheprovider \
