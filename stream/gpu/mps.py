@@ -67,10 +67,17 @@ def _server_list(exe: str, env: dict[str, str]) -> tuple[list[int] | None, str]:
     """The server pids of the daemon that `env` names, or None when no daemon answers (the client
     then exits non-zero, or prints an error instead of process ids); and what the client said."""
     r = _ask(exe, env, "get_server_list", _ASK_TIMEOUT_S)
+    pids = _pids(r)
+    return (None, (r.stderr or r.stdout).strip()[:300]) if pids is None else (pids, "")
+
+
+def _pids(r: subprocess.CompletedProcess[str]) -> list[int] | None:
+    """The process ids a control command printed, or None when it failed: the client exits non-zero,
+    or prints an error instead of process ids."""
     toks = r.stdout.split()
     if r.returncode != 0 or not all(tok.isdigit() for tok in toks):
-        return None, (r.stderr or r.stdout).strip()[:300]
-    return [int(tok) for tok in toks], ""
+        return None
+    return [int(tok) for tok in toks]
 
 
 def _answers(exe: str, env: dict[str, str]) -> bool:
@@ -93,11 +100,11 @@ def client_pids(env: dict[str, str], control: str | None = None) -> set[int]:
     clients: set[int] = set()
     for server in server_pids(env, control=exe):
         r = _ask(exe, env, f"get_client_list {server}", _ASK_TIMEOUT_S)
-        toks = r.stdout.split()
-        if r.returncode != 0 or not all(tok.isdigit() for tok in toks):
+        pids = _pids(r)
+        if pids is None:
             raise MpsError(f"the MPS daemon in {env.get('CUDA_MPS_PIPE_DIRECTORY')} did not list the clients of "
                            f"server {server}: {(r.stderr or r.stdout).strip()[:300]}")
-        clients.update(int(tok) for tok in toks)
+        clients.update(pids)
     return clients
 
 
