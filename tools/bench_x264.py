@@ -28,24 +28,33 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def encode_ms(w: int, h: int, fmt: str, threads: int, frames: int) -> list[float]:
+def open_x264(w: int, h: int, fmt: str, threads: int, container: str) -> tuple[Any, Any]:
+    """An output to /dev/null in `container` and its libx264 stream with the live outputs' options."""
     import av
 
     from swapstream.live.streams import x264_live_options
 
-    rng = np.random.default_rng()
-    nv12 = rng.integers(0, 256, (h * 3 // 2, w), dtype=np.uint8)
-    c = av.open(os.devnull, "w", format="h264")
+    c = av.open(os.devnull, "w", format=container)
     s = c.add_stream("libx264", rate=30)
     s.width, s.height, s.pix_fmt = w, h, fmt
     s.options = x264_live_options(30.0)
     s.thread_count = threads
+    return c, s
+
+
+def encode_ms(w: int, h: int, fmt: str, threads: int, frames: int) -> list[float]:
+    import av
+
+    rng = np.random.default_rng()
+    nv12 = rng.integers(0, 256, (h * 3 // 2, w), dtype=np.uint8)
+    c, s = open_x264(w, h, fmt, threads, "h264")
     ts: list[float] = []
     for i in range(frames):
         vf = av.VideoFrame.from_ndarray(nv12, format="nv12")
@@ -65,16 +74,11 @@ def encode_steps_ms(w: int, h: int, frames: int, step: str, switch: float, besid
 
     import av
 
-    from swapstream.live.streams import x264_live_options
-
     rng = np.random.default_rng(0)
     base = rng.integers(0, 256, (h * 3 // 2 + 64, w + 64), dtype=np.uint8)
     pics = [np.ascontiguousarray(base[i % 64:i % 64 + h * 3 // 2, 2 * i % 64:2 * i % 64 + w]) for i in range(16)]
-    c = av.open(os.devnull, "w", format="flv")
-    s = c.add_stream("libx264", rate=30)
-    s.width, s.height, s.pix_fmt = w, h, "yuv420p"
-    s.options = x264_live_options(30.0)
-    s.thread_count = 1  # one core for the encoder, one for the Python thread (a 2-core machine)
+    # One x264 thread: one core for the encoder, one for the Python thread (a 2-core machine).
+    c, s = open_x264(w, h, "yuv420p", 1, "flv")
     stop = threading.Event()
 
     def spin() -> None:
