@@ -270,7 +270,8 @@ def run_config(api: Api, args: argparse.Namespace, n: int, res: str, rtmp_base: 
     print(json.dumps({k: v for k, v in row.items() if k not in ("per_stream", "workers")}), flush=True)
     for w in row["workers"] or []:
         print("  worker", json.dumps({"name": w.get("name"), "streams": len(w.get("streams") or []),
-                                      "busy": (w.get("load") or {}).get("busy"), "refusal": w.get("refusal")}),
+                                      "busy": (w.get("load") or {}).get("busy"), "refusal": w.get("refusal"),
+                                      "mps_client": w.get("mps_client")}),
               flush=True)
     return row
 

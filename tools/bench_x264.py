@@ -112,6 +112,55 @@ def encode_steps_ms(w: int, h: int, frames: int, step: str, switch: float, besid
     return round(ts[len(ts) // 2], 2)
 
 
+WRITER_WARM_FRAMES = 40
+"""Frames a writer timing skips: a live writer holds its first second of frames to measure the rate
+it declares, then encodes them at once (and the process writer's child starts)."""
+
+
+def writer_ms(w: int, h: int, frames: int, step: str, switch: float, beside: bool) -> float:
+    """Median host ms per frame of the product's live writer (`LiveWriter`, step "writer") or of the
+    same writer in a process of its own (`ProcessWriter`, step "process_writer"), each taking NV12
+    frames and writing FLV to /dev/null, alone or beside one thread running a pure-Python loop."""
+    import threading
+    from fractions import Fraction
+
+    from swapstream.live.procwriter import ProcessWriter
+    from swapstream.live.streams import LiveWriter
+
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 256, (h * 3 // 2 + 64, w + 64), dtype=np.uint8)
+    pics = [np.ascontiguousarray(base[i % 64:i % 64 + h * 3 // 2, 2 * i % 64:2 * i % 64 + w]) for i in range(16)]
+    cls: Any = ProcessWriter if step == "process_writer" else LiveWriter
+    tb = Fraction(1, 30)
+    writer = cls(os.devnull, kind="rtmp", width=w, height=h, fps=30.0, time_base=tb, crf=23, threads=1)
+    stop = threading.Event()
+
+    def spin() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(switch)
+    other = threading.Thread(target=spin, daemon=True)
+    if beside:
+        other.start()
+    ts: list[float] = []
+    try:
+        for i in range(frames + WRITER_WARM_FRAMES):
+            t = time.perf_counter()
+            writer.write_nv12(pics[i % len(pics)], i, tb)
+            ts.append((time.perf_counter() - t) * 1e3)
+    finally:
+        stop.set()
+        if beside:
+            other.join()
+        sys.setswitchinterval(before)
+        writer.close()
+    ts = sorted(ts[WRITER_WARM_FRAMES:])
+    return round(ts[len(ts) // 2], 2)
+
+
 def beside_python(frames: int, out: Path | None, name: str) -> None:
     from benchlib import cpu_name, run_fields
 
@@ -119,9 +168,10 @@ def beside_python(frames: int, out: Path | None, name: str) -> None:
 
     rows: list[dict[str, object]] = []
     for switch in (SWITCH_INTERVAL_S, 0.005):
-        for step in ("picture", "encode", "mux"):
-            alone = encode_steps_ms(1280, 720, frames, step, switch, beside=False)
-            near = encode_steps_ms(1280, 720, frames, step, switch, beside=True)
+        for step in ("picture", "encode", "mux", "writer", "process_writer"):
+            timing = writer_ms if step.endswith("writer") else encode_steps_ms
+            alone = timing(1280, 720, frames, step, switch, beside=False)
+            near = timing(1280, 720, frames, step, switch, beside=True)
             rows.append({"switch_ms": switch * 1e3, "step": step, "alone_ms": alone, "beside_ms": near,
                          "lost_ms": round(near - alone, 2)})
             print(f"switch {switch * 1e3:g} ms, {step:7s}: alone {alone:.2f} ms, beside a Python thread "
@@ -140,7 +190,11 @@ def beside_python(frames: int, out: Path | None, name: str) -> None:
              "One 720p30 stream's x264 frame (`x264_live_options`, one x264 thread, NV12 in, FLV out to "
              "/dev/null) through PyAV, each step timed alone and beside one thread running a pure-Python "
              "loop (as a `serve` worker's other threads do), at the runtime's GIL switch interval and at "
-             "Python's default. Median host ms per frame; each step includes the ones before it.", "",
+             "Python's default. Median host ms per frame; each of picture, encode and mux includes the "
+             "ones before it. `writer` is the product's live writer (`LiveWriter.write_nv12`, FLV to "
+             "/dev/null) and `process_writer` the same writer in a process of its own "
+             "(`ProcessWriter`, `runtime.encoder_process`), the frame sent over a pipe; both after "
+             f"{WRITER_WARM_FRAMES} warm-up frames.", "",
              "| switch interval | step | alone ms | beside a Python thread ms | lost ms |", "|---|---|---|---|---|"]
     lines += [f"| {r['switch_ms']:g} ms | {r['step']} | {r['alone_ms']} | {r['beside_ms']} | {r['lost_ms']} |"
               for r in rows]

@@ -14,11 +14,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytest.importorskip("av")
+av = pytest.importorskip("av")
 pytest.importorskip("prometheus_client")
 
 from swapstream.config import Config  # noqa: E402
 from swapstream.demo import astronaut  # noqa: E402
+from swapstream.live.streams import HLS_SEGMENT_FRAMES  # noqa: E402
 from swapstream.runtime.swappers import MeshBackend, SwapBackend, SwapFailed, SwapItem  # noqa: E402
 from swapstream.runtime.manager import SlotLoad, StreamRequestError, StreamRuntime, place  # noqa: E402
 from swapstream.runtime.stream import InputSpec, OutputSpec, StreamPipeline, StreamSpec  # noqa: E402
@@ -195,11 +196,15 @@ def test_with_degrade_off_a_late_stream_keeps_its_settings(clip: tuple[Path, Any
     asyncio.run(main())
 
 
-def test_an_outputs_start_is_one_time_work_for_the_controller(clip: tuple[Path, Any], tmp_path: Path) -> None:
+@pytest.mark.parametrize("process", [False, True], ids=["encoder_thread", "encoder_process"])
+def test_an_outputs_start_is_one_time_work_for_the_controller(clip: tuple[Path, Any], tmp_path: Path,
+                                                              process: bool) -> None:
     """An HLS/RTMP output holds its first frames to measure the rate, then encodes them at once: the
-    frames behind that stall judge neither the controller nor the worker's room (`changed_mono`)."""
+    frames behind that stall judge neither the controller nor the worker's room (`changed_mono`).
+    With `runtime.encoder_process` the output encodes in a process of its own and says when it has
+    started just the same; its segments hold the stream's frames."""
     path, _ = clip
-    cfg = runtime_config("runtime.min_samples=5")
+    cfg = runtime_config("runtime.min_samples=5", f"runtime.encoder_process={str(process).lower()}")
 
     async def main() -> None:
         rt = StreamRuntime(cfg, devices=["cpu"])
@@ -219,6 +224,12 @@ def test_an_outputs_start_is_one_time_work_for_the_controller(clip: tuple[Path, 
             await rt.close()
 
     asyncio.run(main())
+    playlist = (tmp_path / "hls" / "index.m3u8").read_text()
+    segments = [s for s in playlist.splitlines() if s.endswith(".ts")]
+    assert segments, playlist
+    with av.open(str(tmp_path / "hls" / segments[0])) as c:
+        pictures = [f.to_ndarray(format="rgb24") for f in c.decode(c.streams.video[0])]
+    assert len(pictures) >= HLS_SEGMENT_FRAMES and float(np.std(pictures[0])) > 10  # real frames
 
 
 def test_placement_prefers_the_least_loaded_device() -> None:
