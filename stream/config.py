@@ -189,9 +189,6 @@ class RuntimeConfig(_Section):
     # is over a thousand threads, past what one process schedules well.
     max_streams: int = Field(32, ge=1, le=256)
     """Most streams one process runs at once."""
-    encoder_process: bool = False
-    """Each RTMP or HLS output of a stream encodes in a process of its own (`live/procwriter.py`),
-    whose GIL no other thread of the runtime holds; False: in the stream's encoding thread."""
     degrade: bool = True
     """False: the degradation controller never steps a stream (a fixed quality: a stream over its
     budget stays at its full settings and its p99 shows it; what a capacity benchmark measures)."""

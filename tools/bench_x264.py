@@ -13,7 +13,8 @@ the times are an upper bound for video.
 
 `--beside` asks what the same encode costs in a process whose other threads run Python, as a
 `serve` worker's do (its event loop, analysis, swap and reader threads): the 720p NV12 frame's
-picture (`VideoFrame.from_ndarray`), its encode, and its encode and mux, each timed alone and beside
+picture (`VideoFrame.from_ndarray`), its encode, its encode and mux, and the product's live writer
+(`LiveWriter.write_nv12`), each timed alone and beside
 one thread running a pure-Python loop, at the GIL switch interval the runtime sets
 (`runtime.priority.SWITCH_INTERVAL_S`) and at Python's default. Each step gives the GIL back around
 its native work and has to wait for it again; the difference is that wait. The frames are a
@@ -114,25 +115,22 @@ def encode_steps_ms(w: int, h: int, frames: int, step: str, switch: float, besid
 
 WRITER_WARM_FRAMES = 40
 """Frames a writer timing skips: a live writer holds its first second of frames to measure the rate
-it declares, then encodes them at once (and the process writer's child starts)."""
+it declares, then encodes them at once."""
 
 
 def writer_ms(w: int, h: int, frames: int, step: str, switch: float, beside: bool) -> float:
-    """Median host ms per frame of the product's live writer (`LiveWriter`, step "writer") or of the
-    same writer in a process of its own (`ProcessWriter`, step "process_writer"), each taking NV12
-    frames and writing FLV to /dev/null, alone or beside one thread running a pure-Python loop."""
+    """Median host ms per frame of the product's live writer (`LiveWriter.write_nv12`, FLV to
+    /dev/null), alone or beside one thread running a pure-Python loop."""
     import threading
     from fractions import Fraction
 
-    from swapstream.live.procwriter import ProcessWriter
     from swapstream.live.streams import LiveWriter
 
     rng = np.random.default_rng(0)
     base = rng.integers(0, 256, (h * 3 // 2 + 64, w + 64), dtype=np.uint8)
     pics = [np.ascontiguousarray(base[i % 64:i % 64 + h * 3 // 2, 2 * i % 64:2 * i % 64 + w]) for i in range(16)]
-    cls: Any = ProcessWriter if step == "process_writer" else LiveWriter
     tb = Fraction(1, 30)
-    writer = cls(os.devnull, kind="rtmp", width=w, height=h, fps=30.0, time_base=tb, crf=23, threads=1)
+    writer = LiveWriter(os.devnull, kind="rtmp", width=w, height=h, fps=30.0, time_base=tb, crf=23, threads=1)
     stop = threading.Event()
 
     def spin() -> None:
@@ -168,8 +166,8 @@ def beside_python(frames: int, out: Path | None, name: str) -> None:
 
     rows: list[dict[str, object]] = []
     for switch in (SWITCH_INTERVAL_S, 0.005):
-        for step in ("picture", "encode", "mux", "writer", "process_writer"):
-            timing = writer_ms if step.endswith("writer") else encode_steps_ms
+        for step in ("picture", "encode", "mux", "writer"):
+            timing = writer_ms if step == "writer" else encode_steps_ms
             alone = timing(1280, 720, frames, step, switch, beside=False)
             near = timing(1280, 720, frames, step, switch, beside=True)
             rows.append({"switch_ms": switch * 1e3, "step": step, "alone_ms": alone, "beside_ms": near,
@@ -192,9 +190,7 @@ def beside_python(frames: int, out: Path | None, name: str) -> None:
              "loop (as a `serve` worker's other threads do), at the runtime's GIL switch interval and at "
              "Python's default. Median host ms per frame; each of picture, encode and mux includes the "
              "ones before it. `writer` is the product's live writer (`LiveWriter.write_nv12`, FLV to "
-             "/dev/null) and `process_writer` the same writer in a process of its own "
-             "(`ProcessWriter`, `runtime.encoder_process`), the frame sent over a pipe; both after "
-             f"{WRITER_WARM_FRAMES} warm-up frames.", "",
+             f"/dev/null), after {WRITER_WARM_FRAMES} warm-up frames.", "",
              "| switch interval | step | alone ms | beside a Python thread ms | lost ms |", "|---|---|---|---|---|"]
     lines += [f"| {r['switch_ms']:g} ms | {r['step']} | {r['alone_ms']} | {r['beside_ms']} | {r['lost_ms']} |"
               for r in rows]

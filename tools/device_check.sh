@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the `device` tool), from the repository root:
-#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|run_live|run_ab|serve|serve_ab|serve_enc|serve_wait|x264|live|live_bench|live_rtmp|hands|mesh|pending|recheck|face_stack|serve_stack|stack_profile|stack_tests|stack|all|none][,...]
+#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|run_live|run_ab|serve|serve_ab|serve_wait|x264|live|live_bench|live_rtmp|hands|mesh|pending|recheck|face_stack|serve_stack|stack_profile|stack_tests|stack|all|none][,...]
 #     (default: all; bench = kernels + swap + pipeline; none = install the carried wheels only)
 #   tools/device_check.sh pytest ARGS...    (pytest with ARGS, in the same environment)
 # Installs the carried wheels (.whl/, ignored by git), makes `swapstream` importable from this tree,
@@ -201,20 +201,6 @@ if want serve_ab; then
     timeout -s INT -k 30 "${SERVE_OLD_S:-110}" python3 tools/bench_streams.py "${SERVE_CLIPS[@]}" --out "$OUT" \
       --name serve_streams_one_thread $SERVE_SETUP --ns 32 --res 720p --set runtime.analysis_thread=false 2>&1 \
       | tee "$OUT/bench_serve_one_thread.log" || rc=1
-  fi
-fi
-if want serve_enc; then
-  # Issue 18's x264 RTMP target through `swapstream serve`: the targets' setup with each stream's
-  # output x264 pushed over RTMP to the local nginx, the encoders in processes of their own
-  # (runtime.encoder_process) at SERVE_NS, then in the streams' threads (the default) at
-  # SERVE_THREAD_NS, in the same call. Needs .devtools/nginx.
-  timeout -s INT -k 30 "${SERVE_ENC_S:-330}" python3 tools/bench_streams.py "${SERVE_CLIPS[@]}" --out "$OUT" \
-    --name serve_streams_rtmp_process ${SERVE_SETUP/--sink null/--sink rtmp} --ns "${SERVE_NS:-24,32}" --res 720p \
-    --set runtime.encoder_process=true 2>&1 | tee "$OUT/bench_serve_enc_process.log" || rc=1
-  if [[ "${SERVE_THREAD_NS:-24}" != 0 ]]; then
-    timeout -s INT -k 30 "${SERVE_THREAD_S:-200}" python3 tools/bench_streams.py "${SERVE_CLIPS[@]}" --out "$OUT" \
-      --name serve_streams_rtmp_thread ${SERVE_SETUP/--sink null/--sink rtmp} --ns "${SERVE_THREAD_NS:-24}" --res 720p 2>&1 \
-      | tee "$OUT/bench_serve_enc_thread.log" || rc=1
   fi
 fi
 if want serve_wait; then

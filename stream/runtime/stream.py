@@ -648,10 +648,8 @@ class StreamPipeline:
                 s.write_audio(p)
 
     def _open_sinks(self, first: Frame) -> list[Any]:
-        from ..live.procwriter import ProcessWriter
         from ..live.streams import LiveWriter
 
-        writer: Any = ProcessWriter if self.cfg.runtime.encoder_process else LiveWriter
         h, w = first.data.shape[:2]
         common: dict[str, Any] = dict(width=w, height=h, fps=self._reader.info_fps,
                                       time_base=first.time_base, audio_from=self._reader.audio_stream,
@@ -664,12 +662,12 @@ class StreamPipeline:
                 if o.kind == "null":
                     sinks.append(NullSink())
                 elif o.kind == "rtmp":
-                    sinks.append(writer(o.target, kind="rtmp", outbound=self._outbound, **common))
+                    sinks.append(LiveWriter(o.target, kind="rtmp", outbound=self._outbound, **common))
                 else:
                     Path(o.target).mkdir(parents=True, exist_ok=True)
-                    sinks.append(writer(str(Path(o.target) / "index.m3u8"), kind="hls", **common))
+                    sinks.append(LiveWriter(str(Path(o.target) / "index.m3u8"), kind="hls", **common))
         except BaseException:
-            for s in sinks:  # the outputs opened before the one that failed (an encoder process each)
+            for s in sinks:  # the outputs opened before the one that failed (an RTMP connection each)
                 s.close()
             raise
         return sinks

@@ -196,15 +196,12 @@ def test_with_degrade_off_a_late_stream_keeps_its_settings(clip: tuple[Path, Any
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("process", [False, True], ids=["encoder_thread", "encoder_process"])
-def test_an_outputs_start_is_one_time_work_for_the_controller(clip: tuple[Path, Any], tmp_path: Path,
-                                                              process: bool) -> None:
+def test_an_outputs_start_is_one_time_work_for_the_controller(clip: tuple[Path, Any], tmp_path: Path) -> None:
     """An HLS/RTMP output holds its first frames to measure the rate, then encodes them at once: the
     frames behind that stall judge neither the controller nor the worker's room (`changed_mono`).
-    With `runtime.encoder_process` the output encodes in a process of its own and says when it has
-    started just the same; its segments hold the stream's frames."""
+    Its segments hold the stream's frames."""
     path, _ = clip
-    cfg = runtime_config("runtime.min_samples=5", f"runtime.encoder_process={str(process).lower()}")
+    cfg = runtime_config("runtime.min_samples=5")
 
     async def main() -> None:
         rt = StreamRuntime(cfg, devices=["cpu"])
