@@ -34,7 +34,8 @@ from ..redact import RedactingFilter
 from .batcher import BatchRecord, DynamicBatcher
 from .controller import ControllerSettings, DegradationController
 from .metrics import GpuMonitor, RuntimeMetrics, RuntimeSnapshot
-from .priority import SwitchInterval, media_thread
+from ..io.background import SwitchInterval
+from .priority import SWITCH_INTERVAL_S, media_thread
 from .stream import StoppedWhileStarting, StreamPipeline, StreamSpec
 from .swappers import BackendFactory, SwapBackend, SwapFailed, SwapItem, default_backend_factory
 
@@ -482,7 +483,7 @@ class StreamRuntime:
         self.closing = False
 
     async def start(self) -> None:
-        SwitchInterval.acquire()  # priority.py: the control loop waits less for the GIL
+        SwitchInterval.acquire(SWITCH_INTERVAL_S)  # priority.py: the control loop waits less for the GIL
         for s in self.slots:
             s.batcher.start()
             if s.analysis_batcher is not None:
@@ -508,7 +509,7 @@ class StreamRuntime:
             await s.close()
         self.gpu.close()
         if self.started:
-            SwitchInterval.release()
+            SwitchInterval.release(SWITCH_INTERVAL_S)
         self.started = False
 
     # -- streams --------------------------------------------------------------------------------

@@ -703,7 +703,9 @@ def test_a_slot_divides_its_swap_time_between_streams_by_faces() -> None:
                          SwapItem(frame, [face], None, stream_id="b")])
     slot._run("sleepy", [SwapItem(frame, [face], None, stream_id="c")])
     shares = slot.stream_shares()
-    # Two batches of about 20 ms each: a 3/8, b 1/8, c 1/2 (the sleeps' own jitter is the tolerance).
-    assert shares == {"a": pytest.approx(0.375, abs=0.05), "b": pytest.approx(0.125, abs=0.05),
-                      "c": pytest.approx(0.5, abs=0.05)}
+    # One batch's time is split by faces exactly: a takes three times b's share.
+    assert set(shares) == {"a", "b", "c"} and shares["a"] == pytest.approx(3 * shares["b"])
+    # Two batches of about 20 ms each: c about half. A loaded machine oversleeps one of the two
+    # sleeps by several ms (a CI run saw 0.38 against 0.62), hence the wide bound.
+    assert 0.25 < shares["c"] < 0.75
     assert sum(shares.values()) == pytest.approx(1.0)
