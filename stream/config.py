@@ -129,11 +129,6 @@ class EncodeConfig(_Section):
     # stream runs best on 1-2.
     threads: int = Field(0, ge=0, le=16)
     """Encoder threads (0: let x264 choose)."""
-    # Under 0.1 ms the interpreter spends its time handing the GIL over; over 100 ms one thread
-    # holds it for frames at a time.
-    switch_interval_ms: float | None = Field(None, ge=0.1, le=100.0)
-    """The GIL switch interval while `run` or `live` runs, in ms: how long the encoder thread, which
-    takes the GIL back several times a frame, may wait for it; unset: Python's own (5 ms)."""
     # Under 0.25 s the stream is mostly keyframes (large, and x264's rate control starves the frames
     # between them); over 10 s a new viewer waits that long for a first picture and an HLS player
     # lags several times that. Live outputs only: files keep x264's own keyframe placement.

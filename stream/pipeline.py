@@ -21,7 +21,7 @@ from .consent import ConsentRecord, ConsentStore
 from .disclosure import Disclosure
 from .errors import InputError, InputNotFoundError, OutputError
 from .face.analyser import FaceAnalyser
-from .io.background import BackgroundCalls, switch_interval
+from .io.background import BackgroundCalls
 from .io.video import AudioPacket, VideoInfo, VideoReader, is_null_output, open_writer, probe
 from .provenance import Provenance
 from .swap.mesh import MeshSwapper, source_face
@@ -341,8 +341,7 @@ class FileJob:
                     rate=info.avg_rate, crf=enc.crf, preset=enc.preset, codec=enc.codec,
                     audio_from=path.audio_stream, metadata=self.disclosure.tags,
                     threads=enc.threads) as writer, \
-                    BackgroundCalls(depth=path.encode_queue, name=f"{path.name}-encoder") as encoder, \
-                    switch_interval(enc.switch_interval_ms):
+                    BackgroundCalls(depth=path.encode_queue, name=f"{path.name}-encoder") as encoder:
                 pending: list[tuple[Decoded, list[Any]]] = []
                 steps = stats.steps = {"read": 0.0, "analyse": 0.0, "swap": 0.0, "hand_over": 0.0}
                 tick = time.perf_counter

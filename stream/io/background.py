@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import logging
 import queue
-import sys
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -189,46 +187,3 @@ class ReadAhead:
 class _Failed:
     def __init__(self, error: BaseException) -> None:
         self.error = error
-
-
-class SwitchInterval:
-    """Lowers the interpreter's GIL switch interval while at least one user runs, and puts the
-    previous value back when the last one ends (tests start many runtimes and jobs in one process).
-
-    Why: a thread that gives the GIL back around native work (x264 through PyAV, a LiteRT call)
-    waits up to the switch interval to get it again whenever another thread runs Python; an x264
-    frame takes the GIL back several times. The interval is the process's, so the lowest asked for
-    while anyone runs is the one in force."""
-
-    _lock = threading.Lock()
-    _users: list[float] = []
-    _before = 0.0
-
-    @classmethod
-    def acquire(cls, seconds: float) -> None:
-        with cls._lock:
-            if not cls._users:
-                cls._before = sys.getswitchinterval()
-            cls._users.append(seconds)
-            sys.setswitchinterval(min([cls._before, *cls._users]))
-
-    @classmethod
-    def release(cls, seconds: float) -> None:
-        with cls._lock:
-            if seconds not in cls._users:
-                return
-            cls._users.remove(seconds)
-            sys.setswitchinterval(min([cls._before, *cls._users]))
-
-
-@contextmanager
-def switch_interval(ms: float | None) -> Iterator[None]:
-    """`SwitchInterval` for the body of a `with`, at `ms` milliseconds; None leaves it alone."""
-    if ms is None:
-        yield
-        return
-    SwitchInterval.acquire(ms / 1e3)
-    try:
-        yield
-    finally:
-        SwitchInterval.release(ms / 1e3)

@@ -20,7 +20,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from ..errors import InputError
-from ..io.background import BackgroundCalls, SwitchInterval
+from ..io.background import BackgroundCalls
 from ..io.video import AudioPacket
 from ..netpolicy import Outbound
 from ..pipeline import FileJob
@@ -172,9 +172,6 @@ class LiveJob(FileJob):
 
         pump.start()
         ended = False
-        ms = self.config.encode.switch_interval_ms
-        if ms is not None:
-            SwitchInterval.acquire(ms / 1e3)
         try:
             while not stop.is_set():
                 item, pending_audio, finished = pump.take()
@@ -196,8 +193,6 @@ class LiveJob(FileJob):
                     send(write_audio, pending_audio, list(writers))
             ended = True
         finally:
-            if ms is not None:
-                SwitchInterval.release(ms / 1e3)
             failed: BaseException | None = None
             if encoder is not None:
                 # The frames handed over go out before the outputs close; after an error, not.

@@ -34,8 +34,7 @@ from ..redact import RedactingFilter
 from .batcher import BatchRecord, DynamicBatcher
 from .controller import ControllerSettings, DegradationController
 from .metrics import GpuMonitor, RuntimeMetrics, RuntimeSnapshot
-from ..io.background import SwitchInterval
-from .priority import SWITCH_INTERVAL_S, media_thread
+from .priority import SwitchInterval, media_thread
 from .stream import StoppedWhileStarting, StreamPipeline, StreamSpec
 from .swappers import BackendFactory, SwapBackend, SwapFailed, SwapItem, default_backend_factory
 
@@ -483,7 +482,7 @@ class StreamRuntime:
         self.closing = False
 
     async def start(self) -> None:
-        SwitchInterval.acquire(SWITCH_INTERVAL_S)  # priority.py: the control loop waits less for the GIL
+        SwitchInterval.acquire()  # priority.py: the control loop waits less for the GIL
         for s in self.slots:
             s.batcher.start()
             if s.analysis_batcher is not None:
@@ -509,7 +508,7 @@ class StreamRuntime:
             await s.close()
         self.gpu.close()
         if self.started:
-            SwitchInterval.release(SWITCH_INTERVAL_S)
+            SwitchInterval.release()
         self.started = False
 
     # -- streams --------------------------------------------------------------------------------

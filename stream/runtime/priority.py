@@ -44,3 +44,29 @@ def media_thread() -> None:
         os.setpriority(os.PRIO_PROCESS, tid, min(19, now + MEDIA_NICE))
     except OSError as e:  # a sandbox without setpriority: the streams run, only without the order
         log.debug("could not lower the priority of media thread %d: %s", tid, e)
+
+
+class SwitchInterval:
+    """Lowers the GIL switch interval to `SWITCH_INTERVAL_S` while at least one runtime runs, and
+    puts the previous value back when the last one closes (tests start many runtimes)."""
+
+    _lock = threading.Lock()
+    _users = 0
+    _before = 0.0
+
+    @classmethod
+    def acquire(cls) -> None:
+        with cls._lock:
+            if cls._users == 0:
+                cls._before = sys.getswitchinterval()
+                sys.setswitchinterval(min(cls._before, SWITCH_INTERVAL_S))
+            cls._users += 1
+
+    @classmethod
+    def release(cls) -> None:
+        with cls._lock:
+            if cls._users == 0:
+                return
+            cls._users -= 1
+            if cls._users == 0:
+                sys.setswitchinterval(cls._before)

@@ -153,22 +153,3 @@ def test_read_ahead_holds_a_source_open_until_closed() -> None:
     assert closed_in == []
     ahead.close()
     assert closed_in == ["reader"]
-
-
-def test_the_switch_interval_is_the_lowest_asked_for_while_anyone_runs() -> None:
-    import sys
-
-    from swapstream.io.background import SwitchInterval, switch_interval
-
-    before = sys.getswitchinterval()
-    assert before > 0.002  # the test needs an interval above both of its own (Python's is 5 ms)
-    with switch_interval(2.0):
-        assert sys.getswitchinterval() == pytest.approx(0.002)
-        SwitchInterval.acquire(0.001)  # a runtime starts beside the job
-        assert sys.getswitchinterval() == pytest.approx(0.001)
-        SwitchInterval.release(0.001)
-        SwitchInterval.release(0.001)  # a second release of the same user changes nothing
-        assert sys.getswitchinterval() == pytest.approx(0.002)
-    assert sys.getswitchinterval() == pytest.approx(before)
-    with switch_interval(None):  # unset: left as it is
-        assert sys.getswitchinterval() == pytest.approx(before)
