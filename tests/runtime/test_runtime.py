@@ -302,6 +302,40 @@ def test_removing_a_stream_while_it_starts_undoes_the_start(clip: tuple[Path, An
     asyncio.run(main())
 
 
+def test_an_output_that_fails_to_open_closes_the_ones_opened_before_it(clip: tuple[Path, Any], tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream with two outputs whose second cannot be opened fails, and the first output, already
+    open (an HLS muxer; an RTMP push would hold a connection), is closed rather than left behind."""
+    from swapstream.live import streams
+
+    path, _ = clip
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    closed: list[str] = []
+
+    class Recorded(streams.LiveWriter):
+        def close(self) -> None:
+            closed.append(self.target)
+            super().close()
+
+    monkeypatch.setattr(streams, "LiveWriter", Recorded)
+
+    async def main() -> None:
+        rt = StreamRuntime(runtime_config(), devices=["cpu"])
+        await rt.start()
+        try:
+            p = await rt.add_stream(StreamSpec("two", InputSpec(str(path), realtime=True, loop=True),
+                                               (OutputSpec("hls", str(tmp_path / "good")),
+                                                OutputSpec("hls", str(blocked / "hls")))))
+            await until(lambda: p.finished is not None, 20, "the stream to fail")
+            assert p.state == "failed", p.state
+        finally:
+            await rt.close()
+
+    asyncio.run(main())
+    assert closed == [str(tmp_path / "good" / "index.m3u8")]
+
+
 def test_streams_that_end_or_fail_give_back_their_resources_and_their_place(clip: tuple[Path, Any],
                                                                            tmp_path: Path) -> None:
     path, frames = clip
