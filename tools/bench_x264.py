@@ -8,8 +8,9 @@ Encodes random NV12 frames at 720p and 1080p with libx264 and the live outputs' 
 `tools/bench_streams.py`'s x264 sink does, once with yuv420p (the encoder converts from NV12, as the
 product's writers do) and once with NV12 given as it is, each with 1 and 2 x264 threads. Host clock,
 median and max after 10 warm-up frames, on an otherwise idle machine: what one stream's encoder
-costs, not what it costs beside 31 others. Random frames are x264's worst case (nothing to predict):
-the times are an upper bound for video.
+costs, not what it costs beside 31 others. One random picture is encoded again and again: after the
+first frame x264 has little to code, so the times are a lower bound for moving video (`--beside`
+encodes a moving crop of noise, x264's hard case).
 
 `--beside` asks what the same encode costs in a process whose other threads run Python, as a
 `serve` worker's do (its event loop, analysis, swap and reader threads): the 720p NV12 frame's
