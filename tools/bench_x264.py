@@ -29,6 +29,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,18 +70,19 @@ def encode_ms(w: int, h: int, fmt: str, threads: int, frames: int) -> list[float
     return sorted(ts[10:])
 
 
-def encode_steps_ms(w: int, h: int, frames: int, step: str, switch: float, beside: bool) -> float:
-    """Median host ms per frame of `step` ("picture", "encode", "mux") at GIL switch interval
-    `switch`, alone or beside one thread running a pure-Python loop."""
-    import threading
-
-    import av
-
+def noise_pictures(w: int, h: int) -> list[np.ndarray]:
+    """16 NV12 pictures, each a crop of one noise picture a little further on: moving noise."""
     rng = np.random.default_rng(0)
     base = rng.integers(0, 256, (h * 3 // 2 + 64, w + 64), dtype=np.uint8)
-    pics = [np.ascontiguousarray(base[i % 64:i % 64 + h * 3 // 2, 2 * i % 64:2 * i % 64 + w]) for i in range(16)]
-    # One x264 thread: one core for the encoder, one for the Python thread (a 2-core machine).
-    c, s = open_x264(w, h, "yuv420p", 1, "flv")
+    return [np.ascontiguousarray(base[i % 64:i % 64 + h * 3 // 2, 2 * i % 64:2 * i % 64 + w]) for i in range(16)]
+
+
+def median_beside(one_frame: Callable[[int], None], frames: int, warm: int, switch: float,
+                  beside: bool) -> float:
+    """Median host ms of `one_frame(i)` over `frames` frames after `warm` more, at GIL switch
+    interval `switch`, alone or beside one thread running a pure-Python loop."""
+    import threading
+
     stop = threading.Event()
 
     def spin() -> None:
@@ -95,23 +97,40 @@ def encode_steps_ms(w: int, h: int, frames: int, step: str, switch: float, besid
         other.start()
     ts: list[float] = []
     try:
-        for i in range(frames):
+        for i in range(frames + warm):
             t = time.perf_counter()
-            vf = av.VideoFrame.from_ndarray(pics[i % len(pics)], format="nv12")
-            vf.pts = i
-            if step != "picture":
-                for p in s.encode(vf):
-                    if step == "mux":
-                        c.mux(p)
+            one_frame(i)
             ts.append((time.perf_counter() - t) * 1e3)
     finally:
         stop.set()
         if beside:
             other.join()
         sys.setswitchinterval(before)
-        c.close()
-    ts = sorted(ts[10:])
+    ts = sorted(ts[warm:])
     return round(ts[len(ts) // 2], 2)
+
+
+def encode_steps_ms(w: int, h: int, frames: int, step: str, switch: float, beside: bool) -> float:
+    """Median host ms per frame of `step` ("picture", "encode", "mux") at GIL switch interval
+    `switch`, alone or beside one thread running a pure-Python loop."""
+    import av
+
+    pics = noise_pictures(w, h)
+    # One x264 thread: one core for the encoder, one for the Python thread (a 2-core machine).
+    c, s = open_x264(w, h, "yuv420p", 1, "flv")
+
+    def one_frame(i: int) -> None:
+        vf = av.VideoFrame.from_ndarray(pics[i % len(pics)], format="nv12")
+        vf.pts = i
+        if step != "picture":
+            for p in s.encode(vf):
+                if step == "mux":
+                    c.mux(p)
+
+    try:
+        return median_beside(one_frame, frames - 10, 10, switch, beside)
+    finally:
+        c.close()
 
 
 WRITER_WARM_FRAMES = 40
@@ -122,42 +141,18 @@ it declares, then encodes them at once."""
 def writer_ms(w: int, h: int, frames: int, step: str, switch: float, beside: bool) -> float:
     """Median host ms per frame of the product's live writer (`LiveWriter.write_nv12`, FLV to
     /dev/null), alone or beside one thread running a pure-Python loop."""
-    import threading
     from fractions import Fraction
 
     from swapstream.live.streams import LiveWriter
 
-    rng = np.random.default_rng(0)
-    base = rng.integers(0, 256, (h * 3 // 2 + 64, w + 64), dtype=np.uint8)
-    pics = [np.ascontiguousarray(base[i % 64:i % 64 + h * 3 // 2, 2 * i % 64:2 * i % 64 + w]) for i in range(16)]
+    pics = noise_pictures(w, h)
     tb = Fraction(1, 30)
     writer = LiveWriter(os.devnull, kind="rtmp", width=w, height=h, fps=30.0, time_base=tb, crf=23, threads=1)
-    stop = threading.Event()
-
-    def spin() -> None:
-        n = 0
-        while not stop.is_set():
-            n += 1
-
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(switch)
-    other = threading.Thread(target=spin, daemon=True)
-    if beside:
-        other.start()
-    ts: list[float] = []
     try:
-        for i in range(frames + WRITER_WARM_FRAMES):
-            t = time.perf_counter()
-            writer.write_nv12(pics[i % len(pics)], i, tb)
-            ts.append((time.perf_counter() - t) * 1e3)
+        return median_beside(lambda i: writer.write_nv12(pics[i % len(pics)], i, tb), frames,
+                             WRITER_WARM_FRAMES, switch, beside)
     finally:
-        stop.set()
-        if beside:
-            other.join()
-        sys.setswitchinterval(before)
         writer.close()
-    ts = sorted(ts[WRITER_WARM_FRAMES:])
-    return round(ts[len(ts) // 2], 2)
 
 
 def beside_python(frames: int, out: Path | None, name: str) -> None:
