@@ -15,11 +15,11 @@ encodes a moving crop of noise, x264's hard case).
 `--beside` asks what the same encode costs in a process whose other threads run Python, as a
 `serve` worker's do (its event loop, analysis, swap and reader threads): the 720p NV12 frame's
 picture (`VideoFrame.from_ndarray`), its encode, its encode and mux, and the product's live writer
-(`LiveWriter.write_nv12`), each timed alone and beside
-one thread running a pure-Python loop, at the GIL switch interval the runtime sets
-(`runtime.priority.SWITCH_INTERVAL_S`) and at Python's default. Each step gives the GIL back around
-its native work and has to wait for it again; the difference is that wait. The frames are a
-moving crop of a noise picture. Writes NAME.json and .md under --out.
+(`LiveWriter.write_nv12`), each timed alone and beside one thread running a pure-Python loop
+(`median_beside`), at the GIL switch interval the runtime sets (`runtime.priority.SWITCH_INTERVAL_S`)
+and at Python's default. Each step gives the GIL back around its native work and has to wait for it
+again; the difference is that wait. The frames are a moving crop of a noise picture. Writes
+NAME.json and .md under --out.
 """
 
 from __future__ import annotations
@@ -140,7 +140,8 @@ it declares, then encodes them at once."""
 
 def writer_ms(w: int, h: int, frames: int, step: str, switch: float, beside: bool) -> float:
     """Median host ms per frame of the product's live writer (`LiveWriter.write_nv12`, FLV to
-    /dev/null), alone or beside one thread running a pure-Python loop."""
+    /dev/null), alone or beside one thread running a pure-Python loop. `step` ("writer") is not
+    read: the signature is `encode_steps_ms`'s, so that `beside_python` calls either."""
     from fractions import Fraction
 
     from swapstream.live.streams import LiveWriter
