@@ -452,37 +452,116 @@ def serve(
     if source is None:
         raise ConfigError("serve needs --source FACE.jpg: the face WHIP publishers get (or --no-webrtc "
                           "for the stream API alone)")
-    from .live.webrtc import WhipServer, require_whip_token, tracking_swap
-    from .pipeline import FileJob
+    from .live.webrtc import WhipServer, require_whip_token
+    from .runtime.manager import StreamRuntime
+    from .runtime.rtc import RuntimePublishers
 
     whip_token = _token(whip_token, whip_token_file, "--whip-token", "SWAPSTREAM_WHIP_TOKEN")
     require_whip_token(host, whip_token)  # before the models load, as the folders
-    job_class = _job_class(cfg)
-    job = job_class(cfg, live=True)  # its output is a live WebRTC stream: labelled by default
-    job.set_source(source)
-    _log_disclosure(job)
-    if job_class is FileJob:
-        # Each publisher gets its own tracker of the job's analyser (tracks, smoothing).
-        server = WhipServer(session_swap=tracking_swap(job), token=whip_token, max_sessions=max_sessions,
-                            settings=cfg.webrtc, host=host)
-    else:
-        from .gpu.rtc import gpu_whip_hooks
-
-        session_swap, on_publisher, where = gpu_whip_hooks(job)
-        err.print(Text(where), soft_wrap=True)
-        server = WhipServer(session_swap=session_swap, on_publisher=on_publisher, token=whip_token,
-                            max_sessions=max_sessions, settings=cfg.webrtc, host=host)
+    image = _check_serve_source(cfg, source)
     base = f"http://{host}:{port}"
+    # WHIP publishers are streams of the runtime, as the API's are (runtime.rtc): with workers, each
+    # placed on a worker like an API stream (runtime.whip_relay); else of the API's own runtime, in
+    # this process (or, with --ray, of a runtime in this process beside the cluster's workers).
+    whip = {"preset": config or "live", "overrides": list(set_ or ()), "swapper": cfg.swapper,
+            "max_sessions": max_sessions}
+    pool = _worker_pool(cfg, workers, mps, hls_root, media_root, source, whip) if workers and not cluster else None
+    runtime = None
+    if pool is not None:
+        from .runtime.whip_relay import PoolRelay
+
+        server = WhipServer(None, relay=PoolRelay(pool, cfg.swapper), token=whip_token,
+                            max_sessions=max_sessions, settings=cfg.webrtc, host=host)
+    else:
+        runtime = StreamRuntime(cfg, devices=_runtime_devices(cfg))
+        media = RuntimePublishers(runtime, image=image, image_name=f"the server's source image '{source}'",
+                                  image_path=source, swapper=cfg.swapper, preset=whip["preset"],
+                                  overrides=whip["overrides"])
+        server = WhipServer(media, token=whip_token, max_sessions=max_sessions, settings=cfg.webrtc, host=host)
     for line in (f"WHIP endpoint: {base}/whip  (OBS: Settings > Stream > Service WHIP)",
                  f"WHEP endpoint: {base}/whep  browser preview: {base}/",
                  f"view for an OBS Browser Source: {base}/view?bg=transparent  (or ?bg=chroma&color=00ff00)"):
         err.print(Text(line), soft_wrap=True)  # URLs unbroken, to copy into OBS
-    _mount_runtime(server.app, cfg, api_token, hls_root, media_root, f"http://{host}:{port}",
-                   workers=workers, mps=mps, source=source, cluster=cluster)
+    in_process = _mount_runtime(server.app, cfg, api_token, hls_root, media_root, base, workers=workers,
+                                mps=mps, source=source, cluster=cluster, runtime=runtime, pool=pool)
+    if runtime is not None and not in_process:
+        _tie_to_app(server.app, runtime)
+        err.print(Text(f"WHIP publishers run in this process on {', '.join(s.name for s in runtime.slots)}, "
+                       f"beside the cluster's workers"), soft_wrap=True)
+    elif pool is not None:
+        err.print(Text("WHIP publishers are placed on the workers, each a stream there"), soft_wrap=True)
+    _run_app(server.app, host, port)
+
+
+def _worker_pool(cfg: Config, workers: int, mps: Optional[bool], hls_root: Optional[Path],
+                 media_root: Optional[Path], source: Optional[Path],
+                 whip: Optional[dict[str, object]] = None) -> "object":
+    """serve --workers N: the pool of worker processes per device (runtime.workers), with one MPS
+    daemon per GPU by default with 2 or more workers there. `whip`: WHIP and WHEP in the workers."""
+    from .errors import ConfigError
+    from .runtime.manager import default_devices
+    from .runtime.metrics import GpuMonitor
+    from .runtime.workers import WorkerPool
+
+    monitor = GpuMonitor()
+    devices = default_devices(monitor) if cfg.device != "cpu" else ["cpu"]
+    monitor.close()
+    on_gpu = devices != ["cpu"]
+    use_mps = (workers >= 2 and on_gpu) if mps is None else mps
+    if use_mps and not on_gpu:
+        raise ConfigError("--mps needs an NVIDIA GPU, and none is usable here: leave --mps out")
+    pool = WorkerPool(cfg, devices=devices, per_device=workers, hls_root=hls_root, media_root=media_root,
+                      mps=use_mps, default_source=source, whip=whip)
+    err.print(Text(f"{workers} worker process(es) on each of {', '.join(devices)}"
+                   + (" under MPS" if use_mps else "")))
+    return pool
+
+
+def _runtime_devices(cfg: Config) -> Optional[list[str]]:
+    """The devices of a runtime in this process: the CPU alone with `device: cpu`, else the runtime's
+    default (every usable GPU, or the CPU)."""
+    return ["cpu"] if cfg.device == "cpu" else None
+
+
+def _tie_to_app(app_: object, runtime: object) -> None:
+    """Start `runtime` with the app and close it after."""
+    from aiohttp import web
+
+    assert isinstance(app_, web.Application)
+
+    async def on_startup(_app: web.Application) -> None:
+        await runtime.start()  # type: ignore[attr-defined]
+
+    async def on_cleanup(_app: web.Application) -> None:
+        await runtime.close()  # type: ignore[attr-defined]
+
+    app_.on_startup.append(on_startup)
+    app_.on_cleanup.append(on_cleanup)
+
+
+def _check_serve_source(cfg: Config, source: Path) -> "object":
+    """serve's face, read and checked at start as a job checks its source (a face in it, a consent
+    record for it), so that a bad one is one error line rather than a failure at each publisher.
+    Logs the consent record, the mark and the label as a job does. Returns the image (RGB)."""
+    from .consent import ConsentStore
+    from .disclosure import Disclosure
+    from .face.analyser import FaceAnalyser
+    from .pipeline import load_image
+    from .provenance import Provenance
+    from .swap.mesh import source_face
+
+    image = load_image(source)
+    analyser = FaceAnalyser(cfg)
     try:
-        _run_app(server.app, host, port)
+        source_face(analyser.analyse_image(image), str(source))
     finally:
-        job.close()
+        analyser.close()
+    consent = ConsentStore.for_config(cfg).require(image, str(source), source)
+    rows = [("consent", consent.summary()), *Disclosure(cfg, live=True).describe(),
+            *Provenance(cfg.provenance).describe(True)]
+    for name, value in rows:
+        err.print(Text(f"{name}: {value}"), soft_wrap=True)
+    return image
 
 
 def _run_app(app_: object, host: str, port: int) -> None:
@@ -641,13 +720,15 @@ def _ray_options(address: Optional[str], workers: int, mps: Optional[bool], gpus
 def _mount_runtime(app_: object, cfg: Config, token: Optional[str], hls_root: Optional[Path],
                    media_root: Optional[Path], base: str, *, workers: int = 0,
                    mps: Optional[bool] = None, source: Optional[Path] = None,
-                   cluster: Optional[dict[str, object]] = None) -> None:
+                   cluster: Optional[dict[str, object]] = None, runtime: object = None,
+                   pool: object = None) -> bool:
     """The multi-stream runtime and its control API on the serve app (swapstream.runtime): in this
     process, or with `workers` worker processes per device behind it (runtime.workers). The folders
-    were checked by `_check_serve_folders`. `source` (serve -s): the face API streams start with."""
+    were checked by `_check_serve_folders`. `source` (serve -s): the face API streams start with.
+    `runtime`: the runtime to serve when the streams run in this process (default: a new one);
+    `pool`: the worker pool with `workers` (default: a new one). Returns whether they run here."""
     from .runtime.api import ApiSettings, mount_runtime, new_token
-    from .runtime.manager import StreamRuntime, default_devices
-    from .runtime.metrics import GpuMonitor
+    from .runtime.manager import StreamRuntime
 
     chosen = token or new_token()
     if cluster is not None:
@@ -665,30 +746,18 @@ def _mount_runtime(app_: object, cfg: Config, token: Optional[str], hls_root: Op
                        f"for {asks}"))
     elif workers:
         from .runtime.pool_api import mount_pool
-        from .runtime.workers import WorkerPool
 
         ApiSettings(chosen, default_source=source)  # the token's and image's checks, as in one process
-        monitor = GpuMonitor()
-        devices = default_devices(monitor) if cfg.device != "cpu" else ["cpu"]
-        monitor.close()
-        on_gpu = devices != ["cpu"]
-        use_mps = (workers >= 2 and on_gpu) if mps is None else mps
-        if use_mps and not on_gpu:
-            from .errors import ConfigError
-
-            raise ConfigError("--mps needs an NVIDIA GPU, and none is usable here: leave --mps out")
-        mount_pool(app_, WorkerPool(cfg, devices=devices, per_device=workers, hls_root=hls_root,  # type: ignore[arg-type]
-                                    media_root=media_root, mps=use_mps, default_source=source),
+        mount_pool(app_, pool or _worker_pool(cfg, workers, mps, hls_root, media_root, source),  # type: ignore[arg-type]
                    chosen, cfg.runtime.upload_max_bytes)
-        err.print(Text(f"{workers} worker process(es) on each of {', '.join(devices)}"
-                       + (" under MPS" if use_mps else "")))
     else:
-        mount_runtime(app_, StreamRuntime(cfg), ApiSettings(chosen, hls_root=hls_root,  # type: ignore[arg-type]
-                                                             media_root=media_root, default_source=source))
+        mount_runtime(app_, runtime or StreamRuntime(cfg, devices=_runtime_devices(cfg)),  # type: ignore[arg-type]
+                      ApiSettings(chosen, hls_root=hls_root, media_root=media_root, default_source=source))
     err.print(Text(f"stream API: {base}/api/streams  dashboard: {base}/dashboard  metrics: {base}/metrics"))
     if token is None:
         # Printed once, on the terminal that started the server; set SWAPSTREAM_API_TOKEN to choose it.
         err.print(Text(f"API token: {chosen}"))
+    return cluster is None and not workers
 
 
 @app.command()

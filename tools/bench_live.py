@@ -37,7 +37,6 @@ import sys
 import tempfile
 import threading
 import time
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +54,6 @@ from swapstream.live.job import LiveJob  # noqa: E402
 from swapstream.errors import SwapStreamError  # noqa: E402
 from swapstream.live.nginx import NginxRtmp, find_nginx_rtmp  # noqa: E402
 from swapstream.live.streams import rtmp_input_options  # noqa: E402
-from swapstream.pipeline import FileJob  # noqa: E402
-from swapstream.types import Frame  # noqa: E402
 from tests.helpers.publisher import publish_rtmp  # noqa: E402
 from tests.helpers.probe import (ProbeClock, Received, StampedClip,  # noqa: E402
                                  StampedVideoTrack, ToneTrack, audio_lag, read_stamp, receive, tone,
@@ -184,86 +181,97 @@ def child_result(child: Any, result: Any, timeout: float = 60) -> dict[str, Any]
 # WebRTC round trip
 
 
-async def whip_server(config: str, fps: float, gpu: bool, ready: Any, stop: Any, result: Any) -> None:
-    from aiohttp import web
+class Serve:
+    """`swapstream serve` as a user starts it, in a process of its own: the WHIP endpoint, and the
+    control API whose stream list shows each publisher's runtime stream."""
 
-    from swapstream.live.webrtc import WhipServer
+    def __init__(self, config: str, gpu: bool, workdir: Path) -> None:
+        import socket
+        import subprocess
 
-    cfg = load_config(config)
-    diverted: list[Any] = []
-    if gpu:
-        # As `swapstream serve` runs on a GPU: H.264 preferred, NVDEC, the GPU swap loop.
-        from swapstream.gpu.job import GpuFileJob
-        from swapstream.gpu.rtc import gpu_whip_hooks
+        import cv2
 
-        job: FileJob = GpuFileJob(cfg, live=True)
-        job.set_source_image(astronaut(), "astronaut")
-        session_swap, on_publisher, where = gpu_whip_hooks(job)
+        face = workdir / "face.png"
+        # The built-in portrait, which has a built-in consent record.
+        cv2.imwrite(str(face), cv2.cvtColor(astronaut(), cv2.COLOR_RGB2BGR))
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.token = "bench-live-" + os.urandom(12).hex()
+        args = [sys.executable, "-m", "swapstream.cli", "serve", "-s", str(face), "--port", str(self.port),
+                "--config", config]
+        if not gpu:
+            args += ["--set", "device=cpu"]
+        self.log = workdir / "serve.log"
+        self._log = self.log.open("w")
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "SWAPSTREAM_API_TOKEN": self.token})
 
-        def hook(pc: Any) -> None:
-            q = on_publisher(pc)
-            if q is not None:
-                diverted.append(q)
+    async def ready(self, http: Any, timeout: float = 240) -> None:
+        """Until /readyz answers 200 (models loaded, the runtime warmed up): minutes on a cold GPU."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + timeout
+        while loop.time() < give_up:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"swapstream serve exited ({self.proc.returncode}): {self.tail()}")
+            try:
+                async with http.get(self.base + "/readyz") as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            await asyncio.sleep(0.25)
+        raise RuntimeError(f"swapstream serve was not ready after {timeout:g} s: {self.tail()}")
 
-        server = WhipServer(session_swap=session_swap, on_publisher=hook)
-    else:
-        job = FileJob(cfg, live=True)
-        job.set_source_image(astronaut(), "astronaut")
-        where = "WebRTC video decoded by aiortc, swapped on the CPU"
+    async def whip_streams(self, http: Any) -> list[dict[str, Any]]:
+        async with http.get(self.base + "/api/streams",
+                            headers={"Authorization": f"Bearer {self.token}"}) as r:
+            body = await r.json()
+        return [s for s in body["streams"] if s["id"].startswith("whip-")]
 
-        def swap(rgb: np.ndarray, index: int) -> int:
-            return job.swap_frame(Frame(rgb, pts=index, time_base=Fraction(1, round(fps)), index=index))
+    def tail(self) -> str:
+        self._log.flush()
+        return self.log.read_text()[-3000:]
 
-        server = WhipServer(swap)
-    runner = web.AppRunner(server.app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    ready.put((f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", where))  # type: ignore[union-attr]
-    session = None
-    while not stop.is_set():  # the session is kept: it leaves `sessions` at the publisher's DELETE
-        session = next(iter(server.sessions.values()), session)
-        await asyncio.sleep(0.05)
-    await runner.cleanup()
-    job.close()
-    if session is None:
-        result.put({"error": "no WHIP session was made"})
-        return
-    steps = list(getattr(session.swap, "steps_ms", []))
-    result.put({"dropped": session.dropped, "max_backlog": session.max_backlog,
-                "latency_ms": list(session.latency_ms), "steps": steps,
-                "nvdec_frames": sum(q.frames for q in diverted),
-                "nvdec_open_ms": [ms for q in diverted for ms in getattr(q._decode, "open_ms", [])]})
+    def stop(self) -> None:
+        import signal
 
-
-def whip_server_process(config: str, fps: float, gpu: bool, ready: Any, stop: Any, result: Any) -> None:
-    """The server side of the WebRTC path, in a process of its own (as `swapstream serve` runs):
-    the WHIP endpoint, its URL on `ready`, until `stop`; its session's figures go on `result`."""
-    try:
-        asyncio.run(whip_server(config, fps, gpu, ready, stop, result))
-    except Exception as e:  # noqa: BLE001 - reported by the parent, which would otherwise wait
-        ready.put(None)
-        result.put({"error": f"{type(e).__name__}: {e}"})
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=30)
+            except Exception:  # noqa: BLE001 - it is killed below
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
 
 
 async def bench_webrtc(config: str, size: tuple[int, int], fps: float, seconds: float,
                        warmup: float, gpu: bool = False) -> dict[str, Any]:
     from aiohttp import ClientSession
+
+    with tempfile.TemporaryDirectory() as tmp:
+        serve = Serve(config, gpu, Path(tmp))
+        try:
+            async with ClientSession() as http:
+                await serve.ready(http)
+                res = await webrtc_round_trip(serve, http, size, fps, seconds, warmup)
+        finally:
+            serve.stop()
+    print(f"  swapstream serve: the publisher's video a stream of its runtime on {res['device']}", flush=True)
+    return res
+
+
+async def webrtc_round_trip(serve: Serve, http: Any, size: tuple[int, int], fps: float, seconds: float,
+                            warmup: float) -> dict[str, Any]:
+    """One aiortc publisher through `serve`'s WHIP endpoint, measured at the publisher; the server's
+    own figures for its stream from the control API just before the publisher leaves."""
     from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
     from swapstream.live.webrtc import AIORTC_AUDIO_PREFETCH_S, first_codec
 
-    ctx = mp.get_context("spawn")  # CUDA in the child; the peers stay in this process
-    ready, stop, result = ctx.Queue(), ctx.Event(), ctx.Queue()
-    server = ctx.Process(target=whip_server_process, name="whip-server",
-                         args=(config, fps, gpu, ready, stop, result))
-    server.start()
     loop = asyncio.get_running_loop()
-    up = await loop.run_in_executor(None, ready.get, True, 180)  # models and warm-up: up to minutes
-    if up is None:
-        child_result(server, result)  # raises with the server's error
-    base, where = up
-    print(f"  {where}", flush=True)
     clock = ProbeClock(loop.time())
     video = StampedVideoTrack(clock, size=size, fps=fps)
     back = Received()
@@ -273,25 +281,26 @@ async def bench_webrtc(config: str, size: tuple[int, int], fps: float, seconds: 
     pc.on("track", lambda track: asyncio.ensure_future(receive(track, back, keep_pixels=False)))
     await pc.setLocalDescription(await pc.createOffer())
     try:
-        async with ClientSession() as http:
-            r = await http.post(base + "/whip", data=pc.localDescription.sdp,
-                                headers={"Content-Type": "application/sdp"})
-            if r.status != 201:
-                raise RuntimeError(f"WHIP answered {r.status}: {await r.text()}")
-            await pc.setRemoteDescription(RTCSessionDescription(sdp=await r.text(), type="answer"))
-            give_up = loop.time() + 30
-            while not back.video:
-                if loop.time() > give_up:
-                    raise RuntimeError("no frame came back over WebRTC")
-                await asyncio.sleep(0.05)
-            first = back.video[0][2]
-            await asyncio.sleep(warmup + seconds)  # the measurement window, from the first frame back
-            await http.delete(base + r.headers["Location"])
+        r = await http.post(serve.base + "/whip", data=pc.localDescription.sdp,
+                            headers={"Content-Type": "application/sdp"})
+        if r.status != 201:
+            raise RuntimeError(f"WHIP answered {r.status}: {await r.text()}")
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=await r.text(), type="answer"))
+        give_up = loop.time() + 30
+        while not back.video:
+            if loop.time() > give_up:
+                raise RuntimeError(f"no frame came back over WebRTC: {serve.tail()}")
+            await asyncio.sleep(0.05)
+        first = back.video[0][2]
+        await asyncio.sleep(warmup + seconds)  # the measurement window, from the first frame back
+        streams = await serve.whip_streams(http)
+        await http.delete(serve.base + r.headers["Location"])
     finally:
         answer = pc.remoteDescription.sdp if pc.remoteDescription else ""
         await pc.close()
-        stop.set()
-    stats = await loop.run_in_executor(None, child_result, server, result)
+    if len(streams) != 1:
+        raise RuntimeError(f"expected one WHIP stream in the server's stream list, got {streams}")
+    info = streams[0]
     codec = first_codec(answer) or "?"
     start = first + warmup
     frames = [(n, handed, reached) for n, handed, reached in unwrap(back.video, video.sent)
@@ -302,16 +311,14 @@ async def bench_webrtc(config: str, size: tuple[int, int], fps: float, seconds: 
                                             unwrap(back.video, video.sent)) if reached >= start]
     a = [x - AIORTC_AUDIO_PREFETCH_S for x, t in zip(audio_lag(tone_edges(back.audio), clock),
                                                      tone_edges(back.audio)) if t >= start]
-    swap = stats["latency_ms"]
-    # Where the GPU swap stage goes (`GpuFrameSwap.steps_ms`): its steps, and what is outside them
-    # (the hop to the swap thread and back to the event loop, the outgoing frames' conversion).
+    window = info["latency_window_ms"]  # the stream's last 10 s, inside the measured window
+    drops = info["dropped"]
     return {"latency_ms": lat, "handover_ms": handed, "frames_sent": len(video.sent),
-            "frames_back": len(back.video), "dropped": stats["dropped"],
-            "max_backlog": stats["max_backlog"], "swap_steps_ms": step_medians(stats["steps"]),
-            "first_steps_ms": stats["steps"][:3], "nvdec_open_ms": stats["nvdec_open_ms"],
-            "swap_ms": statistics.median(swap) if swap else None,
-            "swap_p99_ms": percentile(swap, 99) if swap else None,
-            "nvdec_frames": stats["nvdec_frames"], "video_codec": codec,
+            "frames_back": len(back.video),
+            "dropped": drops["input"] + drops["swap"] + drops["encode"],
+            "swap_ms": window["p50"], "swap_p99_ms": window["p99"],
+            "nvdec_frames": info.get("nvdec_frames", 0), "video_codec": codec,
+            "server_level": info["level"], "device": info["device"],
             "av_offset_ms": (statistics.median(a) - statistics.median(v)) * 1e3 if a and v else None}
 
 

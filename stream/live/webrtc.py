@@ -8,7 +8,9 @@ player) both publishes and previews.
 
 aiortc's receive queue is unbounded: a swap slower than the camera would build up delay without
 limit. The consumer therefore always takes the newest frame and drops the older ones, counting them.
-The swap itself runs in a worker thread so that the event loop keeps serving ICE and RTP.
+What becomes of the video is the publisher's media (`PublisherMedia`): in `swapstream serve`, a
+stream of the multi-stream runtime (`runtime.rtc`), with the API's streams, whose own threads and
+device do the work, so that the event loop keeps serving ICE and RTP.
 
 Audio is not swapped: the publisher's decoded audio frames go back out (Opus) on the publisher's
 connection and to every WHEP viewer, through small drop-oldest relays of our own, each sender with
@@ -28,6 +30,7 @@ import html
 import ipaddress
 import json
 import logging
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable
@@ -35,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCIceServer
@@ -53,18 +56,66 @@ log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).resolve().parent / "static"
 
-SwapFn = Callable[[np.ndarray, int], int]
-"""Swaps faces in an RGB frame in place; gets the frame's index; returns faces swapped."""
-FrameSwapFn = Callable[[Any, int], tuple[np.ndarray, int]]
-"""Swaps faces in a received frame (aiortc's, or whatever a diverted decoder delivers) given its
-index; returns the swapped picture on the host, RGB (height, width, 3) or NV12 (height * 3/2,
-width, as the GPU path makes it), and the faces swapped."""
-PeerHook = Callable[[Any], Any]
-"""Called with a publisher's RTCPeerConnection before its offer is applied (what it returns is
-the caller's own: the server ignores it)."""
-SessionSwapFactory = Callable[[], FrameSwapFn]
-"""Makes the frame swap of one new publisher: a tracker of its own, so that the faces of two
-publishers never share tracks or landmark smoothing."""
+Deliver = Callable[[np.ndarray, "int | None", "Fraction | None", "float | None"], None]
+"""How a publisher's media hands over each processed picture, from any thread: the picture on the
+host, RGB (height, width, 3) or NV12 (height * 3/2, width, as the GPU path makes it), its pts and
+time base, and when the frame was received (`time.monotonic()`; None where not known)."""
+
+
+class PublisherMedia(Protocol):
+    """What becomes of one WHIP publisher's video: the server's half of the session (negotiation,
+    tracks, audio) drives it; `swapstream serve` makes it a runtime stream (`runtime.rtc`)."""
+
+    def prepare(self, pc: Any) -> None:
+        """Before the offer is applied: set up the connection's video receiver (the GPU path puts
+        H.264 first and sends its access units to NVDEC)."""
+
+    async def start(self) -> None:
+        """The publisher's video track arrived: start processing (frames may come from now on)."""
+
+    def push(self, frame: Any) -> None:
+        """One received video frame (aiortc's `av.VideoFrame`), in arrival order."""
+
+    def end(self) -> None:
+        """The publisher's video track ended: what was pushed is finished, then the media ends."""
+
+    @property
+    def faces(self) -> int:
+        """Faces swapped so far."""
+
+    @property
+    def dropped(self) -> int:
+        """Frames it dropped so far because its processing fell behind the publisher."""
+
+    async def close(self) -> None:
+        """The session is over: stop and release everything (safe to call more than once)."""
+
+
+@dataclass(frozen=True)
+class PublisherLink:
+    """What the server gives each publisher's media: its session id, where processed pictures go,
+    and whom to tell when the media ends by itself (a failure, or removal through the stream API)."""
+
+    sid: str
+    deliver: Deliver
+    ended: Callable[[], None]
+
+
+MediaFactory = Callable[[PublisherLink], PublisherMedia]
+"""Makes the media of one new publisher."""
+
+
+class SessionRelay(Protocol):
+    """Where sessions live when not in this server (`serve --workers N`: `runtime.whip_relay`)."""
+
+    def sessions(self, kind: str) -> int:
+        """Sessions of `kind` ("WHIP" or "WHEP") that are up or being set up."""
+
+    async def offer(self, kind: str, sdp: str) -> tuple[int, str, str | None]:
+        """A checked offer: (status, the answer SDP or an error text, the session's id on 201)."""
+
+    async def delete(self, kind: str, sid: str) -> int:
+        """End a session; the HTTP status (404: no such session)."""
 
 AUDIO_HOLD_MAX_S = 0.8
 """The most audio is held back to wait for the video; a swap slower than this is not live anyway."""
@@ -123,8 +174,10 @@ class Session:
     """One WHIP publisher or WHEP viewer, with what its media did."""
 
     pc: Any
-    swap: FrameSwapFn | None = None
-    """This publisher's frame swap (from `WhipServer.session_swap`); None for a viewer."""
+    sid: str = ""
+    """Its id: the last part of its Location."""
+    media: PublisherMedia | None = None
+    """This publisher's media (from `WhipServer.media`); None for a viewer."""
     out: RelayTrack = field(default_factory=lambda: RelayTrack("video", 1))
     """The swapped video going out to this peer."""
     audio_out: RelayTrack = field(default_factory=lambda: RelayTrack("audio", AUDIO_OUT_FRAMES))
@@ -133,13 +186,13 @@ class Session:
     frames_in: int = 0
     frames_out: int = 0
     dropped: int = 0
-    """Video frames skipped because a newer one was waiting (the swap fell behind)."""
+    """Video frames skipped in aiortc's receive queue because a newer one was waiting (the event
+    loop fell behind); those the media dropped are its own `dropped`."""
     max_backlog: int = 0
     """Most video frames found waiting in aiortc's receive queue at once."""
-    faces: int = 0
     latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_SAMPLES))
-    """Per swapped frame, the newest `LATENCY_SAMPLES`: taken from the receive queue -> handed to
-    the outgoing tracks."""
+    """Per processed frame, the newest `LATENCY_SAMPLES`: received (taken from aiortc's receive
+    queue, or its access unit diverted to our decoder) -> handed to the outgoing tracks."""
     video_delay_s: float = 0.0
     """Moving average of `latency_ms`, in seconds."""
     in_interval_s: float = 0.0
@@ -156,6 +209,11 @@ class Session:
     """Received audio frames with their arrival time, waiting for their release time."""
     connect_timer: asyncio.TimerHandle | None = None
     """Drops the session unless its connection is up by `webrtc.connect_timeout_s` after the answer."""
+
+    @property
+    def faces(self) -> int:
+        """Faces swapped in this publisher's video so far."""
+        return self.media.faces if self.media is not None else 0
 
 
 def is_loopback_host(host: str) -> bool:
@@ -232,36 +290,6 @@ def first_codec(sdp: str, kind: str = "video") -> str | None:
     return rtpmap.split()[1].split("/")[0] if rtpmap else None
 
 
-def _rgb_frame_swap(swap: SwapFn) -> FrameSwapFn:
-    """A `FrameSwapFn` over a `SwapFn`: the received frame as RGB, swapped in place."""
-
-    def frame_swap(frame: Any, index: int) -> tuple[np.ndarray, int]:
-        rgb = np.ascontiguousarray(frame.to_ndarray(format="rgb24"))
-        return rgb, swap(rgb, index)
-
-    return frame_swap
-
-
-def tracking_swap(job: Any, fps: float = 30.0) -> SessionSwapFactory:
-    """Per-publisher frame swaps over one job (`FileJob`): each publisher gets a tracker of the
-    job's analyser (`FaceAnalyser.tracker`: the same networks, its own tracks and smoothing), and
-    the job's swapper, label and mark. An analyser without trackers (a zoo detector) is shared, as
-    before. All run on the server's one swap thread, as trackers of one analyser must."""
-    from ..types import Frame
-
-    def make() -> FrameSwapFn:
-        make_tracker = getattr(job.analyser, "tracker", None)
-        analyser = make_tracker() if make_tracker is not None else job.analyser
-
-        def swap(rgb: np.ndarray, index: int) -> int:
-            faces = analyser.track(Frame(rgb, pts=index, time_base=Fraction(1, round(fps)), index=index))
-            return int(job.swap_faces(rgb, faces))
-
-        return _rgb_frame_swap(swap)
-
-    return make
-
-
 def newest(track: Any, first: Any) -> tuple[Any, int]:
     """The newest frame waiting in an aiortc remote track, and how many older ones were skipped.
 
@@ -324,26 +352,22 @@ def audio_copy(frame: Any) -> Any:
 
 
 class WhipServer:
-    """An aiohttp application with the WHIP endpoint. `swap` does the face work for each frame."""
+    """An aiohttp application with the WHIP endpoint. `media` makes what becomes of each publisher's
+    video (`swapstream serve`: a runtime stream, `runtime.rtc.RuntimePublishers`)."""
 
-    def __init__(self, swap: SwapFn | None = None, *, token: str | None = None, max_sessions: int = 16,
-                 frame_swap: FrameSwapFn | None = None, on_publisher: PeerHook | None = None,
-                 session_swap: SessionSwapFactory | None = None, settings: WebRtcConfig | None = None,
-                 host: str | None = None) -> None:
+    def __init__(self, media: MediaFactory | None, *, token: str | None = None, max_sessions: int = 16,
+                 settings: WebRtcConfig | None = None, host: str | None = None,
+                 relay: SessionRelay | None = None) -> None:
         """`token`: when given, POST and DELETE on /whip and /whep need `Authorization: Bearer
         TOKEN` (OBS's WHIP "Bearer Token" field); the preview pages send the one in their URL's
         `?token=`. `max_sessions`: publishers, and separately viewers, beyond
-        this are answered 503, since each costs an encoder thread and a decoder. `frame_swap`
-        replaces `swap` where frames need more than an RGB array (the GPU path); `on_publisher`
-        prepares each publisher's connection (the GPU path prefers H.264 and routes it to NVDEC).
-        `session_swap` makes a frame swap per publisher (`tracking_swap`), which `swapstream serve`
-        uses: with one shared swap, two publishers' faces would share one tracker. `settings`: the
+        this are answered 503, since each costs an encoder thread and a decoder. `settings`: the
         config's `webrtc` section (ICE servers, allowed Host names and origins, offer limits);
-        `host`: the address served on, whose name requests may carry in their Host header too."""
+        `host`: the address served on, whose name requests may carry in their Host header too.
+        `relay`: instead of `media`, where sessions live elsewhere (`serve --workers N`: in the
+        workers, `runtime.whip_relay`); this server checks each offer and hands it over."""
         from aiohttp import web
 
-        if sum(x is not None for x in (swap, frame_swap, session_swap)) != 1:
-            raise ValueError("give exactly one of swap, frame_swap and session_swap")
         if max_sessions < 1:
             raise ValueError(f"max_sessions must be at least 1, got {max_sessions}")
         self.token = token
@@ -351,12 +375,10 @@ class WhipServer:
         self.settings = settings if settings is not None else WebRtcConfig()
         self.allowed_hosts = self._allowed_hosts(self.settings.allowed_hosts, host)
         """Host header names (`host_name`) that /whip and /whep answer to."""
-        # Every form is a factory of per-publisher frame swaps; a shared one is the same each time.
-        if session_swap is None:
-            shared: FrameSwapFn = frame_swap if frame_swap is not None else _rgb_frame_swap(swap)  # type: ignore[arg-type]
-            session_swap = lambda: shared  # noqa: E731 - the one shared swap
-        self.session_swap: SessionSwapFactory = session_swap
-        self.on_publisher = on_publisher
+        if (media is None) == (relay is None):
+            raise ValueError("give either media (sessions here) or relay (sessions elsewhere)")
+        self.media = media
+        self.relay = relay
         self.sessions: dict[str, Session] = {}
         self.viewers: dict[str, Session] = {}
         """WHEP viewers: each gets the newest swapped frame of any publisher."""
@@ -374,8 +396,6 @@ class WhipServer:
         self.app.router.add_get("/", self._page)
         self.app.router.add_get("/view", self._view_page)
         self.app.on_shutdown.append(self._shutdown)
-        # One worker: frames of all sessions are swapped in order, never concurrently on one model.
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swap")
         # Offers are parsed here first, off the event loop that serves every session and the API;
         # one thread, so that a burst of offers takes no more than one core from the swap.
         self._sdp_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sdp")
@@ -513,7 +533,7 @@ class WhipServer:
         return sdp
 
     async def _negotiate(self, request: Any, kind: str, sessions: dict[str, Session], *,
-                         before: Callable[[Any, Session], None] | None = None,
+                         before: Callable[[Any, Session, str], None] | None = None,
                          after: Callable[[Any, Session], None] | None = None) -> Any:
         """The WHIP/WHEP exchange: check the offer, build a peer connection, answer 201 with a
         Location, and drop the session when the connection ends, or when it is not up within
@@ -526,14 +546,14 @@ class WhipServer:
         refused = self._unauthorised(request)
         if refused is not None:
             return refused
-        if len(sessions) + self.opening[kind] >= self.max_sessions:
+        if self._count(kind, sessions) + self.opening[kind] >= self.max_sessions:
             return self._full(kind)  # early, before reading the offer: the check that counts is below
         sdp = await self._read_offer(request, kind)
         if not isinstance(sdp, str):
             return sdp
         # Checked and counted with no await in between: every offer that passes holds a slot until
         # it is answered (then the session holds it) or refused.
-        if len(sessions) + self.opening[kind] >= self.max_sessions:
+        if self._count(kind, sessions) + self.opening[kind] >= self.max_sessions:
             return self._full(kind)
         self.opening[kind] += 1
         try:
@@ -545,12 +565,14 @@ class WhipServer:
             except Exception as e:  # aiortc's parser asserts and raises ValueError and others
                 why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
                 return web.Response(status=400, text=f"cannot parse this offer ({why})\n")
+            if self.relay is not None:
+                return await self._relayed(kind, sdp)
             pc = RTCPeerConnection(self._rtc_configuration())
-            session = Session(pc=pc)
             sid = uuid.uuid4().hex
+            session = Session(pc=pc, sid=sid)
             try:
                 if before is not None:
-                    before(pc, session)
+                    before(pc, session, sid)
                 await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
                 if after is not None:
                     after(pc, session)
@@ -561,10 +583,10 @@ class WhipServer:
                         if t.kind == "video":
                             fast_h264(t.sender)
             except asyncio.CancelledError:
-                self._spawn(pc.close())  # the client left: the connection ends without us
+                self._spawn(self._close_session(session))  # the client left: it ends without us
                 raise
             except Exception as e:  # aiortc raises ValueError and others for offers it cannot take
-                await pc.close()
+                await self._close_session(session)
                 return web.Response(status=400, text=f"cannot use this offer: {e}\n")
 
             @pc.on("connectionstatechange")
@@ -581,6 +603,22 @@ class WhipServer:
                                 headers={"Location": f"/{kind.lower()}/{sid}"})
         finally:
             self.opening[kind] -= 1
+
+    def _count(self, kind: str, sessions: dict[str, Session]) -> int:
+        """Sessions of `kind` that hold a slot: here, or in the relay's workers."""
+        return self.relay.sessions(kind) if self.relay is not None else len(sessions)
+
+    async def _relayed(self, kind: str, sdp: str) -> Any:
+        """A checked offer, answered by the relay's worker: its status and answer go back as they
+        are, with this server's Location for the session."""
+        from aiohttp import web
+
+        assert self.relay is not None
+        status, body, sid = await self.relay.offer(kind, sdp)
+        if status != 201 or sid is None:
+            return web.Response(status=status, text=body)
+        return web.Response(status=201, text=body, content_type="application/sdp",
+                            headers={"Location": f"/{kind.lower()}/{sid}"})
 
     def _expire(self, sessions: dict[str, Session], sid: str, kind: str) -> None:
         """The connect timeout: a session whose connection is not up is dropped, so that offers
@@ -611,15 +649,17 @@ class WhipServer:
     async def _health(self, request: Any) -> Any:
         from aiohttp import web
 
-        return web.json_response({"ok": True, "sessions": len(self.sessions)})
+        return web.json_response({"ok": True, "sessions": self._count("WHIP", self.sessions)})
 
     async def _post(self, request: Any) -> Any:
         """WHIP: a publisher's offer; its video comes back swapped on the same connection, its
         audio as it was, in step with the video."""
 
-        def prepare(pc: Any, session: Session) -> None:
-            if self.on_publisher is not None:
-                self.on_publisher(pc)
+        def prepare(pc: Any, session: Session, sid: str) -> None:
+            assert self.media is not None  # no relay: sessions are here
+            session.media = self.media(PublisherLink(sid, self._deliverer(session),
+                                                     lambda: self._spawn(self._drop(self.sessions, sid))))
+            session.media.prepare(pc)
 
             @pc.on("track")
             def on_track(track: Any) -> None:
@@ -637,15 +677,21 @@ class WhipServer:
         return await self._negotiate(request, "WHIP", self.sessions, before=prepare)
 
     async def _consume(self, s: Session, track: Any) -> None:
-        loop = asyncio.get_running_loop()
-        if s.swap is None:
-            s.swap = self.session_swap()  # this publisher's own (tracks, smoothing)
-        index = 0
+        """Hand each received video frame to the publisher's media. aiortc's receive queue is
+        unbounded: frames are taken as they come, and the media's own bounded queues drop."""
+        assert s.media is not None  # made when the offer was applied
+        try:
+            await s.media.start()
+        except Exception as e:  # the media could not start (no room left, a bad source face)
+            log.error("WHIP publisher's video could not start: %s", e)
+            self._spawn(self._drop(self.sessions, s.sid))
+            return
         last_pts: int | None = None
         while True:
             try:
                 frame = await track.recv()
             except MediaStreamError:
+                s.media.end()
                 return
             frame, skipped = newest(track, frame)
             s.frames_in += 1 + skipped
@@ -656,25 +702,32 @@ class WhipServer:
                 if 0 < gap < 1:  # a gap of a second or more is a pause, not the frame rate
                     s.in_interval_s = smooth(s.in_interval_s, gap, first=s.in_interval_s == 0)
             last_pts = frame.pts
-            t0 = loop.time()
-            picture, faces = await loop.run_in_executor(self._pool, self._swap_frame, s, frame, index)
-            s.faces += faces
-            index += 1
-            peers = [s] + list(self.viewers.values())
-            for peer, out in zip(peers, video_copies(picture, frame.pts, frame.time_base, len(peers))):
+            s.media.push(frame)
+
+    def _deliverer(self, s: Session) -> Deliver:
+        """The `Deliver` of publisher `s`: in the caller's thread each peer's frame is made
+        (`video_copies`); the loop then hands them to the outgoing tracks and notes the delay."""
+        loop = asyncio.get_running_loop()
+
+        def hand_out(peers: list[Session], frames: list[Any], received: float | None) -> None:
+            for peer, out in zip(peers, frames):
                 peer.out.put(out)
             s.frames_out += 1
-            # The frame taken was the newest, so it waited at most one frame interval before t0:
-            # this delay is the video's own to within that.
-            delay = loop.time() - t0
-            s.latency_ms.append(delay * 1e3)
-            s.video_delay_s = smooth(s.video_delay_s, delay, first=s.frames_out == 1)
+            if received is not None:
+                delay = max(0.0, time.monotonic() - received)
+                s.latency_ms.append(delay * 1e3)
+                s.video_delay_s = smooth(s.video_delay_s, delay, first=len(s.latency_ms) == 1)
 
-    @staticmethod
-    def _swap_frame(s: Session, frame: Any, index: int) -> tuple[np.ndarray, int]:
-        """In the swap thread: the swapped picture (RGB or NV12) and the faces swapped."""
-        assert s.swap is not None  # set when the session's video consumer starts
-        return s.swap(frame, index)
+        def deliver(picture: np.ndarray, pts: int | None, time_base: Fraction | None,
+                    received: float | None) -> None:
+            peers = [s] + list(self.viewers.values())
+            frames = video_copies(picture, pts, time_base, len(peers))
+            try:
+                loop.call_soon_threadsafe(hand_out, peers, frames, received)
+            except RuntimeError:  # the server's loop has closed: nobody to send to
+                pass
+
+        return deliver
 
     async def _consume_audio(self, s: Session, track: Any) -> None:
         """Take every received audio frame at once (aiortc's queue is unbounded too), noting when
@@ -713,7 +766,10 @@ class WhipServer:
         if refused is not None:
             return refused
         sid = request.match_info["sid"]
-        sessions = self.viewers if request.path.startswith("/whep/") else self.sessions
+        sessions = self.viewers if "/whep/" in request.path else self.sessions  # under a prefix in a worker
+        if self.relay is not None:
+            status = await self.relay.delete("WHEP" if sessions is self.viewers else "WHIP", sid)
+            return web.Response(status=status, text="no such session\n" if status == 404 else "")
         if sid not in sessions:
             return web.Response(status=404, text="no such session\n")
         await self._drop(sessions, sid)
@@ -741,11 +797,19 @@ class WhipServer:
             s.connect_timer.cancel()
         for task in s.tasks:
             task.cancel()
-        await s.pc.close()
+        await self._close_session(s)
+
+    @staticmethod
+    async def _close_session(s: Session) -> None:
+        """Close a session's media (its runtime stream) and its connection."""
+        try:
+            if s.media is not None:
+                await s.media.close()
+        finally:
+            await s.pc.close()
 
     async def _shutdown(self, app: Any) -> None:
         for sessions in (self.sessions, self.viewers):
             for sid in list(sessions):
                 await self._drop(sessions, sid)
-        self._pool.shutdown(wait=False)
         self._sdp_pool.shutdown(wait=False)

@@ -27,6 +27,7 @@ import logging
 import time
 from dataclasses import replace
 from fractions import Fraction
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -49,15 +50,24 @@ class GpuDecode:
     """Frames of one stream on the GPU: NVDEC decodes the reader's access units into GPU memory
     (NV12 -> RGB on the decoder's stream); without NVDEC, PyAV's host frames are uploaded."""
 
-    def __init__(self, name: str, nvdec: bool) -> None:
+    def __init__(self, name: str, nvdec: bool, *, max_size: tuple[int, int] | None = None,
+                 on_error: Callable[[], None] | None = None) -> None:
+        """`max_size`: the largest picture the first NVDEC decoder is made for (a WebRTC publisher's
+        resolution changes with its bandwidth; None: the first picture's). `on_error`: called when an
+        access unit fails to decode, which is then dropped and the next decoder sized to the stream,
+        rather than the stream failing (WebRTC: a keyframe is asked for)."""
         import cupy
 
         self.name = name
         self.nvdec = nvdec
+        self._max_size = max_size
+        self._on_error = on_error
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self._decoder: Any = None
         self._key: tuple[str, bool] | None = None
         self.frames = 0
+        self.nvdec_frames = 0
+        """Of `frames`, those NVDEC decoded (the rest were uploaded)."""
 
     def decode(self, item: Any) -> list[Frame]:
         """The frames an input item gives: a `VideoPacket` (0 or more frames: a reordering decoder
@@ -73,7 +83,19 @@ class GpuDecode:
             return [replace(item, data=data)]
         dec = self._decoder_for(item.codec, item.reorders, item.time_base)
         out = []
-        for f in dec.decode(item.data, item.pts):
+        try:
+            decoded = dec.decode(item.data, item.pts)
+        except Exception as e:  # noqa: BLE001 - any decoder failure; re-raised without a way to recover
+            if self._on_error is None:
+                raise
+            log.warning("stream %s: an access unit failed to decode (%s): dropped, keyframe asked for",
+                        self.name, e)
+            self._decoder.close()
+            self._decoder = None
+            self._max_size = None  # the next decoder takes the stream's size as it is now
+            self._on_error()
+            return []
+        for f in decoded:
             out.append(self._to_rgb(f, item.pts, item.time_base))
         return out
 
@@ -96,7 +118,7 @@ class GpuDecode:
 
             self._decoder = NvdecAccessUnits(codec=codec, time_base=time_base, name=self.name,
                                              gpu_id=cupy.cuda.Device().id, stream=self.stream,
-                                             low_latency=not reorders)
+                                             low_latency=not reorders, max_size=self._max_size)
             self._key = (codec, reorders)
         return self._decoder
 
@@ -117,6 +139,7 @@ class GpuDecode:
             rgb = cupy.empty((f.height, f.width, 3), cupy.uint8)
         f.copy_to(rgb).synchronize()  # NV12 -> RGB done before another thread reads it
         self.frames += 1
+        self.nvdec_frames += 1
         return Frame(rgb, f.pts if f.pts is not None else pts, time_base, self.frames - 1)
 
     def close(self) -> None:

@@ -35,7 +35,7 @@ from .batcher import BatchRecord, DynamicBatcher
 from .controller import ControllerSettings, DegradationController
 from .metrics import GpuMonitor, RuntimeMetrics, RuntimeSnapshot
 from .priority import SwitchInterval, media_thread
-from .stream import StoppedWhileStarting, StreamPipeline, StreamSpec
+from .stream import Source, StoppedWhileStarting, StreamPipeline, StreamSpec
 from .swappers import BackendFactory, SwapBackend, SwapFailed, SwapItem, default_backend_factory
 
 log = logging.getLogger(__name__)
@@ -528,8 +528,11 @@ class StreamRuntime:
                                 g.memory_total - g.memory_used if g else None))
         return out
 
-    async def add_stream(self, spec: StreamSpec) -> StreamPipeline:
-        """Start a stream. Bad ids, presets, overrides, swappers and inputs raise SwapStreamError."""
+    async def add_stream(self, spec: StreamSpec, *, source: Source | None = None,
+                         sink: Any = None) -> StreamPipeline:
+        """Start a stream. Bad ids, presets, overrides, swappers and inputs raise SwapStreamError.
+        `source` and `sink`: the input and the `webrtc` output of a WHIP publisher's stream
+        (`runtime.rtc`); None: the input is `spec.input`'s URL."""
         if not STREAM_ID.fullmatch(spec.stream_id):
             raise StreamRequestError(f"stream id {spec.stream_id!r} is not valid: use 1-63 lower-case "
                                 f"letters, digits, '-' or '_', starting with a letter or digit")
@@ -555,7 +558,7 @@ class StreamRuntime:
                 setattr(cfg, key, value.model_copy(deep=True) if hasattr(value, "model_copy") else value)
             slot = self.slots[place(self._loads())]
             budget = spec.budget_ms or self.config.runtime.budget_ms
-            pipeline = StreamPipeline(spec, cfg, slot, self.metrics, budget)
+            pipeline = StreamPipeline(spec, cfg, slot, self.metrics, budget, source=source, sink=sink)
             # Reserved before the (slow) input opening, so that a second request with the same id
             # is refused and concurrent creations spread over the devices.
             self.streams[spec.stream_id] = pipeline

@@ -17,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from .api import HLS_FILE, STATIC, _read_if_file, add_api_routes, authorize
+from .whip_relay import WHIP_ID_PREFIX
 from .workers import Placed, PoolError, Worker, WorkerPool, label_text, merge_metrics
 
 log = logging.getLogger(__name__)
@@ -151,8 +152,10 @@ class PoolApi:
             for w, a in zip(ready, answers):
                 if isinstance(a, BaseException) or a[0] != 200:
                     continue
+                # The API's streams the parent placed, and the WHIP publishers' streams (placed
+                # through runtime.whip_relay, ended by their session).
                 streams += [self._view(s, w.name) for s in json.loads(a[2])["streams"]
-                            if s.get("id") in self.pool.placed]
+                            if s.get("id") in self.pool.placed or str(s.get("id")).startswith(WHIP_ID_PREFIX)]
             streams += [{"id": p.id, "state": "failed", "error": p.lost, "worker": None}
                         for p in self.pool.placed.values() if p.lost is not None]
             return web.json_response({"streams": streams})

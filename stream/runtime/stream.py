@@ -23,10 +23,12 @@ import re
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
@@ -78,9 +80,10 @@ class InputSpec:
 class OutputSpec:
     """Where a stream's swapped frames go."""
 
-    kind: Literal["rtmp", "hls", "null"]
+    kind: Literal["rtmp", "hls", "null", "webrtc"]
     target: str = ""
-    """RTMP URL, or the folder for HLS (index.m3u8 and segments); unused for `null`."""
+    """RTMP URL, or the folder for HLS (index.m3u8 and segments); unused for `null` and `webrtc`
+    (a WHIP publisher's own connection: the sink the stream was given, `runtime.rtc`)."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,27 @@ class StreamSpec:
 
 class StoppedWhileStarting(SwapStreamError):
     """`stop()` came while `start()` was opening the input: the start was abandoned and undone."""
+
+
+class Source(Protocol):
+    """A stream's input as its reader thread drives it: `LiveReader` (a file or an RTMP URL) or a
+    source handed to the stream (`runtime.rtc.RtcSource`, a WHIP publisher's video)."""
+
+    info_fps: float
+    """The frame rate the outputs are opened with."""
+    audio_stream: Any
+    """The input's audio stream (a PyAV stream the outputs copy), or None."""
+    time_base: Fraction | None
+
+    def open(self) -> None: ...
+
+    def __iter__(self) -> Iterator[Any]:
+        """Host `Frame`s, `VideoPacket`s (access units for NVDEC) and `AudioPacket`s, until the
+        input ends or `stop()`."""
+
+    def stop(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class NullSink:
@@ -132,7 +156,11 @@ class StreamPipeline:
     """A running stream. Built and driven by `StreamRuntime`; all methods run in its event loop."""
 
     def __init__(self, spec: StreamSpec, cfg: Config, slot: "DeviceSlot", metrics: "RuntimeMetrics",
-                 budget_ms: float) -> None:
+                 budget_ms: float, *, source: "Source | None" = None, sink: Any = None) -> None:
+        """`source`: where frames come from, when not from `spec.input`'s URL (a WHIP publisher's
+        video, `runtime.rtc.RtcSource`); `sink`: the object of the `webrtc` output, if any."""
+        if any(o.kind == "webrtc" for o in spec.outputs) != (sink is not None):
+            raise ValueError("a webrtc output needs its sink, and a sink needs a webrtc output")
         self.spec = spec
         self.id = spec.stream_id
         self.cfg = cfg
@@ -209,6 +237,8 @@ class StreamPipeline:
                                                 initializer=media_thread)
         self._encode_pool = ThreadPoolExecutor(1, thread_name_prefix=f"encode-{self.id}",
                                                initializer=media_thread)
+        self._source = source
+        self._webrtc_sink = sink
         self._reader: Any = None
         # The runtime's URLs come from API requests: every connection goes through the server's
         # outbound policy (runtime.allowed_hosts / allowed_ports), rtmps:// is verified.
@@ -254,7 +284,7 @@ class StreamPipeline:
 
         loop = asyncio.get_running_loop()
         inp = self.spec.input
-        is_file = not re.match(r"^[a-z][a-z0-9+.-]*://", inp.url)
+        is_file = self._source is None and not re.match(r"^[a-z][a-z0-9+.-]*://", inp.url)
         if is_file and not Path(inp.url).is_file():
             self._shutdown_pools()
             raise InputError(f"input file '{inp.url}' does not exist")
@@ -267,17 +297,21 @@ class StreamPipeline:
             # with the device's other streams, label, mark and NV12 on the device.
             # Off the loop (it asks the driver for the decoder's capabilities), once per device.
             nvdec, why = await loop.run_in_executor(None, self.slot.nvdec_available)
+            if self._source is not None:  # it decides itself what it hands over
+                nvdec, why = getattr(self._source, "packets", False), "its source hands over decoded frames"
             if not nvdec:
                 log.warning("stream %s: decoded on the CPU and uploaded (%s)", self.id, why)
             with self.slot._device():
-                self._decode = GpuDecode(self.id, nvdec)
+                # A WebRTC source's resolution may change, and a failed access unit asks for a keyframe.
+                self._decode = GpuDecode(self.id, nvdec, max_size=getattr(self._source, "max_size", None),
+                                         on_error=getattr(self._source, "decode_failed", None))
                 self._compose = GpuCompose(self.disclosure)
         # A file ends at its end, or with `loop` LiveReader opens it again and carries the
         # timestamps on; only a network input reconnects. Pacing stays here (`_read`). With NVDEC
         # the reader hands over access units, which the decoder turns into GPU frames.
-        self._reader = LiveReader(inp.url, reconnect_seconds=inp.reconnect_seconds,
-                                  loop=inp.loop and is_file, outbound=self._outbound, media=is_file,
-                                  packets=nvdec)
+        self._reader = self._source or LiveReader(inp.url, reconnect_seconds=inp.reconnect_seconds,
+                                                  loop=inp.loop and is_file, outbound=self._outbound,
+                                                  media=is_file, packets=nvdec)
 
         def stopped_yet() -> None:
             if self._stop.is_set():
@@ -661,6 +695,8 @@ class StreamPipeline:
             for o in self.spec.outputs:
                 if o.kind == "null":
                     sinks.append(NullSink())
+                elif o.kind == "webrtc":
+                    sinks.append(self._webrtc_sink)
                 elif o.kind == "rtmp":
                     sinks.append(LiveWriter(o.target, kind="rtmp", outbound=self._outbound, **common))
                 else:
@@ -723,6 +759,7 @@ class StreamPipeline:
             "frames_in": self.frames_in, "frames_out": self.frames_out,
             "frames_swapped": self.frames_swapped, "faces_swapped": self.faces_swapped,
             "frames_swap_failed": self.frames_swap_failed,
+            "nvdec_frames": getattr(self._decode, "nvdec_frames", 0),
             "dropped": self.drops(), "pts_regressions": self.pts_regressions,
             "queues": {"input": self.in_q.qsize(), "swap": self.swap_q.qsize(),
                        "encode": self.enc_q.qsize()},

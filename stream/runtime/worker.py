@@ -163,6 +163,7 @@ def build_app(settings: dict[str, Any]) -> tuple[Any, Any]:
     app = web.Application(client_max_size=settings.get("client_max_size", 16 * 1024 * 1024))
     mount_runtime(app, runtime, api)
     models = ModelCheck(cfg.models_dir)
+    whip = whip_endpoints(app, runtime, settings, cfg)
 
     async def load(request: web.Request) -> web.Response:
         refused = authorize(request, token)
@@ -171,10 +172,37 @@ def build_app(settings: dict[str, Any]) -> tuple[Any, Any]:
         # Off the loop: a changed model file is hashed (megabytes) while streams run. The streams
         # are read on the loop, which is the only writer of their state.
         problem = await asyncio.get_running_loop().run_in_executor(None, models)
-        return web.json_response(load_report(runtime, problem))
+        report = load_report(runtime, problem)
+        if whip is not None:  # the parent's count of sessions against --max-sessions (whip_relay)
+            report["rtc_sessions"] = list(whip.sessions) + list(whip.viewers)
+        return web.json_response(report)
 
     app.router.add_get("/worker/load", load)
     return app, runtime
+
+
+def whip_endpoints(app: Any, runtime: Any, settings: dict[str, Any], cfg: Any) -> Any:
+    """With `settings["whip"]` (serve --workers N with WebRTC): this worker's own WHIP and WHEP
+    endpoints under `/worker/rtc`, behind its token, to which the parent hands the offers it checked
+    (runtime.whip_relay); each publisher a stream of this worker's runtime, with serve's face.
+    Returns the `WhipServer`, or None."""
+    whip = settings.get("whip")
+    if whip is None:
+        return None
+    from ..live.webrtc import WhipServer
+    from ..pipeline import load_image
+    from .rtc import RuntimePublishers
+    from .whip_relay import WORKER_HOST, WORKER_RTC_PREFIX
+
+    source = Path(settings["default_source"])
+    media = RuntimePublishers(runtime, image=load_image(source), image_name=f"the server's source image '{source}'",
+                              image_path=source, swapper=whip["swapper"], preset=whip["preset"],
+                              overrides=whip["overrides"])
+    # The parent enforces --max-sessions over all workers; this cap only bounds one worker.
+    server = WhipServer(media, token=settings["token"], max_sessions=whip["max_sessions"],
+                        settings=cfg.webrtc, host=WORKER_HOST)
+    app.add_subapp(WORKER_RTC_PREFIX, server.app)
+    return server
 
 
 async def serve(settings: dict[str, Any]) -> None:

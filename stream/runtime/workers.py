@@ -145,7 +145,7 @@ class WorkerPool:
     def __init__(self, config: Config, *, devices: Sequence[str], per_device: int,
                  hls_root: Path | None = None, media_root: Path | None = None,
                  mps: bool = False, python: str = sys.executable,
-                 default_source: Path | None = None) -> None:
+                 default_source: Path | None = None, whip: dict[str, Any] | None = None) -> None:
         if per_device < 1:
             raise ValueError(f"per_device must be at least 1, got {per_device}")
         self.config = config
@@ -153,6 +153,11 @@ class WorkerPool:
         self.media_root = media_root
         self.default_source = default_source
         """serve -s: the image whose face each worker's new streams start with (ApiSettings)."""
+        self.whip = whip
+        """WHIP and WHEP in the workers (runtime.whip_relay): `preset`, `overrides`, `swapper` and
+        `max_sessions` of their publishers' streams; None: no WebRTC. Needs `default_source`."""
+        if whip is not None and default_source is None:
+            raise ValueError("WHIP in the workers needs default_source, the publishers' face")
         self.python = python
         self.mps = mps
         self._dir = Path(tempfile.mkdtemp(prefix="swapstream-workers-"))
@@ -290,7 +295,8 @@ class WorkerPool:
                     "socket": w.socket, "token": w.token, "config": self.config.model_dump(mode="json"),
                     "hls_root": str(self.hls_root) if self.hls_root else None,
                     "media_root": str(self.media_root) if self.media_root else None,
-                    "default_source": str(self.default_source.resolve()) if self.default_source else None}
+                    "default_source": str(self.default_source.resolve()) if self.default_source else None,
+                    "whip": self.whip}
         path = self._dir / f"{w.name}-{secrets.token_hex(4)}.json"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:

@@ -25,7 +25,7 @@ from swapstream.demo import grace_hopper, render_target_frame  # noqa: E402
 from swapstream.live.webrtc import WhipServer  # noqa: E402
 
 from ..helpers.probe import read_stamp, stamp  # noqa: E402
-from .webrtc_peers import ServerThread, chromium_args, looks_swapped, mesh_swap  # noqa: E402
+from .webrtc_peers import ServerThread, chromium_args, looks_swapped, mesh_swap, swap_media  # noqa: E402
 
 W, H, FPS = 320, 240, 15
 CELL = 16
@@ -69,7 +69,7 @@ def preview_page(y4m: Path) -> Iterator[Any]:
     """The preview page in headless Chromium, its fake camera playing `y4m`, against a WHIP server
     with the real CPU swap (mesh, landmark smoothing off: each frame's swap depends on it alone)."""
     job, swap = mesh_swap(smoothing=False)
-    server = ServerThread(WhipServer(swap).app)
+    server = ServerThread(WhipServer(swap_media(swap)).app)
     args = chromium_args("--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
                          f"--use-file-for-fake-video-capture={y4m}")
     try:

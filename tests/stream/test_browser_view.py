@@ -27,7 +27,7 @@ from aiortc import RTCPeerConnection  # noqa: E402
 from swapstream.live.webrtc import WhipServer  # noqa: E402
 
 from ..helpers.probe import ProbeClock, Received, StampedVideoTrack, ToneTrack, read_stamp  # noqa: E402
-from .webrtc_peers import (ServerThread, chromium_args, connect, looks_swapped, mesh_swap,  # noqa: E402
+from .webrtc_peers import (ServerThread, chromium_args, connect, looks_swapped, mesh_swap, swap_media,  # noqa: E402
                           publisher, until)
 
 W, H = 320, 240
@@ -40,7 +40,7 @@ SIDES = (slice(0, H), np.r_[0:W // 2 - 8, W // 2 + W + 8:2 * W])
 
 def test_view_page_plays_the_swapped_stream_on_the_requested_background() -> None:
     job, swap = mesh_swap(smoothing=False)
-    server = ServerThread(WhipServer(swap).app)
+    server = ServerThread(WhipServer(swap_media(swap)).app)
 
     async def go_live() -> tuple[RTCPeerConnection, StampedVideoTrack]:
         clock = ProbeClock(asyncio.get_running_loop().time())
@@ -111,7 +111,7 @@ def token_server() -> tuple[ServerThread, WhipServer, list[Request]]:
     """A server started with TOKEN that records every request it answers: a page that has been left
     cannot report its own DELETE, so the server's side is where the test sees it. The swap passes
     frames through: the token is under test here, not the swap."""
-    whip = WhipServer(lambda rgb, index: 1, token=TOKEN)
+    whip = WhipServer(swap_media(lambda rgb, index: 1), token=TOKEN)
     seen: list[Request] = []
 
     @web.middleware

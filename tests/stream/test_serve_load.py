@@ -33,7 +33,7 @@ from swapstream.runtime.manager import StreamRuntime  # noqa: E402
 
 from ..helpers.probe import ProbeClock, Received, StampedVideoTrack  # noqa: E402
 from .test_webrtc_security import HealthProbe  # noqa: E402
-from .webrtc_peers import ServerThread, publisher, until  # noqa: E402
+from .webrtc_peers import ServerThread, publisher, until, swap_media  # noqa: E402
 
 OFFERS = 40
 API_CALLS = 100
@@ -59,7 +59,7 @@ def serve_app() -> tuple[WhipServer, StreamRuntime]:
     """What `swapstream serve` puts together (cli.serve, _mount_runtime), with a swap that does
     nothing."""
     cfg = load_config("live")
-    server = WhipServer(passthrough, token=WHIP_TOKEN, max_sessions=MAX_SESSIONS, settings=cfg.webrtc,
+    server = WhipServer(swap_media(passthrough), token=WHIP_TOKEN, max_sessions=MAX_SESSIONS, settings=cfg.webrtc,
                         host="127.0.0.1")
     runtime = StreamRuntime(cfg)
     mount_runtime(server.app, runtime, ApiSettings(API_TOKEN))

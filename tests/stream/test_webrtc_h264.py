@@ -4,8 +4,8 @@ is NVDEC. Real aiortc peers over loopback.
 
 On the CPU the decode function is FFmpeg's H.264 decoder (PyAV), so the test checks the routing
 itself: every video frame the server swapped came through the diverted queue, none through aiortc's
-own decoder, and what comes back to the publisher is the swapped face. The GPU test runs the same
-scenario with NVDEC and the GPU swap loop.
+own decoder, and what comes back to the publisher is the swapped face. On the GPU the runtime
+stream of a publisher takes the access units to NVDEC (test_whip_runtime.py).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from swapstream.live.rtp import LiveH264Encoder  # noqa: E402
 from swapstream.live.webrtc import WhipServer, first_codec  # noqa: E402
 
 from ..helpers.probe import ProbeClock, Received, StampedVideoTrack  # noqa: E402
-from .webrtc_peers import connect, fresh_job, looks_swapped, mesh_swap, publisher, start, until  # noqa: E402
+from .webrtc_peers import (connect, fresh_job, looks_swapped, mesh_swap, publisher, start,  # noqa: E402
+                          swap_media, until)
 
 SIZE = (320, 240)
 
@@ -47,7 +48,7 @@ def cpu_decode() -> Callable[[bytes, int], list[Any]]:
 
 
 def run_scenario(make_decode: Callable[[], Callable[[bytes, int], list[Any]]],
-                 server_kwargs: dict[str, Any]) -> dict[str, Any]:
+                 swap: Callable[[np.ndarray, int], int]) -> dict[str, Any]:
     async def scenario() -> dict[str, Any]:
         diverted: list[DivertingQueue] = []
 
@@ -57,7 +58,7 @@ def run_scenario(make_decode: Callable[[], Callable[[bytes, int], list[Any]]],
             assert q is not None, "aiortc's decoder queue was not found"
             diverted.append(q)
 
-        server = WhipServer(on_publisher=on_publisher, **server_kwargs)
+        server = WhipServer(swap_media(swap, prepare=on_publisher))
         runner, base = await start(server.app)
         source = StampedVideoTrack(ProbeClock(asyncio.get_running_loop().time()), size=SIZE)
         got = Received()
@@ -107,38 +108,7 @@ def test_h264_first_orders_only_h264_ahead() -> None:
 def test_whip_h264_access_units_are_diverted_to_our_decoder() -> None:
     job, swap = mesh_swap(smoothing=False)
     try:
-        res = run_scenario(cpu_decode, {"swap": swap})
+        res = run_scenario(cpu_decode, swap)
     finally:
         job.close()
     check_result(res)
-
-
-@pytest.mark.gpu
-def test_whip_on_nvdec_and_the_gpu_swap_loop() -> None:
-    from swapstream.config import load_config
-    from swapstream.demo import astronaut
-    from swapstream.gpu.job import GpuFileJob
-    from swapstream.gpu.pynvc import nvdec_available
-    from swapstream.gpu.rtc import DeviceVideoFrame, GpuFrameSwap, nvdec_decode
-
-    ok, why = nvdec_available()
-    if not ok:
-        pytest.skip(why)
-    job = GpuFileJob(load_config(None, ["smoothing.enabled=false"]), live=True)
-    job.set_source_image(astronaut(), "astronaut")
-    kinds: list[type] = []
-    frame_swap = GpuFrameSwap(job)
-    # Warmed up as serve does before its first publisher: the session then starts from nothing.
-    assert frame_swap.warm_up(320, 240) > 0
-    assert frame_swap.frames == 0 and not frame_swap.steps_ms and not frame_swap.analyser._tracks
-
-    def swap(frame: Any, index: int) -> tuple[np.ndarray, int]:
-        kinds.append(type(frame))
-        return frame_swap(frame, index)
-
-    try:
-        res = run_scenario(nvdec_decode, {"frame_swap": swap})
-    finally:
-        job.close()
-    check_result(res)
-    assert kinds and all(k is DeviceVideoFrame for k in kinds), set(kinds)

@@ -28,7 +28,7 @@ from swapstream.live.rtp import LiveH264Encoder, PromptJitterBuffer, fast_h264, 
 from swapstream.live.webrtc import WhipServer  # noqa: E402
 
 from ..helpers.probe import ProbeClock, Received, StampedVideoTrack, read_stamp  # noqa: E402
-from .webrtc_peers import connect, publisher, start, until  # noqa: E402
+from .webrtc_peers import connect, publisher, start, until, swap_media  # noqa: E402
 
 
 def packet(seq: int, timestamp: int, data: bytes, *, marker: bool) -> RtpPacket:
@@ -125,7 +125,7 @@ def test_a_slow_publishers_frame_reaches_the_swap_before_its_next_frame() -> Non
             swapped.append((read_stamp(rgb), time.monotonic()))  # the clock of asyncio's loop.time()
             return 0
 
-        server = WhipServer(swap)
+        server = WhipServer(swap_media(swap))
         runner, base = await start(server.app)
         source = StampedVideoTrack(ProbeClock(asyncio.get_running_loop().time()), size=(320, 240), fps=fps)
         pc = publisher([source], Received())

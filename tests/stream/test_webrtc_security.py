@@ -37,7 +37,7 @@ from swapstream.live.webrtc import (WhipServer, host_name, is_loopback_host, own
                                     require_whip_token)
 
 from ..helpers.probe import ProbeClock, Received, StampedVideoTrack, ToneTrack  # noqa: E402
-from .webrtc_peers import ServerThread, connect, local_peer, publisher, start, until, viewer  # noqa: E402
+from .webrtc_peers import ServerThread, connect, local_peer, publisher, start, until, viewer, swap_media  # noqa: E402
 
 SIZE = (160, 120)
 SDP = {"Content-Type": "application/sdp"}
@@ -150,7 +150,7 @@ def test_a_webrtc_session_reaches_nothing_beyond_this_machine() -> None:
     not this machine's."""
 
     async def scenario() -> tuple[Received, Received, int]:
-        server = WhipServer(passthrough)
+        server = WhipServer(swap_media(passthrough))
         runner, base = await start(server.app)
         clock = ProbeClock(asyncio.get_running_loop().time())
         back, seen = Received(), Received()
@@ -179,7 +179,7 @@ def test_a_webrtc_session_reaches_nothing_beyond_this_machine() -> None:
 
 def test_the_pages_use_the_configured_ice_servers_only() -> None:
     async def pages(settings: WebRtcConfig) -> dict[str, str]:
-        server = WhipServer(passthrough, settings=settings)
+        server = WhipServer(swap_media(passthrough), settings=settings)
         runner, base = await start(server.app)
         async with ClientSession() as http:
             got = {path: await (await http.get(base + path)).text() for path in ("/", "/view")}
@@ -195,8 +195,8 @@ def test_the_pages_use_the_configured_ice_servers_only() -> None:
         assert "new RTCPeerConnection({ iceServers: iceServers() })" in default[path]
         assert "new RTCPeerConnection()" not in default[path]
     # And the server's own connections: no servers but the configured ones.
-    assert WhipServer(passthrough)._rtc_configuration().iceServers == []
-    stun = WhipServer(passthrough, settings=WebRtcConfig(ice_servers=["stun:127.0.0.1:3478"]))
+    assert WhipServer(swap_media(passthrough))._rtc_configuration().iceServers == []
+    stun = WhipServer(swap_media(passthrough), settings=WebRtcConfig(ice_servers=["stun:127.0.0.1:3478"]))
     assert [s.urls for s in stun._rtc_configuration().iceServers] == ["stun:127.0.0.1:3478"]
 
 
@@ -215,7 +215,7 @@ def test_the_view_page_in_chromium_gets_no_ice_servers_but_the_configured_ones()
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=chromium_args())
         for name, settings in servers.items():
-            server = ServerThread(WhipServer(passthrough, settings=settings).app)
+            server = ServerThread(WhipServer(swap_media(passthrough), settings=settings).app)
             try:
                 page = browser.new_page()
                 page.goto(f"{server.base}/view")
@@ -283,7 +283,7 @@ def test_the_host_header_must_name_this_server() -> None:
     server with the attacker's name in Host. Before, POST /whep with a foreign Host got 201."""
 
     async def scenario() -> None:
-        server = WhipServer(passthrough)
+        server = WhipServer(swap_media(passthrough))
         runner, base = await start(server.app)
         port = base.rsplit(":", 1)[1]
         offer = await an_offer()
@@ -307,13 +307,13 @@ def test_the_host_header_must_name_this_server() -> None:
 
 
 def test_allowed_hosts_are_the_configured_names_and_the_listened_host() -> None:
-    configured = WhipServer(passthrough, settings=WebRtcConfig(allowed_hosts=["studio.lan", "[fd00::5]"]),
+    configured = WhipServer(swap_media(passthrough), settings=WebRtcConfig(allowed_hosts=["studio.lan", "[fd00::5]"]),
                             host="10.1.2.3")
     assert configured.allowed_hosts == {"studio.lan", "fd00::5", "10.1.2.3"}
-    assert WhipServer(passthrough, host="127.0.0.1").allowed_hosts == {"localhost", "127.0.0.1", "::1"}
+    assert WhipServer(swap_media(passthrough), host="127.0.0.1").allowed_hosts == {"localhost", "127.0.0.1", "::1"}
     # Listening on every address: the machine's own addresses are its names too (an address is
     # never a rebound name); other names still must be configured.
-    everywhere = WhipServer(passthrough, host="0.0.0.0").allowed_hosts
+    everywhere = WhipServer(swap_media(passthrough), host="0.0.0.0").allowed_hosts
     assert own_addresses() <= everywhere and "0.0.0.0" not in everywhere
     assert [host_name(h) for h in ("[::1]:80", "Studio.LAN.:8080", "fd00::5", "10.0.0.1")] == [
         "::1", "studio.lan", "fd00::5", "10.0.0.1"]
@@ -334,7 +334,7 @@ async def raw_request(base: str, head: bytes) -> tuple[int, bytes]:
 
 def test_a_bearer_header_that_is_not_utf8_is_a_401_not_a_500() -> None:
     async def scenario() -> None:
-        server = WhipServer(passthrough, token="tökén-1")
+        server = WhipServer(swap_media(passthrough), token="tökén-1")
         runner, base = await start(server.app)
         offer = await an_offer()
         for value in (b"Bearer \xff\xfe", b"Bearer t\xf6k\xe9n-1", "Bearer tökén-2".encode(), b"\xc3(",
@@ -363,7 +363,7 @@ def test_offers_sent_at_once_never_pass_the_session_cap() -> None:
     cap, offers = 4, 12
 
     async def scenario() -> None:
-        server = WhipServer(passthrough, max_sessions=cap)
+        server = WhipServer(swap_media(passthrough), max_sessions=cap)
         runner, base = await start(server.app)
         offer = await an_offer()
         async with ClientSession() as http:
@@ -386,7 +386,7 @@ def test_a_session_that_never_connects_gives_its_slot_back() -> None:
     timeout = 1.0
 
     async def scenario() -> None:
-        server = WhipServer(passthrough, max_sessions=cap, settings=WebRtcConfig(connect_timeout_s=timeout))
+        server = WhipServer(swap_media(passthrough), max_sessions=cap, settings=WebRtcConfig(connect_timeout_s=timeout))
         runner, base = await start(server.app)
         clock = ProbeClock(asyncio.get_running_loop().time())
         # Offerers that never take the answer: their ICE never starts, so the server's never completes.
@@ -468,7 +468,7 @@ def test_a_huge_offer_is_refused_at_once_and_the_loop_stays_free() -> None:
     loop, and /health went from 5 ms to 2,661 ms. Now it is refused by its size (Content-Length, or
     the bytes read of a chunked body), and a small one with as many sections by their count."""
 
-    server = WhipServer(passthrough)
+    server = WhipServer(swap_media(passthrough))
     # The server on a loop of its own, as in `swapstream serve`: a stall of its loop shows in the
     # probe's answers, not hidden in the probe's own waiting.
     served = ServerThread(server.app)
@@ -526,7 +526,7 @@ def test_a_huge_offer_is_refused_at_once_and_the_loop_stays_free() -> None:
 def test_offer_limits_refuse_before_parsing() -> None:
     async def scenario() -> None:
         settings = WebRtcConfig(max_m_sections=4, max_candidates=8)
-        server = WhipServer(passthrough, settings=settings)
+        server = WhipServer(swap_media(passthrough), settings=settings)
         runner, base = await start(server.app)
         offer = await an_offer(("video", "audio"))
         async with ClientSession() as http:
@@ -567,7 +567,7 @@ def test_the_largest_offer_within_the_limits_keeps_the_loop_free() -> None:
     attributes over 8 sections, or of candidates up to their limit) must stay short."""
 
     settings = WebRtcConfig()
-    served = ServerThread(WhipServer(passthrough, settings=settings, max_sessions=64).app)
+    served = ServerThread(WhipServer(swap_media(passthrough), settings=settings, max_sessions=64).app)
     base = served.base
 
     async def scenario() -> list[float]:
@@ -608,7 +608,7 @@ def test_options_answer_204_and_cors_only_for_allowed_origins() -> None:
     studio = "https://studio.example"
 
     async def scenario(cors: list[str]) -> dict[str, Any]:
-        server = WhipServer(passthrough, token="tok", settings=WebRtcConfig(cors_origins=cors))
+        server = WhipServer(swap_media(passthrough), token="tok", settings=WebRtcConfig(cors_origins=cors))
         runner, base = await start(server.app)
         offer = await an_offer()
         found: dict[str, Any] = {}

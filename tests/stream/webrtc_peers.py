@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Coroutine
 from fractions import Fraction
 from typing import Any, TypeVar
@@ -153,3 +154,71 @@ def looks_swapped(seen: np.ndarray, sent: np.ndarray, job: FileJob | None = None
     to_swapped = float(np.abs(seen[changed].astype(int) - expected[changed].astype(int)).mean())
     to_sent = float(np.abs(seen[changed].astype(int) - sent[changed].astype(int)).mean())
     return to_swapped, to_sent
+
+
+class SwapMedia:
+    """A test's `PublisherMedia`: the newest received frame (older ones waiting are dropped and
+    counted, as the runtime's queues do), as RGB, swapped in place by the test's `swap` on one thread
+    that the server's publishers share, then delivered with its receive time.
+
+    The product's media is a runtime stream (`runtime.rtc.RuntimePublishers`, tested in
+    test_whip_runtime.py); this one lets a test of the server's own half (negotiation, limits,
+    tracks, audio) swap with a function of its own: a stamp reader, a slowed-down mesh swap."""
+
+    def __init__(self, link: Any, swap: Callable[[np.ndarray, int], int], pool: ThreadPoolExecutor,
+                 prepare: Callable[[Any], Any] | None) -> None:
+        self.link = link
+        self._swap = swap
+        self._pool = pool
+        self._prepare = prepare
+        self.faces = 0
+        self.dropped = 0
+        self.index = 0
+        self._latest: tuple[Any, float] | None = None
+        self._busy = False
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def prepare(self, pc: Any) -> None:
+        if self._prepare is not None:
+            self._prepare(pc)
+
+    async def start(self) -> None:
+        pass
+
+    def push(self, frame: Any) -> None:
+        with self._lock:
+            if self._latest is not None:
+                self.dropped += 1
+            self._latest = (frame, time.monotonic())
+            if self._busy:
+                return
+            self._busy = True
+        self._pool.submit(self._run)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                item, self._latest = self._latest, None
+                if item is None or self._closed:
+                    self._busy = False
+                    return
+            frame, received = item
+            rgb = np.ascontiguousarray(frame.to_ndarray(format="rgb24"))
+            self.faces += self._swap(rgb, self.index)
+            self.index += 1
+            self.link.deliver(rgb, frame.pts, frame.time_base, received)
+
+    def end(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        self._closed = True
+
+
+def swap_media(swap: Callable[[np.ndarray, int], int], *,
+               prepare: Callable[[Any], Any] | None = None) -> Callable[[Any], SwapMedia]:
+    """A `MediaFactory` of `SwapMedia` over `swap`; `prepare` sets up each publisher's connection
+    before its offer is applied (the GPU path's H.264 first and NVDEC diversion)."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="test-swap")
+    return lambda link: SwapMedia(link, swap, pool, prepare)
