@@ -12,13 +12,13 @@ player's decoding are all in it; only capture and display are not. The first `--
 
 - RTMP: a PyAV publisher (x264 `zerolatency`, AAC) pushes to a real nginx-rtmp; `LiveJob` pulls,
   swaps and pushes back under another key; a PyAV player pulls that and decodes.
-- WebRTC: an aiortc publisher sends video and a tone over WHIP to `WhipServer` (as `swapstream serve`
-  runs it) and receives the swapped video and the audio back on the same connection. The audio's
-  offset from the video is measured too.
+- WebRTC: an aiortc publisher sends video and a tone over WHIP to `swapstream serve` (started as a
+  user starts it; its publisher's video is a stream of its runtime) and receives the swapped video
+  and the audio back on the same connection. The audio's offset from the video is measured too.
 
-The server side (the live job; the WHIP server) runs in a process of its own, as `swapstream live`
-and `serve` do; the publisher and the player share this one. (In one process, the peers' Python
-work competed with the server's for the interpreter: the GPU swap's host time doubled.)
+The server side (the live job; `swapstream serve`) runs in a process of its own, as `swapstream
+live` and `serve` do; the publisher and the player share this one. (In one process, the peers'
+Python work competed with the server's for the interpreter: the GPU swap's host time doubled.)
 
 Writes `live_latency.json` (records as docs/performance.md, "Benchmark records", describes) and
 `live_latency.md` into --out. With --only, the other path's records already in the JSON are kept.
@@ -394,7 +394,7 @@ def table(records: list[dict[str, Any]]) -> list[str]:
              "frame's latency runs from the publisher handing it to its encoder to the frame with the "
              "same stamped number reaching the player: both encodes, both hops, the server's "
              "decode, the swap and the player's decode; not capture or display.", "",
-             "| path | size | p50 ms | p99 ms | max ms | frames | dropped | swap stage p50 ms | NVDEC frames |",
+             "| path | size | p50 ms | p99 ms | max ms | frames | dropped | server stage p50 ms | NVDEC frames |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         if r["stat"] != "p50" or "_latency_" not in r["metric"] or "handover" in r["metric"]:
@@ -414,6 +414,11 @@ def table(records: list[dict[str, Any]]) -> list[str]:
                      f"{get(f'{kind}_swap_stage_{size}', 'p50')} | "
                      f"{get(f'{kind}_frames_decoded_on_nvdec_{size}', 'count')} |")
     lines.append("")
+    if any(r["metric"].startswith("webrtc") for r in records):
+        lines.append("The WebRTC path is `swapstream serve` as a user starts it: the publisher's video is "
+                     "a stream of its runtime, and its server stage is that stream's latency from the "
+                     "control API (the frame handed over by its reader to handed to the outgoing "
+                     "tracks; p50 over its last 10 s). The RTMP path's is the live job's swap stage.")
     for r in records:
         if "handover" in r["metric"]:
             lines.append(f"An aiortc player hands each frame over one frame interval later than it "
