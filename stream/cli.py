@@ -125,14 +125,11 @@ def _job_class(cfg: Config) -> type:
 
 
 def _live_job_class(cfg: Config) -> type:
-    """`live` on the GPU (NVDEC, the GPU swap loop) where `_job_class` picks the GPU, else on the CPU."""
-    from .gpu.job import GpuFileJob
-    from .live.job import LiveJob
+    """`live`'s job: one stream of a runtime (runtime.live), on the GPU where `_job_class` picks it
+    (NVDEC, the GPU analysis and compose), else on the CPU; the job picks the device the same way."""
+    from .runtime.live import LiveJob
 
-    if _job_class(cfg) is GpuFileJob:
-        from .gpu.live import GpuLiveJob
-
-        return GpuLiveJob
+    _job_class(cfg)  # says which path, and why
     return LiveJob
 
 
@@ -357,15 +354,19 @@ def _stop_on_sigint(stop: threading.Event, interrupted: threading.Event) -> Iter
 
 
 def _live_summary(stats: "object") -> None:
-    """The line a live run ends with, at its end and after Ctrl+C alike."""
-    from .live.job import LiveStats
+    """The line a live run ends with, at its end and after Ctrl+C alike. Latency: from a frame's
+    arrival (decoded, or its access unit read) to its hand-over to the outputs."""
+    from .runtime.live import LiveStats
 
     assert isinstance(stats, LiveStats)
     lat = sorted(stats.latency_ms)
     p50 = lat[len(lat) // 2] if lat else 0.0
+    p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else 0.0
     out.print(Text(f"frames in {stats.frames_in}, out {stats.frames_out}, dropped {stats.dropped}, "
                    f"faces swapped {stats.faces_swapped}, audio packets {stats.audio_packets}, "
-                   f"reconnects {stats.reconnects}, swap-stage latency p50 {p50:.0f} ms"), soft_wrap=True)
+                   f"reconnects {stats.reconnects}, latency p50 {p50:.0f} ms, p99 {p99:.0f} ms; "
+                   f"dropped while starting {stats.dropped_at_start}; on {stats.device or '?'}, "
+                   f"NVDEC frames {stats.nvdec_frames}"), soft_wrap=True)
 
 
 @app.command()

@@ -10,8 +10,9 @@ so encoding at both ends, both network hops, the server's demuxing and decoding,
 player's decoding are all in it; only capture and display are not. The first `--warmup` seconds
 (connection set-up, first keyframes, probing) are left out.
 
-- RTMP: a PyAV publisher (x264 `zerolatency`, AAC) pushes to a real nginx-rtmp; `LiveJob` pulls,
-  swaps and pushes back under another key; a PyAV player pulls that and decodes.
+- RTMP: a PyAV publisher (x264 `zerolatency`, AAC) pushes to a real nginx-rtmp; `swapstream live`
+  (started as a user starts it) pulls, swaps and pushes back under another key; a PyAV player
+  pulls that and decodes.
 - WebRTC: an aiortc publisher sends video and a tone over WHIP to `swapstream serve` (started as a
   user starts it; its publisher's video is a stream of its runtime) and receives the swapped video
   and the audio back on the same connection. The audio's offset from the video is measured too.
@@ -29,9 +30,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing as mp
 import os
-import queue
+import re
 import statistics
 import sys
 import tempfile
@@ -48,9 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import av  # noqa: E402
 import numpy as np  # noqa: E402
 
-from swapstream.config import Config, load_config  # noqa: E402
+from swapstream.config import load_config  # noqa: E402
 from swapstream.demo import astronaut  # noqa: E402
-from swapstream.live.job import LiveJob  # noqa: E402
 from swapstream.errors import SwapStreamError  # noqa: E402
 from swapstream.live.nginx import NginxRtmp, find_nginx_rtmp  # noqa: E402
 from swapstream.live.streams import rtmp_input_options  # noqa: E402
@@ -76,32 +75,49 @@ def percentile(values: list[float], q: float) -> float:
 # RTMP -> swap -> RTMP
 
 
-def live_job(cfg: Config, gpu: bool) -> LiveJob:
-    if gpu:
-        from swapstream.gpu.live import GpuLiveJob
-
-        return GpuLiveJob(cfg)
-    return LiveJob(cfg)
+LIVE_SUMMARY = re.compile(r"frames in (\d+), out (\d+), dropped (\d+), .*latency p50 (\d+) ms, p99 (\d+) ms; "
+                          r"dropped while starting (\d+); on (\S+), NVDEC frames (\d+)")
 
 
-def live_job_process(config: str, gpu: bool, in_url: str, out_url: str, stop: Any, result: Any) -> None:
-    """The server side of the RTMP path, in a process of its own (as `swapstream live` runs): the
-    live job pulls `in_url`, swaps and pushes `out_url` until `stop`; its figures go on `result`."""
-    job = live_job(load_config(config), gpu)
-    job.set_source_image(astronaut(), "astronaut")
+def face_file(folder: Path) -> Path:
+    """The built-in portrait as a PNG (it has a built-in consent record), for `-s`."""
+    import cv2
+
+    face = folder / "face.png"
+    cv2.imwrite(str(face), cv2.cvtColor(astronaut(), cv2.COLOR_RGB2BGR))
+    return face
+
+
+def start_live(config: str, gpu: bool, in_url: str, out_url: str, folder: Path) -> Any:
+    """`swapstream live` as a user starts it, in a process of its own, its output to a log file."""
+    import subprocess
+
+    args = [sys.executable, "-m", "swapstream.cli", "live", "-s", str(face_file(folder)), "-i", in_url,
+            "--rtmp-out", out_url, "--reconnect", "10", "--config", config]
+    if not gpu:
+        args += ["--set", "device=cpu"]
+    log = (folder / "live.log").open("w")
+    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT), folder / "live.log"
+
+
+def stop_live(proc: Any, log: Path) -> dict[str, Any]:
+    """Ctrl+C, as a user ends it; its summary line's figures."""
+    import signal
+
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
     try:
-        stats = job.run_live(in_url, rtmp_out=out_url, stop=stop, reconnect_seconds=10.0)
-        steps = list(getattr(job, "steps_ms", []))
-        # Frames dropped once the output ran: those before (the models' warm-up, the outputs'
-        # opening, while the publisher already sent) are the job's start, not its live work.
-        result.put({"dropped": stats.dropped - stats.dropped_at_start, "dropped_at_start": stats.dropped_at_start,
-                    "latency_ms": list(stats.latency_ms),
-                    "nvdec_frames": getattr(job, "nvdec_frames", 0), "steps": steps,
-                    "first_items": getattr(job, "first_items", None)})
-    except Exception as e:  # noqa: BLE001 - reported by the parent, which would otherwise wait
-        result.put({"error": f"{type(e).__name__}: {e}"})
-    finally:
-        job.close()
+        proc.wait(timeout=60)
+    except Exception:  # noqa: BLE001 - killed, and said so below
+        proc.kill()
+        proc.wait()
+    text = " ".join(log.read_text().split())  # the summary line may be wrapped
+    m = LIVE_SUMMARY.search(text)
+    if m is None:
+        raise RuntimeError(f"swapstream live gave no summary (exit {proc.returncode}): {text[-3000:]}")
+    f_in, f_out, dropped, p50, p99, at_start, device, nvdec = m.groups()
+    return {"dropped": int(dropped) - int(at_start), "dropped_at_start": int(at_start),
+            "swap_ms": float(p50), "swap_p99_ms": float(p99), "device": device, "nvdec_frames": int(nvdec)}
 
 
 def bench_rtmp(config: str, size: tuple[int, int], fps: float, seconds: float,
@@ -110,8 +126,6 @@ def bench_rtmp(config: str, size: tuple[int, int], fps: float, seconds: float,
     sent: dict[int, float] = {}
     got: list[tuple[int, float]] = []
     stop = threading.Event()
-    ctx = mp.get_context("spawn")  # CUDA in the child; the peers' threads stay in this process
-    job_stop, result = ctx.Event(), ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp, NginxRtmp(Path(tmp) / "nginx") as nginx:
         pub = threading.Thread(target=publish_rtmp, args=(nginx.url("in"), clip, sent, stop),
                                kwargs={"interleaved": interleaved, "audio": tone}, name="publisher")
@@ -124,13 +138,11 @@ def bench_rtmp(config: str, size: tuple[int, int], fps: float, seconds: float,
                 stop.set()
                 raise RuntimeError("the RTMP publisher did not start")
             time.sleep(0.05)
-        server = ctx.Process(target=live_job_process, name="live-job",
-                             args=(config, gpu, nginx.url("in"), nginx.url("out"), job_stop, result))
-        server.start()
+        server, log = start_live(config, gpu, nginx.url("in"), nginx.url("out"), Path(tmp))
         # The player: from its first frame, `warmup` then `seconds` of frames (the job's start,
         # its models and warm-up, can take a minute on a fresh machine).
         give_up, end = time.monotonic() + 120, float("inf")
-        while time.monotonic() < min(give_up, end) and pub.is_alive() and server.is_alive():
+        while time.monotonic() < min(give_up, end) and pub.is_alive() and server.poll() is None:
             try:
                 with av.open(nginx.url("out"), options=rtmp_input_options(), timeout=(5, 3)) as c:
                     for f in c.decode(video=0):
@@ -140,10 +152,9 @@ def bench_rtmp(config: str, size: tuple[int, int], fps: float, seconds: float,
                             break
             except (av.error.FFmpegError, OSError):
                 time.sleep(0.2)  # the output is not published yet: try again
-        job_stop.set()
+        stats = stop_live(server, log)
         stop.set()
         pub.join(timeout=10)
-        stats = child_result(server, result)
     if not got:
         raise RuntimeError("no frame came out of the RTMP path")
     start = got[0][1] + warmup
@@ -153,28 +164,7 @@ def bench_rtmp(config: str, size: tuple[int, int], fps: float, seconds: float,
         cand = [n for n in numbers if n % 256 == n8 and sent[n] <= t]
         if cand and t >= start:
             lat.append((t - sent[cand[-1]]) * 1e3)
-    swap = stats["latency_ms"]
-    return {"latency_ms": lat, "frames_sent": len(sent), "frames_back": len(got),
-            "swap_steps_ms": step_medians(stats["steps"]), "first_steps_ms": stats["steps"][:3],
-            "first_items": stats["first_items"], "dropped": stats["dropped"],
-            "dropped_at_start": stats["dropped_at_start"],
-            "nvdec_frames": stats["nvdec_frames"],
-            "swap_ms": statistics.median(swap) if swap else None,
-            "swap_p99_ms": percentile(swap, 99) if swap else None}
-
-
-def child_result(child: Any, result: Any, timeout: float = 60) -> dict[str, Any]:
-    """What the server process put on `result` once told to stop; its error, if it had one."""
-    try:
-        out = result.get(timeout=timeout)
-    except queue.Empty:
-        out = {"error": f"the {child.name} process gave no result (exit code {child.exitcode})"}
-    child.join(timeout=20)
-    if child.is_alive():
-        child.kill()
-    if "error" in out:
-        raise RuntimeError(f"{child.name}: {out['error']}")
-    return out
+    return {"latency_ms": lat, "frames_sent": len(sent), "frames_back": len(got), **stats}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -325,11 +315,6 @@ async def webrtc_round_trip(serve: Serve, http: Any, size: tuple[int, int], fps:
 # --------------------------------------------------------------------------------------------------
 
 
-def step_medians(steps: list[dict[str, float]]) -> dict[str, float]:
-    """The median of each step of the GPU swap (`steps_ms` of the live job or the WHIP swap)."""
-    return {k: statistics.median(x[k] for x in steps) for k in steps[0]} if steps else {}
-
-
 def records_for(path: str, res: dict[str, Any], common: dict[str, Any], size: str) -> list[dict[str, Any]]:
     out = []
 
@@ -349,8 +334,6 @@ def records_for(path: str, res: dict[str, Any], common: dict[str, Any], size: st
         add(f"webrtc_audio_minus_video_offset_{size}", res["av_offset_ms"], "ms", "p50")
     add(f"{path}_swap_stage_{size}", res["swap_ms"], "ms", "p50")
     add(f"{path}_swap_stage_{size}", res.get("swap_p99_ms"), "ms", "p99")
-    for step, ms in res.get("swap_steps_ms", {}).items():
-        add(f"{path}_swap_step_{step}_{size}", ms, "ms", "p50")
     add(f"{path}_frames_measured_{size}", len(lat), "frames", "count")
     add(f"{path}_frames_dropped_{size}", res["dropped"], "frames", "count")
     add(f"{path}_frames_dropped_at_start_{size}", res.get("dropped_at_start"), "frames", "count")
@@ -379,8 +362,8 @@ def table(records: list[dict[str, Any]]) -> list[str]:
     by = {(r["metric"], r["stat"]): r for r in records}
     first = records[0]
     where = first["config"].get("path", "cpu")
-    swap = ("the GPU path: NVDEC decode, the GPU swap loop (analysis, mesh swap of one face, label "
-            "and mark, RGB -> NV12 on the GPU), x264 encode on the CPU (this GPU has no NVENC)"
+    swap = ("the runtime's GPU stages: NVDEC decode, the device's face analysis, the mesh swap of one "
+            "face, label, mark and RGB -> NV12 on the GPU, x264 encode on the CPU (this GPU has no NVENC)"
             if where == "gpu" else "the CPU mesh swap (`live` preset) of one face")
     runs = []  # one run per path where `--only` put two runs' records together
     for r in records:
@@ -418,29 +401,16 @@ def table(records: list[dict[str, Any]]) -> list[str]:
         lines.append("The WebRTC path is `swapstream serve` as a user starts it: the publisher's video is "
                      "a stream of its runtime, and its server stage is that stream's latency from the "
                      "control API (the frame handed over by its reader to handed to the outgoing "
-                     "tracks; p50 over its last 10 s). The RTMP path's is the live job's swap stage.")
+                     "tracks; p50 over its last 10 s).")
+    if any(r["metric"].startswith("rtmp") for r in records):
+        lines.append("The RTMP path is `swapstream live` as a user starts it (one stream of a runtime), "
+                     "stopped with Ctrl+C; its server stage is the latency its summary line gives "
+                     "(a frame's arrival to its hand-over to the output).")
     for r in records:
         if "handover" in r["metric"]:
             lines.append(f"An aiortc player hands each frame over one frame interval later than it "
                          f"arrives (it waits for the next frame's first packet; browsers do not): "
                          f"measured that way the WebRTC round trip is {r['value']:g} ms (p50).")
-        if "_swap_step_total_" in r["metric"]:
-            kind, size = r["metric"].split("_", 1)[0], r["metric"].rsplit("_", 1)[1]
-            steps = ", ".join(f"{what} {by[(f'{kind}_swap_step_{step}_{size}', 'p50')]['value']:g}"
-                              for step, what in (("upload", "upload"), ("analyse", "analysis (waits "
-                                                 "for the landmarks)"), ("submit_rest", "rest of the "
-                                                 "submission"), ("gpu_wait", "GPU wait and download"))
-                              if (f"{kind}_swap_step_{step}_{size}", "p50") in by)
-            stage = by.get((f"{kind}_swap_stage_{size}", "p50"))
-            span, rest = {
-                "webrtc": ("taken from the receive queue to handed to the outgoing tracks",
-                           "the hop to the swap thread and back to the event loop and the outgoing "
-                           "frames' conversion"),
-                "rtmp": ("from the packet's arrival to the frame handed to the output",
-                         "NVDEC's decode and the x264 encode in the job's thread")}[kind]
-            lines.append(f"The {kind.upper() if kind == 'rtmp' else 'WebRTC'} swap stage (p50 "
-                         f"{stage['value'] if stage else '-'} ms, {span}) in the GPU swap: "
-                         f"{r['value']:g} ms p50 ({steps}); the rest is {rest}.")
         if r["metric"].startswith("rtmp_to_rtmp_latency") and r["stat"] == "p50":
             pub = r["config"].get("rtmp_publisher", "interleaved")
             lines.append("The RTMP publisher sent each packet as it was encoded." if pub == "spliced" else
@@ -496,9 +466,7 @@ def main() -> None:
                              args.publisher == "interleaved")
         else:
             res = asyncio.run(bench_webrtc(args.config, (w, h), args.fps, args.seconds, args.warmup, gpu))
-        if res.get("max_backlog") is not None:
-            print(f"  most frames waiting at once in the receive queue: {res['max_backlog']}")
-        for key in ("dropped_at_start", "first_items", "first_steps_ms", "nvdec_open_ms"):
+        for key in ("dropped_at_start", "device"):
             if res.get(key):  # where a slow start goes (the frames dropped behind it)
                 print(f"  {key}: {res[key]}")
         new = records_for(path, res, common, args.size)

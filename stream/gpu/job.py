@@ -43,10 +43,25 @@ from ..kernels.nv12 import rgb_to_i420
 from ..io.video import AudioPacket, AudioPackets, VideoInfo, VideoReader, is_null_output, pts_step
 from ..pipeline import Decoded, FileJob, FramePath
 from ..types import Frame
-from .loop import nvtx
 from .ring import HostEvent, Ring, Slot
 
 log = logging.getLogger(__name__)
+
+
+@contextmanager
+def nvtx(name: str) -> Iterator[None]:
+    """An NVTX range (visible in Nsight Systems), or nothing where NVTX is unavailable."""
+    try:
+        from cupy.cuda import nvtx as _nvtx
+
+        _nvtx.RangePush(name)
+    except Exception:  # NVTX is optional: profiling aid only
+        yield
+        return
+    try:
+        yield
+    finally:
+        _nvtx.RangePop()
 
 # Three slots for the upload side: a host slot is refilled once its upload has finished, a device
 # slot once its frame's download has (the download ring adds the encoder's queue, below).

@@ -35,7 +35,7 @@ from .batcher import BatchRecord, DynamicBatcher
 from .controller import ControllerSettings, DegradationController
 from .metrics import GpuMonitor, RuntimeMetrics, RuntimeSnapshot
 from .priority import SwitchInterval, media_thread
-from .stream import Source, StoppedWhileStarting, StreamPipeline, StreamSpec
+from .stream import StoppedWhileStarting, StreamOptions, StreamPipeline, StreamSpec
 from .swappers import BackendFactory, SwapBackend, SwapFailed, SwapItem, default_backend_factory
 
 log = logging.getLogger(__name__)
@@ -528,11 +528,9 @@ class StreamRuntime:
                                 g.memory_total - g.memory_used if g else None))
         return out
 
-    async def add_stream(self, spec: StreamSpec, *, source: Source | None = None,
-                         sink: Any = None) -> StreamPipeline:
+    async def add_stream(self, spec: StreamSpec, options: StreamOptions | None = None) -> StreamPipeline:
         """Start a stream. Bad ids, presets, overrides, swappers and inputs raise SwapStreamError.
-        `source` and `sink`: the input and the `webrtc` output of a WHIP publisher's stream
-        (`runtime.rtc`); None: the input is `spec.input`'s URL."""
+        `options`: how a command's or a WHIP session's stream runs (its config, source and sinks)."""
         if not STREAM_ID.fullmatch(spec.stream_id):
             raise StreamRequestError(f"stream id {spec.stream_id!r} is not valid: use 1-63 lower-case "
                                 f"letters, digits, '-' or '_', starting with a letter or digit")
@@ -552,13 +550,14 @@ class StreamRuntime:
             if self.active() >= self.config.runtime.max_streams:
                 raise StreamRequestError(f"the runtime already runs {self.active()} streams "
                                     f"(runtime.max_streams); stop one first", 503)
-            cfg = load_config(spec.preset, list(spec.overrides))
+            cfg = (options.config.model_copy(deep=True) if options is not None and options.config is not None
+                   else load_config(spec.preset, list(spec.overrides)))
             for key in SERVER_SETTINGS:
                 value = getattr(self.config, key)
                 setattr(cfg, key, value.model_copy(deep=True) if hasattr(value, "model_copy") else value)
             slot = self.slots[place(self._loads())]
             budget = spec.budget_ms or self.config.runtime.budget_ms
-            pipeline = StreamPipeline(spec, cfg, slot, self.metrics, budget, source=source, sink=sink)
+            pipeline = StreamPipeline(spec, cfg, slot, self.metrics, budget, options)
             # Reserved before the (slow) input opening, so that a second request with the same id
             # is refused and concurrent creations spread over the devices.
             self.streams[spec.stream_id] = pipeline

@@ -34,7 +34,7 @@ from ..errors import SwapStreamError
 from ..live.streams import VideoPacket
 from ..live.webrtc import Deliver, PublisherLink
 from ..types import Frame
-from .stream import InputSpec, OutputSpec, StreamPipeline, StreamSpec
+from .stream import InputSpec, OutputSpec, StreamOptions, StreamPipeline, StreamSpec
 from .whip_relay import WHIP_ID_PREFIX
 
 if TYPE_CHECKING:
@@ -227,8 +227,8 @@ class RuntimePublisher:
         o = self.owner
         spec = StreamSpec(self.id, InputSpec(f"webrtc://{self.link.sid}"), (OutputSpec("webrtc"),),
                           swapper=o.swapper, preset=o.preset, overrides=o.overrides)
-        pipeline = await o.runtime.add_stream(spec, source=self.source,
-                                              sink=RtcSink(self.link.deliver, self.source))
+        pipeline = await o.runtime.add_stream(spec, StreamOptions(source=self.source,
+                                                                  sink=RtcSink(self.link.deliver, self.source)))
         self.pipeline = pipeline
         try:
             await pipeline.set_source(o.image, o.image_name, o.image_path)

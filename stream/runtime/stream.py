@@ -23,7 +23,7 @@ import re
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -80,10 +80,11 @@ class InputSpec:
 class OutputSpec:
     """Where a stream's swapped frames go."""
 
-    kind: Literal["rtmp", "hls", "null", "webrtc"]
+    kind: Literal["rtmp", "hls", "null", "webrtc", "vcam"]
     target: str = ""
-    """RTMP URL, or the folder for HLS (index.m3u8 and segments); unused for `null` and `webrtc`
-    (a WHIP publisher's own connection: the sink the stream was given, `runtime.rtc`)."""
+    """RTMP URL, or the folder for HLS (index.m3u8 and segments); for `vcam` the device (empty: the
+    platform's default); unused for `null` and `webrtc` (a WHIP publisher's own connection: the
+    sink in the stream's `StreamOptions`, `runtime.rtc`)."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,30 @@ class StreamSpec:
     """`key=value` config overrides on top of the preset."""
     budget_ms: float | None = None
     """Latency budget (arrival to encoded, p99); None: the runtime's `runtime.budget_ms`."""
+
+
+@dataclass
+class StreamOptions:
+    """How a stream is run beyond its `StreamSpec`, for streams a command or a WHIP session makes
+    (not the API's, whose streams are their specs alone)."""
+
+    config: Config | None = None
+    """The stream's whole config (a command's `--config` and `--set`), instead of the spec's preset
+    and overrides; the server's settings still win (manager.SERVER_SETTINGS)."""
+    source: "Source | None" = None
+    """Where frames come from, instead of `spec.input`'s URL (a WHIP publisher's video)."""
+    sink: Any = None
+    """The object of the `webrtc` output (`runtime.rtc.RtcSink`)."""
+    wait_seconds: float = 0.0
+    """How long a network input that is not publishing yet is waited for (`swapstream live`: the
+    operator starts SwapStream first, then OBS); 0: it must be there."""
+    on_wait: Callable[[], None] | None = None
+    """Called once when that wait starts."""
+    operator_urls: bool = False
+    """The URLs are the operator's own (typed on the command line): no outbound policy. False: they
+    came with an API request, and the server's policy applies."""
+    output_reconnect_seconds: float = 30.0
+    """How long each output may fail before the stream fails (`LiveWriter.reconnect_seconds`)."""
 
 
 class StoppedWhileStarting(SwapStreamError):
@@ -144,6 +169,14 @@ class NullSink:
         pass
 
 
+def _before(packet: AudioPacket, frame: Frame) -> bool:
+    """Whether an audio packet starts before a video frame (both on the reader's timeline)."""
+    tb = packet.packet.time_base
+    if packet.pts is None or frame.pts is None or tb is None or frame.time_base is None:
+        return False
+    return float(packet.pts * tb) < float(frame.pts * frame.time_base)
+
+
 @dataclass
 class _Work:
     frame: Frame
@@ -156,10 +189,9 @@ class StreamPipeline:
     """A running stream. Built and driven by `StreamRuntime`; all methods run in its event loop."""
 
     def __init__(self, spec: StreamSpec, cfg: Config, slot: "DeviceSlot", metrics: "RuntimeMetrics",
-                 budget_ms: float, *, source: "Source | None" = None, sink: Any = None) -> None:
-        """`source`: where frames come from, when not from `spec.input`'s URL (a WHIP publisher's
-        video, `runtime.rtc.RtcSource`); `sink`: the object of the `webrtc` output, if any."""
-        if any(o.kind == "webrtc" for o in spec.outputs) != (sink is not None):
+                 budget_ms: float, options: StreamOptions | None = None) -> None:
+        self.options = options or StreamOptions()
+        if any(o.kind == "webrtc" for o in spec.outputs) != (self.options.sink is not None):
             raise ValueError("a webrtc output needs its sink, and a sink needs a webrtc output")
         self.spec = spec
         self.id = spec.stream_id
@@ -187,6 +219,7 @@ class StreamPipeline:
         self._base_detect_every = cfg.detector.detect_every
         self.state: State = "starting"
         self.error: str | None = None
+        self.failure: SwapStreamError | None = None
         self.created = time.time()
         self.changed_mono = time.monotonic()
         """When this stream last put one-time work on its device (its start, a new source face's
@@ -199,6 +232,10 @@ class StreamPipeline:
         self.enc_q: DropOldestQueue[_Work] = DropOldestQueue(rc.queue_frames, name="encode")
         self.audio: deque[AudioPacket] = deque(maxlen=2000)
         self.frames_in = 0
+        self.audio_packets = 0
+        self.dropped_at_first_out: int | None = None
+        """Frames dropped before the first frame went out: what arrived while the stream started
+        (a live command reports them apart; they are not the steady state's drops)."""
         self.arrivals: deque[float] = deque(maxlen=32)
         """The last frames' arrival times (monotonic): where in a frame period they arrive, for placement."""
         self.frames_out = 0
@@ -237,12 +274,11 @@ class StreamPipeline:
                                                 initializer=media_thread)
         self._encode_pool = ThreadPoolExecutor(1, thread_name_prefix=f"encode-{self.id}",
                                                initializer=media_thread)
-        self._source = source
-        self._webrtc_sink = sink
+        self._source = self.options.source
         self._reader: Any = None
         # The runtime's URLs come from API requests: every connection goes through the server's
         # outbound policy (runtime.allowed_hosts / allowed_ports), rtmps:// is verified.
-        self._outbound = Outbound.from_config(rc, enforce=True)
+        self._outbound = Outbound.from_config(rc, enforce=not self.options.operator_urls)
         self._analyser: Any = None
         self._decode: Any = None
         """On a GPU: gpu_stages.GpuDecode (frames into GPU memory); None on the CPU."""
@@ -319,7 +355,11 @@ class StreamPipeline:
 
         try:
             stopped_yet()
-            await loop.run_in_executor(self._analyse_pool, self._reader.open)
+            if self._source is None and self.options.wait_seconds:
+                await loop.run_in_executor(self._analyse_pool, lambda: self._reader.open(
+                    wait_seconds=self.options.wait_seconds, on_wait=self.options.on_wait, stop=self._stop))
+            else:
+                await loop.run_in_executor(self._analyse_pool, self._reader.open)
             stopped_yet()
             if not gpu:  # on a GPU the device's analysis serves every stream (DeviceSlot.analyse)
                 self._analyser = await loop.run_in_executor(self._analyse_pool, FaceAnalyser, self.cfg)
@@ -402,13 +442,16 @@ class StreamPipeline:
         self._analyse_pool.shutdown(wait=False)
         self._encode_pool.shutdown(wait=False)
 
-    def _fail(self, message: str) -> None:
+    def _fail(self, message: str, exc: SwapStreamError | None = None) -> None:
         # The message becomes the stream's `error` in the API: the input's errors quote its URL.
         message = redact_text(message)
         if self.state not in ("stopped", "failed"):
             log.error("stream %s failed: %s", self.id, message)
             self.state = "failed"
             self.error = message
+            self.failure = exc
+            """The user's error that failed it (an `InputError`, an `OutputError`), for a command
+            that reports it as such (`runtime.live`); None for other failures."""
         self._stop.set()
         if self._reader is not None:
             self._reader.stop()
@@ -493,6 +536,7 @@ class StreamPipeline:
                 if self._stop.is_set():
                     break
                 if isinstance(item, AudioPacket):
+                    self.audio_packets += 1  # this thread is its only writer
                     loop.call_soon_threadsafe(self.audio.append, item)
                     continue
                 if pace:
@@ -516,7 +560,7 @@ class StreamPipeline:
                     f.stream_id = self.id
                     loop.call_soon_threadsafe(self._arrive, _Work(f, time.monotonic()))
         except SwapStreamError as e:
-            self._tell(loop, self._fail, str(e))
+            self._tell(loop, self._fail, str(e), e)
         except Exception as e:  # a decoder failure we did not expect: this stream ends, not the process
             if isinstance(e, RuntimeError) and loop.is_closed():
                 return  # call_soon_threadsafe on a closed loop: the runtime is gone, nobody to tell
@@ -630,6 +674,9 @@ class StreamPipeline:
                     if self.last_pts is not None and w.frame.pts <= self.last_pts:
                         self.pts_regressions += 1
                     self.last_pts = w.frame.pts
+                if self.frames_out == 0:
+                    d = self.drops()
+                    self.dropped_at_first_out = d["input"] + d["swap"] + d["encode"]
                 self.frames_out += 1
                 self.faces_swapped += w.swapped
                 self.frames_swapped += 1 if w.swapped else 0
@@ -639,7 +686,7 @@ class StreamPipeline:
             if self.state == "running":
                 self.state = "ended"  # the input ended and every frame went out
         except SwapStreamError as e:
-            self._fail(str(e))
+            self._fail(str(e), e)
         except Exception as e:
             log.exception("stream %s: encoding failed", self.id)
             self._fail(f"encoding failed: {e}")
@@ -655,6 +702,11 @@ class StreamPipeline:
     def _write(self, frame: Frame, swapped: bool, audio: list[AudioPacket]) -> None:
         if not self._sinks:
             self._sinks = self._open_sinks(frame)
+            # The audio that came while the first frame was on its way (the stream's start: its
+            # analyser, its source face) is not sent ahead of it: a player that joined then probed
+            # a burst of audio alone and played no video (nginx-rtmp, PyAV's probe); the live job
+            # before the runtime dropped it too.
+            audio = [p for p in audio if not _before(p, frame)]
         if self._compose is not None:
             self._write_gpu(frame, swapped, audio)
             return
@@ -689,14 +741,20 @@ class StreamPipeline:
                                       time_base=first.time_base, audio_from=self._reader.audio_stream,
                                       crf=self.cfg.encode.crf, gop_seconds=self.cfg.encode.gop_seconds,
                                       tags=self.disclosure.tags,
-                                      threads=self.cfg.encode.threads)
+                                      threads=self.cfg.encode.threads,
+                                      reconnect_seconds=self.options.output_reconnect_seconds)
         sinks: list[Any] = []
         try:
             for o in self.spec.outputs:
                 if o.kind == "null":
                     sinks.append(NullSink())
                 elif o.kind == "webrtc":
-                    sinks.append(self._webrtc_sink)
+                    sinks.append(self.options.sink)
+                elif o.kind == "vcam":
+                    from ..live.vcam import VirtualCamera
+
+                    sinks.append(VirtualCamera(width=w, height=h, fps=self._reader.info_fps,
+                                               device=o.target or None))
                 elif o.kind == "rtmp":
                     sinks.append(LiveWriter(o.target, kind="rtmp", outbound=self._outbound, **common))
                 else:

@@ -25,7 +25,7 @@ av = pytest.importorskip("av")
 from swapstream.config import Config, load_config  # noqa: E402
 from swapstream.demo import astronaut, grace_hopper, read_frames, render_target_frame, write_demo_clip  # noqa: E402
 from swapstream.disclosure import SYNTHETIC_TAGS, Disclosure, draw_label, render_label  # noqa: E402
-from swapstream.live.job import LiveJob  # noqa: E402
+from swapstream.runtime.live import LiveJob  # noqa: E402
 from swapstream.pipeline import FileJob  # noqa: E402
 from swapstream.types import Frame  # noqa: E402
 from swapstream.verify import verify  # noqa: E402
@@ -154,10 +154,9 @@ def test_warm_up_builds_the_size_ahead_and_changes_nothing_else(scheme: str) -> 
 
 
 def test_a_jobs_warm_up_builds_the_label_and_mark_for_the_inputs_size(config: Config) -> None:
-    """`warm_swap(size=...)`, which the file and live jobs call before their first frame with the
-    input's size, builds the disclosure for that size (also before a source face is set) and
-    counts nothing."""
-    job = LiveJob(config)
+    """`warm_swap(size=...)`, which the file job calls before its first frame with the input's size,
+    builds the disclosure for that size (also before a source face is set) and counts nothing."""
+    job = FileJob(config, live=True)
     try:
         job.warm_swap(size=(360, 640))
         assert (360, 640, -1) in job.disclosure._patches
@@ -166,25 +165,30 @@ def test_a_jobs_warm_up_builds_the_label_and_mark_for_the_inputs_size(config: Co
         job.close()
 
 
-def test_live_job_labels_and_marks_every_frame(config: Config) -> None:
-    """The live path (LiveJob.swap_frame, which RTMP/HLS and WHIP use) with the live default."""
-    job = LiveJob(config)
-    try:
-        job.set_source_image(astronaut(), "astronaut")
-        patch = render_label(720, 1280, config.disclosure)
-        assert patch is not None
-        for i, t in enumerate((0.0, 0.5)):
-            src = render_target_frame(grace_hopper(), t, (1280, 720))
-            img = src.copy()
-            n = job.swap_frame(Frame(img, pts=i, time_base=Fraction(1, 25), index=i))
-            assert n == 1
-            box = (slice(patch.y0, patch.y0 + patch.alpha.shape[0]),
-                   slice(patch.x0, patch.x0 + patch.alpha.shape[1]))
-            assert np.abs(img[box].astype(int) - src[box]).mean() > 20   # the label is there
-            d = detect(luma_of(img))
-            assert d.found and d.payload == job.disclosure.payload
-    finally:
-        job.close()
+def test_live_job_labels_and_marks_every_frame(config: Config, tmp_path: Path) -> None:
+    """`swapstream live`'s job (a runtime stream) with the live default: every frame of its HLS
+    output, decoded, shows the label over the source picture and carries the mark."""
+
+    from .clips import concat_hls
+
+    clip = tmp_path / "clip.mp4"
+    assert write_demo_clip(clip, grace_hopper(), seconds=1.0, fps=10, size=(640, 360)) == 10
+    job = LiveJob(config, device="cpu")
+    job.set_source_image(astronaut(), "astronaut")
+    stats = job.run_live(str(clip), hls_dir=tmp_path / "hls")
+    job.close()
+    assert stats.frames_out >= 8 and stats.faces_swapped >= 8, stats
+    patch = render_label(360, 640, config.disclosure)
+    assert patch is not None
+    box = (slice(patch.y0, patch.y0 + patch.alpha.shape[0]), slice(patch.x0, patch.x0 + patch.alpha.shape[1]))
+    with av.open(str(concat_hls(tmp_path / "hls"))) as c:
+        frames = [(f.to_ndarray(format="rgb24"), float(f.time)) for f in c.decode(video=0)]
+    assert len(frames) >= 8
+    for img, t in frames:
+        src = render_target_frame(grace_hopper(), t, (640, 360))
+        assert np.abs(img[box].astype(int) - src[box]).mean() > 20   # the label is there
+        d = detect(luma_of(img))
+        assert d.found and d.payload == job.disclosure.payload
 
 
 # -- files: label, mark and metadata, read back ------------------------------------------------------

@@ -27,7 +27,7 @@ if shutil.which("ffmpeg") is None or not Path("/usr/lib/nginx/modules/ngx_rtmp_m
 from swapstream.config import load_config  # noqa: E402
 from swapstream.demo import astronaut, grace_hopper, render_target_frame  # noqa: E402
 from swapstream.live.auth import StreamKeyAuth  # noqa: E402
-from swapstream.live.job import LiveJob  # noqa: E402
+from swapstream.runtime.live import LiveJob  # noqa: E402
 from swapstream.live.nginx import NginxRtmp, nginx_rtmp_config  # noqa: E402
 from swapstream.live.streams import hls_options, rtmp_input_options, x264_live_options  # noqa: E402
 

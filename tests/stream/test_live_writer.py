@@ -130,32 +130,32 @@ def test_a_push_that_comes_back_goes_on(flaky_server: int) -> None:
 
 @pytest.mark.parametrize("mark", [False, True], ids=["watermark-off", "watermark-on"])
 def test_live_output_tags_claim_the_watermark_only_when_on(tmp_path: Path, mark: bool) -> None:
-    """The live job's own outputs (`LiveJob._open_writers`, as `run_live` opens them at its first
-    frame), fed by its reader and swap: FLV, as an RTMP push sends it, keeps every tag (nginx-rtmp
-    replaces them with its own on the way, so the stream is written to a file here)."""
+    """A live stream's outputs, as `StreamPipeline._open_sinks` opens them (its disclosure's tags),
+    fed frames labelled and marked as the stream does: FLV, as an RTMP push sends it, keeps every
+    tag (nginx-rtmp replaces them with its own on the way, so the stream is written to a file)."""
     from swapstream.config import load_config
-    from swapstream.demo import astronaut, grace_hopper, write_demo_clip
-    from swapstream.live.job import LiveJob
+    from swapstream.demo import grace_hopper, write_demo_clip
+    from swapstream.disclosure import Disclosure
     from swapstream.live.streams import LiveReader
     from swapstream.verify import verify
 
     clip, flv = tmp_path / "clip.mp4", tmp_path / "out.flv"
     assert write_demo_clip(clip, grace_hopper(), seconds=2.0, fps=10, size=(320, 240)) == 20
-    job = LiveJob(load_config(None, [f"watermark.enabled={'true' if mark else 'false'}"]))
-    job.set_source_image(astronaut(), "astronaut")
+    disclosure = Disclosure(load_config(None, [f"watermark.enabled={'true' if mark else 'false'}"]), live=True)
     reader = LiveReader(str(clip))
     reader.open()
-    [w] = job._open_writers(320, 240, reader.time_base, reader, str(flv), None)
+    w = LiveWriter(str(flv), kind="rtmp", width=320, height=240, fps=reader.info_fps, time_base=reader.time_base,
+                   audio_from=reader.audio_stream, tags=disclosure.tags)
     swapped = 0
     for item in reader:
         if isinstance(item, Frame):
-            swapped += job.swap_frame(item) > 0
+            disclosure.apply(item.data, True)  # what the stream's encode stage does to a swapped frame
+            swapped += 1
             w.write(item)
         else:
             w.write_audio(item)
     w.close()
     reader.close()
-    job.close()
     assert swapped >= 15
     with av.open(str(flv)) as c:
         tags = {k.lower(): str(v) for k, v in c.metadata.items()}
