@@ -146,7 +146,8 @@ class LiveJob:
                                              reconnect_seconds=reconnect_seconds),
                           tuple(outputs), swapper=cfg.swapper)
         options = StreamOptions(config=cfg, wait_seconds=0.0 if is_file else reconnect_seconds,
-                                on_wait=on_wait, operator_urls=True, output_reconnect_seconds=reconnect_seconds)
+                                on_wait=on_wait, operator_urls=True, output_reconnect_seconds=reconnect_seconds,
+                                max_frames=max_frames)
         stats = LiveStats()
         await runtime.start()
         try:
@@ -168,8 +169,6 @@ class LiveJob:
             image, name, path = self._source  # type: ignore[misc]
             await pipeline.set_source(image, name, path)
             while not pipeline.done.is_set() and not stop.is_set():
-                if max_frames is not None and pipeline.frames_out >= max_frames:
-                    break
                 await asyncio.sleep(POLL_S)
             stop.set()
             await runtime.remove_stream(LIVE_ID)  # what is in flight goes out, the outputs close

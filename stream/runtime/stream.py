@@ -126,6 +126,8 @@ class StreamOptions:
     came with an API request, and the server's policy applies."""
     output_reconnect_seconds: float = 30.0
     """How long each output may fail before the stream fails (`LiveWriter.reconnect_seconds`)."""
+    max_frames: int | None = None
+    """End the stream once this many frames are out (`swapstream live --max-frames`)."""
 
 
 class StoppedWhileStarting(SwapStreamError):
@@ -680,6 +682,12 @@ class StreamPipeline:
                 self.frames_out += 1
                 self.faces_swapped += w.swapped
                 self.frames_swapped += 1 if w.swapped else 0
+                if self.options.max_frames is not None and self.frames_out >= self.options.max_frames:
+                    self._stop.set()  # the frames behind it are not written: the stream has ended
+                    if self._reader is not None:
+                        self._reader.stop()
+                    self.in_q.close()
+                    raise QueueClosed
                 if self._compose is None:  # a GPU stream's preview comes from _write, now and then
                     self.latest = w.frame.data
         except QueueClosed:
