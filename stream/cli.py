@@ -355,7 +355,7 @@ def _stop_on_sigint(stop: threading.Event, interrupted: threading.Event) -> Iter
 
 def _live_summary(stats: "object") -> None:
     """The line a live run ends with, at its end and after Ctrl+C alike. Latency: from a frame's
-    arrival (decoded, or its access unit read) to its hand-over to the outputs."""
+    arrival (decoded, or its access unit read) to the end of its output call (x264 included)."""
     from .runtime.live import LiveStats
 
     assert isinstance(stats, LiveStats)

@@ -405,7 +405,7 @@ def table(records: list[dict[str, Any]]) -> list[str]:
     if any(r["metric"].startswith("rtmp") for r in records):
         lines.append("The RTMP path is `swapstream live` as a user starts it (one stream of a runtime), "
                      "stopped with Ctrl+C; its server stage is the latency its summary line gives "
-                     "(a frame's arrival to its hand-over to the output).")
+                     "(a frame's arrival to the end of its output call, x264's encode included).")
     for r in records:
         if "handover" in r["metric"]:
             lines.append(f"An aiortc player hands each frame over one frame interval later than it "

@@ -54,7 +54,7 @@ class LiveStats:
     device: str = ""
     latency_ms: deque[float] = field(default_factory=deque)
     """Per frame, the stream's newest (`StreamPipeline.latency_timed`, 1,200): from its arrival
-    (decoded, or its access unit read) to its hand-over to the outputs."""
+    (decoded, or its access unit read) to the end of its output call (x264's encode included)."""
     out_times: deque[float] = field(default_factory=deque)
     """Monotonic clock at the stream's newest output frames (`StreamPipeline.out_times`, 600), to
     see gaps (a dropped input) and when output resumed."""
