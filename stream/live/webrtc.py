@@ -45,7 +45,7 @@ from aiortc import MediaStreamTrack, RTCConfiguration, RTCIceServer
 from aiortc.mediastreams import MediaStreamError
 
 from ..config import WebRtcConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, SwapStreamError
 from ..queues import DropOldestQueue
 from .rtp import fast_h264, prompt_frames
 
@@ -71,7 +71,8 @@ class PublisherMedia(Protocol):
         H.264 first and sends its access units to NVDEC)."""
 
     async def start(self) -> None:
-        """The publisher's video track arrived: start processing (frames may come from now on)."""
+        """Start processing, before the answer goes out (frames come once the connection is up).
+        A `SwapStreamError` refuses the offer with its message (and its `status`, default 503)."""
 
     def push(self, frame: Any) -> None:
         """One received video frame (aiortc's `av.VideoFrame`), in arrival order."""
@@ -582,6 +583,14 @@ class WhipServer:
                     for t in pc.getTransceivers():
                         if t.kind == "video":
                             fast_h264(t.sender)
+                if session.media is not None:
+                    # The publisher's stream starts before the answer goes out, so that one the
+                    # runtime cannot take is refused with its reason (503), not answered and dropped.
+                    try:
+                        await session.media.start()
+                    except SwapStreamError as e:
+                        await self._close_session(session)
+                        return web.Response(status=getattr(e, "status", 503), text=f"{e}\n")
             except asyncio.CancelledError:
                 self._spawn(self._close_session(session))  # the client left: it ends without us
                 raise
@@ -679,13 +688,7 @@ class WhipServer:
     async def _consume(self, s: Session, track: Any) -> None:
         """Hand each received video frame to the publisher's media. aiortc's receive queue is
         unbounded: frames are taken as they come, and the media's own bounded queues drop."""
-        assert s.media is not None  # made when the offer was applied
-        try:
-            await s.media.start()
-        except Exception as e:  # the media could not start (no room left, a bad source face)
-            log.error("WHIP publisher's video could not start: %s", e)
-            self._spawn(self._drop(self.sessions, s.sid))
-            return
+        assert s.media is not None  # made, and started, before the answer went out
         last_pts: int | None = None
         while True:
             try:

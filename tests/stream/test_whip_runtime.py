@@ -239,3 +239,34 @@ def test_serve_with_workers_places_each_publisher_on_a_worker(tmp_path: Any) -> 
     finally:
         check.close()
     assert max(ratios) < 0.5, [round(r, 2) for r in ratios]
+
+
+def test_a_publisher_the_runtime_cannot_take_is_refused_with_the_reason() -> None:
+    """The runtime is full (runtime.max_streams): the offer is answered 503 with why, before any
+    answer went out; it is not answered and then dropped."""
+
+    async def scenario() -> tuple[int, str, int, int]:
+        runtime = StreamRuntime(load_config("live", ["runtime.max_streams=1"]), devices=["cpu"])
+        await runtime.start()
+        server = WhipServer(RuntimePublishers(runtime, image=astronaut(), image_name="astronaut"))
+        runner, base = await start(server.app)
+        clock = ProbeClock(asyncio.get_running_loop().time())
+        first = publisher([StampedVideoTrack(clock, size=SIZES[0])], Received())
+        second = publisher([StampedVideoTrack(clock, size=SIZES[1])], Received())
+        try:
+            async with ClientSession() as http:
+                await connect(http, base + "/whip", first)
+                await second.setLocalDescription(await second.createOffer())
+                async with http.post(base + "/whip", data=second.localDescription.sdp,
+                                     headers={"Content-Type": "application/sdp"}) as r:
+                    status, text = r.status, await r.text()
+                return status, text, len(server.sessions), len(runtime.streams)
+        finally:
+            await first.close()
+            await second.close()
+            await runner.cleanup()
+            await runtime.close()
+
+    status, text, sessions, streams = asyncio.run(scenario())
+    assert status == 503 and "runtime.max_streams" in text, (status, text)
+    assert sessions == 1 and streams == 1
