@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -124,13 +124,15 @@ def _job_class(cfg: Config) -> type:
     return FileJob
 
 
-def _live_job_class(cfg: Config) -> type:
-    """`live`'s job: one stream of a runtime (runtime.live), on the GPU where `_job_class` picks it
-    (NVDEC, the GPU analysis and compose), else on the CPU; the job picks the device the same way."""
+def _live_job_class(cfg: Config) -> "Callable[[Config], object]":
+    """`live`'s job: one stream of a runtime (runtime.live), on the device `_job_class` picks (and
+    says why): the first GPU (NVDEC, the GPU analysis and compose), else the CPU."""
+    import functools
+
+    from .gpu.job import GpuFileJob
     from .runtime.live import LiveJob
 
-    _job_class(cfg)  # says which path, and why
-    return LiveJob
+    return functools.partial(LiveJob, device="cuda:0" if _job_class(cfg) is GpuFileJob else "cpu")
 
 
 def _log_disclosure(job: "object") -> None:
@@ -464,8 +466,7 @@ def serve(
     # WHIP publishers are streams of the runtime, as the API's are (runtime.rtc): with workers, each
     # placed on a worker like an API stream (runtime.whip_relay); else of the API's own runtime, in
     # this process (or, with --ray, of a runtime in this process beside the cluster's workers).
-    whip = {"preset": config or "live", "overrides": list(set_ or ()), "swapper": cfg.swapper,
-            "max_sessions": max_sessions}
+    whip = {"max_sessions": max_sessions}  # the workers' publishers take serve's config, as they are given it
     pool = _worker_pool(cfg, workers, mps, hls_root, media_root, source, whip) if workers and not cluster else None
     runtime = None
     if pool is not None:
@@ -476,8 +477,7 @@ def serve(
     else:
         runtime = StreamRuntime(cfg, devices=_runtime_devices(cfg))
         media = RuntimePublishers(runtime, image=image, image_name=f"the server's source image '{source}'",
-                                  image_path=source, swapper=cfg.swapper, preset=whip["preset"],
-                                  overrides=whip["overrides"])
+                                  image_path=source)
         server = WhipServer(media, token=whip_token, max_sessions=max_sessions, settings=cfg.webrtc, host=host)
     for line in (f"WHIP endpoint: {base}/whip  (OBS: Settings > Stream > Service WHIP)",
                  f"WHEP endpoint: {base}/whep  browser preview: {base}/",

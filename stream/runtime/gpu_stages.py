@@ -51,17 +51,21 @@ class GpuDecode:
     (NV12 -> RGB on the decoder's stream); without NVDEC, PyAV's host frames are uploaded."""
 
     def __init__(self, name: str, nvdec: bool, *, max_size: tuple[int, int] | None = None,
-                 on_error: Callable[[], None] | None = None) -> None:
+                 on_error: Callable[[], None] | None = None, crop_odd: bool = False) -> None:
         """`max_size`: the largest picture the first NVDEC decoder is made for (a WebRTC publisher's
         resolution changes with its bandwidth; None: the first picture's). `on_error`: called when an
         access unit fails to decode, which is then dropped and the next decoder sized to the stream,
-        rather than the stream failing (WebRTC: a keyframe is asked for)."""
+        rather than the stream failing (WebRTC: a keyframe is asked for). `crop_odd`: a picture of
+        an odd width or height loses its last column or row (a browser's camera may send one;
+        4:2:0 needs even sizes) rather than failing the stream."""
         import cupy
 
         self.name = name
         self.nvdec = nvdec
         self._max_size = max_size
         self._on_error = on_error
+        self._crop_odd = crop_odd
+        self._failures = 0
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self._decoder: Any = None
         self._key: tuple[str, bool] | None = None
@@ -75,9 +79,12 @@ class GpuDecode:
         import cupy
 
         if isinstance(item, Frame):
-            self._check_size(item.data.shape[1], item.data.shape[0])
+            picture = item.data
+            if self._crop_odd:
+                picture = picture[:picture.shape[0] & ~1, :picture.shape[1] & ~1]
+            self._check_size(picture.shape[1], picture.shape[0])
             with self.stream:
-                data = cupy.asarray(item.data)
+                data = cupy.asarray(np.ascontiguousarray(picture))
             self.stream.synchronize()
             self.frames += 1
             return [replace(item, data=data)]
@@ -88,8 +95,10 @@ class GpuDecode:
         except Exception as e:  # noqa: BLE001 - any decoder failure; re-raised without a way to recover
             if self._on_error is None:
                 raise
-            log.warning("stream %s: an access unit failed to decode (%s): dropped, keyframe asked for",
-                        self.name, e)
+            self._failures += 1
+            if self._failures == 1 or self._failures % 100 == 0:  # a broken stream fails every unit
+                log.warning("stream %s: an access unit failed to decode (%s; %d so far): dropped, "
+                            "keyframe asked for", self.name, e, self._failures)
             self._decoder.close()
             self._decoder = None
             self._max_size = None  # the next decoder takes the stream's size as it is now
@@ -134,10 +143,15 @@ class GpuDecode:
     def _to_rgb(self, f: Any, pts: int | None, time_base: Fraction | None) -> Frame:
         import cupy
 
-        self._check_size(f.width, f.height)
+        if not self._crop_odd:
+            self._check_size(f.width, f.height)
         with self.stream:
             rgb = cupy.empty((f.height, f.width, 3), cupy.uint8)
         f.copy_to(rgb).synchronize()  # NV12 -> RGB done before another thread reads it
+        if (f.width | f.height) & 1:  # crop_odd: the last column or row goes (a copy, on odd sizes only)
+            with self.stream:
+                rgb = cupy.ascontiguousarray(rgb[:f.height & ~1, :f.width & ~1])
+            self.stream.synchronize()
         self.frames += 1
         self.nvdec_frames += 1
         return Frame(rgb, f.pts if f.pts is not None else pts, time_base, self.frames - 1)

@@ -23,13 +23,14 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..config import Config
 from ..errors import SwapStreamError
 from ..live.streams import VideoPacket
 from ..live.webrtc import Deliver, PublisherLink
@@ -86,14 +87,19 @@ class RtcSource:
     def put(self, item: Any) -> None:
         """A received video frame (`av.VideoFrame`) or an H.264 access unit (`VideoPacket`)."""
         now = time.monotonic()
+        lost_access_unit = False
         with self._cond:
             if self._stopped or self._ended:
                 return
-            if len(self._items) >= (PACKETS_WAITING if self.packets else FRAMES_WAITING):
-                self._items.popleft()
+            if len(self._items) >= (PACKETS_WAITING if isinstance(item, VideoPacket) else FRAMES_WAITING):
+                old, _ = self._items.popleft()
                 self.dropped += 1
+                lost_access_unit = isinstance(old, VideoPacket)
             self._items.append((item, now))
             self._cond.notify()
+        if lost_access_unit and self.decode_failed is not None:
+            # The frames after a lost access unit do not decode properly: a keyframe mends them.
+            self.decode_failed()
 
     def put_access_unit(self, data: bytes, timestamp: int) -> list[Any]:
         """`gpu.rtc.DecodeFn` for aiortc's decoder thread: the access unit goes to the stream's
@@ -176,18 +182,22 @@ class RtcSink:
 class RuntimePublishers:
     """`WhipServer`'s `MediaFactory` for `swapstream serve`: each publisher a stream of `runtime`,
     swapped with the server's face (`image`, through the same face and consent checks as an API
-    stream's), on the stream settings `preset` + `overrides` and the swapper `swapper`."""
+    stream's), on serve's own settings (`config`, default the runtime's: `--config` and `--set`,
+    read once when serve started) and its swapper."""
 
     def __init__(self, runtime: StreamRuntime, *, image: np.ndarray, image_name: str,
-                 image_path: Path | None = None, swapper: str = "mesh", preset: str = "live",
-                 overrides: Sequence[str] = ()) -> None:
+                 image_path: Path | None = None, config: Config | None = None) -> None:
         self.runtime = runtime
         self.image = image
         self.image_name = image_name
         self.image_path = image_path
-        self.swapper = swapper
-        self.preset = preset
-        self.overrides = tuple(overrides)
+        self.config = config or runtime.config
+        gpus = [s for s in runtime.slots if s.gpu_index is not None]
+        self.gpu = gpus[0] if gpus else None
+        if self.gpu is not None:
+            # Asked of the driver now, in a thread: the first publisher's `prepare` runs on the
+            # event loop that serves every session, and finds the answer cached.
+            threading.Thread(target=self.gpu.nvdec_available, name="nvdec-check", daemon=True).start()
 
     def __call__(self, link: PublisherLink) -> RuntimePublisher:
         return RuntimePublisher(self, link)
@@ -208,13 +218,13 @@ class RuntimePublisher:
     def prepare(self, pc: Any) -> None:
         """On a GPU: H.264 first in the answer, and its access units to the stream's NVDEC decoder
         where the GPU has one (else aiortc decodes, and the frames are uploaded)."""
-        gpus = [s for s in self.owner.runtime.slots if s.gpu_index is not None]
-        if not gpus:
+        gpu = self.owner.gpu
+        if gpu is None:
             return
         from ..gpu.rtc import RTC_MAX_SIZE, divert_video, keyframe_request, prefer_h264
 
         transceiver = prefer_h264(pc)
-        nvdec, why = gpus[0].nvdec_available()
+        nvdec, why = gpu.nvdec_available()
         if not nvdec:
             log.info("WHIP publisher %s: decoded on the CPU and uploaded (%s)", self.id, why)
             return
@@ -225,15 +235,18 @@ class RuntimePublisher:
 
     async def start(self) -> None:
         o = self.owner
-        spec = StreamSpec(self.id, InputSpec(f"webrtc://{self.link.sid}"), (OutputSpec("webrtc"),),
-                          swapper=o.swapper, preset=o.preset, overrides=o.overrides)
-        pipeline = await o.runtime.add_stream(spec, StreamOptions(source=self.source,
+        spec = StreamSpec(self.id, InputSpec(f"webrtc://{self.id}"), (OutputSpec("webrtc"),),
+                          swapper=o.config.swapper)
+        pipeline = await o.runtime.add_stream(spec, StreamOptions(config=o.config, source=self.source,
                                                                   sink=RtcSink(self.link.deliver, self.source)))
         self.pipeline = pipeline
         try:
             await pipeline.set_source(o.image, o.image_name, o.image_path)
         except BaseException:
-            await self.close()
+            if self._closed:
+                await self._remove()  # closed meanwhile: close() found no stream to remove yet
+            else:
+                await self.close()
             raise
         if self._closed:  # the session went while the stream started
             await self._remove()

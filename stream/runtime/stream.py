@@ -342,7 +342,8 @@ class StreamPipeline:
             with self.slot._device():
                 # A WebRTC source's resolution may change, and a failed access unit asks for a keyframe.
                 self._decode = GpuDecode(self.id, nvdec, max_size=getattr(self._source, "max_size", None),
-                                         on_error=getattr(self._source, "decode_failed", None))
+                                         on_error=getattr(self._source, "decode_failed", None),
+                                         crop_odd=self._source is not None)
                 self._compose = GpuCompose(self.disclosure)
         # A file ends at its end, or with `loop` LiveReader opens it again and carries the
         # timestamps on; only a network input reconnects. Pacing stays here (`_read`). With NVDEC

@@ -60,7 +60,22 @@ class PoolRelay:
         self.pool = pool
         self.swapper = swapper
         self.sessions_by_id: dict[str, RelayedSession] = {}
+        self.offering: dict[int, Worker] = {}
+        """Publishers' offers on their way to a worker: they count as its streams (placement)."""
         self._newest_publisher: Worker | None = None
+        pool.relay = self  # placement counts the publishers' streams (WorkerPool.streams_on)
+
+    def publishers_on(self, w: Worker) -> int:
+        """WHIP publishers' streams on `w`, those being set up included."""
+        return (sum(1 for s in self.sessions_by_id.values() if s.kind == "WHIP" and s.worker is w)
+                + sum(1 for x in self.offering.values() if x is w))
+
+    def stream_worker(self, stream_id: str) -> Worker | None:
+        """The worker of a publisher's runtime stream (`whip-` and its session id's start)."""
+        for sid, s in self.sessions_by_id.items():
+            if s.kind == "WHIP" and WHIP_ID_PREFIX + sid[:12] == stream_id:
+                return s.worker
+        return None
 
     def sessions(self, kind: str) -> int:
         self._prune()
@@ -81,15 +96,19 @@ class PoolRelay:
         session id on 201)."""
         from .workers import PoolError
 
+        token = object()
         try:
             if kind == "WHEP" and self._newest_publisher is not None and self._newest_publisher.state == "ready":
                 w = self._newest_publisher  # the viewer sees the newest publisher's video
             else:
                 w = self.pool.choose(swapper=self.swapper)
+                self.offering[id(token)] = w
             status, headers, payload = await self.pool.forward(
                 w, "POST", f"{WORKER_RTC_PREFIX}/{kind.lower()}", sdp.encode(), "application/sdp", timeout=30.0)
         except PoolError as e:
             return e.status, f"{e}\n", None
+        finally:
+            self.offering.pop(id(token), None)
         text = payload.decode(errors="replace")
         if status != 201:
             return status, text, None
@@ -104,14 +123,20 @@ class PoolRelay:
         """End a session: the worker's status (404 when neither knows it)."""
         from .workers import PoolError
 
-        s = self.sessions_by_id.pop(sid, None)
+        s = self.sessions_by_id.get(sid)
         if s is None or s.kind != kind:
             return 404
         try:
             status, _, _ = await self.pool.forward(s.worker, "DELETE", f"{WORKER_RTC_PREFIX}/{kind.lower()}/{sid}")
-        except PoolError:
+        except PoolError as e:
+            if s.worker.state == "ready":
+                return e.status  # a worker that did not answer in time: the session may still run
+            self.sessions_by_id.pop(sid, None)
             return 200  # its worker is gone, and the session with it
-        return 200 if status == 404 else status  # ended there already: gone either way
+        if 200 <= status < 300 or status == 404:  # ended there, now or before: gone either way
+            self.sessions_by_id.pop(sid, None)
+            return 200
+        return status
 
     def known(self, kind: str, sid: str) -> bool:
         s = self.sessions_by_id.get(sid)

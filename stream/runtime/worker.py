@@ -195,9 +195,9 @@ def whip_endpoints(app: Any, runtime: Any, settings: dict[str, Any], cfg: Any) -
     from .whip_relay import WORKER_HOST, WORKER_RTC_PREFIX
 
     source = Path(settings["default_source"])
+    # Serve's own config (the worker's), as in one process.
     media = RuntimePublishers(runtime, image=load_image(source), image_name=f"the server's source image '{source}'",
-                              image_path=source, swapper=whip["swapper"], preset=whip["preset"],
-                              overrides=whip["overrides"])
+                              image_path=source)
     # The parent enforces --max-sessions over all workers; this cap only bounds one worker.
     server = WhipServer(media, token=settings["token"], max_sessions=whip["max_sessions"],
                         settings=cfg.webrtc, host=WORKER_HOST)

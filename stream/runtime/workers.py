@@ -154,8 +154,8 @@ class WorkerPool:
         self.default_source = default_source
         """serve -s: the image whose face each worker's new streams start with (ApiSettings)."""
         self.whip = whip
-        """WHIP and WHEP in the workers (runtime.whip_relay): `preset`, `overrides`, `swapper` and
-        `max_sessions` of their publishers' streams; None: no WebRTC. Needs `default_source`."""
+        """WHIP and WHEP in the workers (runtime.whip_relay): `max_sessions` for each worker's own
+        endpoint; None: no WebRTC. Needs `default_source`, the publishers' face."""
         if whip is not None and default_source is None:
             raise ValueError("WHIP in the workers needs default_source, the publishers' face")
         self.python = python
@@ -176,6 +176,8 @@ class WorkerPool:
         """Deleted ids that may still be stopping: (their worker, until when, monotonic)."""
         self._lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
+        self.relay: Any = None
+        """The WHIP relay (runtime.whip_relay.PoolRelay) that places publishers here, if any."""
         self.closing = False
         self.crashes_total = 0
 
@@ -461,7 +463,8 @@ class WorkerPool:
         """Streams placed on `w`, those being created there included: a burst of creates must
         spread before the workers' next load reports show them."""
         return (sum(1 for p in self.placed.values() if p.worker is w and p.lost is None)
-                + sum(1 for x in self._pending.values() if x is w))
+                + sum(1 for x in self._pending.values() if x is w)
+                + (self.relay.publishers_on(w) if self.relay is not None else 0))
 
     def refusal(self, w: Worker) -> str | None:
         """Why `w` takes no new stream now, or None (runtime.placement.refusal)."""
@@ -547,6 +550,10 @@ class WorkerPool:
 
     def owner(self, sid: str) -> Placed:
         p = self.placed.get(sid)
+        if p is None and self.relay is not None:
+            w = self.relay.stream_worker(sid)
+            if w is not None:  # a WHIP publisher's stream: its worker answers for it
+                return Placed(sid, w, {}, "")
         if p is None:
             raise PoolError(404, f"no stream with id {sid!r}: GET /api/streams lists them")
         if p.lost is not None:

@@ -42,8 +42,8 @@ def run_publishers(devices: list[str] | None, frames: int = 15) -> dict[str, Any
         cfg = load_config("live")
         runtime = StreamRuntime(cfg, devices=devices)
         await runtime.start()
-        media = RuntimePublishers(runtime, image=astronaut(), image_name="astronaut", preset="live",
-                                  overrides=NO_SMOOTHING)
+        media = RuntimePublishers(runtime, image=astronaut(), image_name="astronaut",
+                                  config=load_config("live", list(NO_SMOOTHING)))
         server = WhipServer(media)
         runner, base = await start(server.app)
         clock = ProbeClock(asyncio.get_running_loop().time())
@@ -66,8 +66,8 @@ def run_publishers(devices: list[str] | None, frames: int = 15) -> dict[str, Any
                 res["latency"] = [list(s.latency_ms) for s in sessions]
                 res["answers"] = [pc.remoteDescription.sdp for pc in pcs]
                 # The first publisher leaves (WHIP DELETE): its stream goes from the runtime.
-                first_id = next(sid for sid, p in streams.items() if p.spec.input.url.endswith(
-                    locations[0].rsplit("/", 1)[1]))
+                first_id = WHIP_ID_PREFIX + locations[0].rsplit("/", 1)[1][:12]
+                assert first_id in streams, (first_id, list(streams))
                 d = await http.delete(base + locations[0])
                 assert d.status == 200
                 await until(lambda: first_id not in runtime.streams and first_id not in runtime.stopping,
@@ -197,6 +197,15 @@ def test_serve_with_workers_places_each_publisher_on_a_worker(tmp_path: Any) -> 
                 async with http.post(base + "/whip", data=second.localDescription.sdp,
                                      headers={"Content-Type": "application/sdp"}) as r:
                     refused = r.status
+                # A DELETE of the wrong kind is a 404 and leaves the session counted.
+                async with http.delete(base + location.replace("/whip/", "/whep/")) as r:
+                    wrong_kind = r.status
+                async with http.get(base + "/health") as r:
+                    health_after = await r.json()
+                # The publisher's stream answers through the API as an API stream does.
+                stream_id = WHIP_ID_PREFIX + location.rsplit("/", 1)[1][:12]
+                async with http.get(base + f"/api/streams/{stream_id}", headers=auth) as r:
+                    inspected = (r.status, await r.json())
                 async with http.delete(base + location) as r:
                     deleted = r.status
                 async with http.delete(base + location) as r:
@@ -214,7 +223,8 @@ def test_serve_with_workers_places_each_publisher_on_a_worker(tmp_path: Any) -> 
                 await pc.close()
                 await second.close()
             return {"got": got.video, "sources": source.sources, "listed": listed, "health": health,
-                    "refused": refused, "deleted": deleted, "again": again, "location": location}
+                    "refused": refused, "deleted": deleted, "again": again, "location": location,
+                    "wrong_kind": wrong_kind, "health_after": health_after, "inspected": inspected}
 
     try:
         res = asyncio.run(scenario())
@@ -231,6 +241,9 @@ def test_serve_with_workers_places_each_publisher_on_a_worker(tmp_path: Any) -> 
     assert whip[0]["outputs"] == [{"type": "webrtc"}] and whip[0]["faces_swapped"] > 0, whip
     assert res["location"].startswith("/whip/") and res["health"]["sessions"] == 1
     assert res["refused"] == 503 and res["deleted"] == 200 and res["again"] == 404, res
+    assert res["wrong_kind"] == 404 and res["health_after"]["sessions"] == 1, res
+    status, info = res["inspected"]
+    assert status == 200 and info["id"] == whip[0]["id"] and info["worker"] == whip[0]["worker"], res["inspected"]
     assert "WHIP publishers are placed on the workers" in out, out[-3000:]
     assert "Traceback" not in out, out[-3000:]
     check = fresh_job()
