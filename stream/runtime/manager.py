@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable, Collection, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, TypeVar
 
 import numpy as np
@@ -54,6 +55,18 @@ whose output is slow to close, finishes stopping afterwards: its id stays taken 
 count against `runtime.max_streams` until it has."""
 
 STREAM_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+
+WARM_ID = "warm-up"
+"""The stream id of `DeviceSlot._warm_face`'s frames (not a valid API stream id: it has no stream)."""
+
+
+def cv2_resize(image: np.ndarray, height: int) -> np.ndarray:
+    """`image` scaled to `height` rows, its aspect kept."""
+    import cv2
+
+    return cv2.resize(image, (round(image.shape[1] * height / image.shape[0]), height),
+                      interpolation=cv2.INTER_AREA)
+
 
 SERVER_SETTINGS = ("models_dir", "runtime", "consent", "disclosure", "watermark", "webrtc", "provenance")
 """Config keys that are the server's, never a stream's: where files are read (models, consent
@@ -343,6 +356,51 @@ class DeviceSlot:
         # the other, so that no two CUDA graph captures overlap.
         await loop.run_in_executor(self._analysis_pool, build_analysis)
         await loop.run_in_executor(self._pool, build)
+        await self._warm_face()
+
+    async def _warm_face(self) -> None:
+        """One real face through the device's analysis and the configured swapper, each in its own
+        thread: the kernels a face's frame runs are compiled now, not at the first stream's first
+        face (on a fresh machine the old live path's first face took 3.9 s, every frame behind it
+        dropped). The built-in portrait at the size of a webcam's face in a 720p frame. A failure
+        here is logged: the first stream then pays instead."""
+        loop = asyncio.get_running_loop()
+        try:
+            import cupy
+
+            from ..demo import astronaut
+            from ..types import Frame
+
+            image = astronaut()
+            picture = np.zeros((720, 1280, 3), np.uint8)
+            face = cv2_resize(image, 576)
+            y0, x0 = (720 - face.shape[0]) // 2, (1280 - face.shape[1]) // 2
+            picture[y0:y0 + face.shape[0], x0:x0 + face.shape[1]] = face
+            for i in range(2):  # detection, then tracking: both compiled
+                with self._device():
+                    frame = Frame(cupy.asarray(picture), i, Fraction(1, 30), i, stream_id=WARM_ID)
+                [faces] = await loop.run_in_executor(self._analysis_pool, self._analyse_batch, "analyse",
+                                                     [(WARM_ID, frame, self.config)])
+                if isinstance(faces, Exception):
+                    raise faces
+                if not faces:
+                    log.warning("%s: the warm-up found no face in its picture: the first stream's first "
+                                "face compiles the swap's kernels", self.name)
+                    return
+
+                def swap(faces: Any = faces, frame: Any = frame) -> None:
+                    with self._swap_context():
+                        backend = self._backend(self.config.swapper)
+                        backend.swap([SwapItem(frame.data, faces, backend.identity(image), stream_id=WARM_ID)])
+                        cupy.cuda.get_current_stream().synchronize()
+
+                await loop.run_in_executor(self._pool, swap)
+        except Exception as e:  # noqa: BLE001 - a warm-up: the streams work without it
+            log.warning("%s: the first-face warm-up failed (%s): the first stream's first face pays for it",
+                        self.name, e)
+        finally:
+            if self._analysis is not None:
+                await self.forget(WARM_ID)
 
     def _warm_kernels(self) -> None:
         """Compile the CuPy kernels every GPU frame goes through (NV12 <-> RGB, the label, the
