@@ -223,3 +223,23 @@ def test_ctrl_c_stops_cleanly_with_the_summary(face: Path, tmp_path: Path) -> No
     # The outputs were closed: the playlist names segments that are all on disk and complete.
     segs = re.findall(r"^(seg_\d+\.ts)$", (hls / "index.m3u8").read_text(), re.MULTILINE)
     assert segs and all((hls / s).stat().st_size > 0 for s in segs)
+
+
+def test_ctrl_c_while_waiting_for_the_publisher_ends_quietly(face: Path, tmp_path: Path) -> None:
+    """Ctrl+C before anyone published: the run ends at once with its summary (nothing came), exit
+    status 130, no error line and no traceback."""
+    with NginxRtmp(tmp_path / "nginx") as nginx:
+        live = Live("-s", face, "-i", nginx.url("in"), "--hls-dir", tmp_path / "hls", "--reconnect", 60,
+                    cwd=tmp_path)
+        try:
+            live.wait_line("waiting for", timeout=90)
+            asked = time.monotonic()
+            live.proc.send_signal(signal.SIGINT)
+            rc, out, err, ended = live.finish(timeout=30)
+        finally:
+            live.kill()
+    assert rc == 130, err
+    assert "Traceback" not in err and not [line for line in err.splitlines() if line.startswith("error:")], err
+    m = SUMMARY.search(out)
+    assert m and m.group(1) == m.group(2) == "0", out
+    assert ended - asked < 10, ended - asked  # not the 60 s wait
