@@ -405,9 +405,9 @@ def serve(
     insecure_tls: Annotated[bool, typer.Option("--insecure-tls", help=INSECURE_TLS_HELP)] = False,
     workers: Annotated[int, typer.Option(
         "--workers", min=0, max=64,
-        help="Worker processes per GPU (or on the CPU, when there is none) that run the API's streams, "
-             "behind this one server; a worker that dies has its streams started again on the others. "
-             "0: the streams run in this process.")] = 0,
+        help="Worker processes per GPU (or on the CPU, when there is none) that run the API's streams "
+             "and the WHIP publishers, behind this one server; a worker that dies has its API streams "
+             "started again on the others (its publishers reconnect). 0: the streams run in this process.")] = 0,
     no_webrtc: Annotated[bool, typer.Option(
         "--no-webrtc", help="Serve the stream API alone: no WHIP/WHEP endpoints and no models loaded "
                             "for them (an RTMP/HLS-only server).")] = False,
