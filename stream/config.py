@@ -189,6 +189,11 @@ class RuntimeConfig(_Section):
     # is over a thousand threads, past what one process schedules well.
     max_streams: int = Field(32, ge=1, le=256)
     """Most streams one process runs at once."""
+    media_nice: int = Field(10, ge=0, le=19)
+    """How much lower than the process's the OS priority of media threads is (Linux nice levels), so
+    that the control API answers while streams saturate the machine (runtime.priority). `swapstream
+    live`, which serves no API, runs its stream at 0: beside OBS and its other programs it would
+    otherwise yield to all of them."""
     degrade: bool = True
     """False: the degradation controller never steps a stream (a fixed quality: a stream over its
     budget stays at its full settings and its p99 shows it; what a capacity benchmark measures)."""

@@ -134,6 +134,7 @@ class LiveJob:
 
         cfg = self.config.model_copy(deep=True)
         cfg.runtime.queue_frames = buffer_frames
+        cfg.runtime.media_nice = 0  # no control API to keep answering: the stream goes first
         runtime = StreamRuntime(cfg, devices=[self._device()],
                                 backend_factory=self.backend_factory or default_backend_factory)
         outputs = [OutputSpec("rtmp", rtmp_out)] if rtmp_out else []

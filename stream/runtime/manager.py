@@ -136,7 +136,8 @@ class DeviceSlot:
         self.controller = controller
         m = re.match(r"^cuda:(\d+)$", name)
         self.gpu_index: int | None = int(m.group(1)) if m else None
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"swap-{name}", initializer=media_thread)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"swap-{name}", initializer=media_thread,
+                                         initargs=(config.runtime.media_nice,))
         self._backends: dict[str, SwapBackend] = {}
         self.streams: set[str] = set()
         # (end, seconds) of each batch, per thread: the swap thread's, and the analysis thread's
@@ -178,7 +179,8 @@ class DeviceSlot:
             # networks and the swap models are separate objects, each called from one thread only.
             if config.runtime.analysis_thread:
                 self._analysis_pool = ThreadPoolExecutor(1, thread_name_prefix=f"analysis-{name}",
-                                                         initializer=media_thread)
+                                                         initializer=media_thread,
+                                                         initargs=(config.runtime.media_nice,))
                 self._analysis_busy = deque(maxlen=2000)
             self.analysis_batcher = DynamicBatcher(self._analyse_batch, max_batch=ANALYSIS_BATCH,
                                                    max_wait=config.runtime.max_wait_ms / 1e3,

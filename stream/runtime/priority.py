@@ -32,16 +32,17 @@ SWITCH_INTERVAL_S = 0.001
 """The GIL switch interval while a runtime runs (Python's default is 5 ms)."""
 
 
-def media_thread() -> None:
-    """Make the calling thread a media thread: a lower OS priority than the control loop's, which the
-    native threads it starts from now on inherit. Linux only (elsewhere the nice value belongs to the
-    whole process, so it is left alone); best effort: a refusal leaves the thread as it was."""
-    if not sys.platform.startswith("linux"):
+def media_thread(nice: int = MEDIA_NICE) -> None:
+    """Make the calling thread a media thread: `nice` levels below the control loop's priority, which
+    the native threads it starts from now on inherit (`runtime.media_nice`; 0 leaves it). Linux only
+    (elsewhere the nice value belongs to the whole process, so it is left alone); best effort: a
+    refusal leaves the thread as it was."""
+    if not sys.platform.startswith("linux") or nice <= 0:
         return
     tid = threading.get_native_id()
     try:
         now = os.getpriority(os.PRIO_PROCESS, tid)
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, now + MEDIA_NICE))
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, now + nice))
     except OSError as e:  # a sandbox without setpriority: the streams run, only without the order
         log.debug("could not lower the priority of media thread %d: %s", tid, e)
 

@@ -273,9 +273,9 @@ class StreamPipeline:
         self._identity_lock = asyncio.Lock()
         # Media threads run below the control loop's priority (priority.py): the API answers first.
         self._analyse_pool = ThreadPoolExecutor(1, thread_name_prefix=f"analyse-{self.id}",
-                                                initializer=media_thread)
+                                                initializer=media_thread, initargs=(rc.media_nice,))
         self._encode_pool = ThreadPoolExecutor(1, thread_name_prefix=f"encode-{self.id}",
-                                               initializer=media_thread)
+                                               initializer=media_thread, initargs=(rc.media_nice,))
         self._source = self.options.source
         self._reader: Any = None
         # The runtime's URLs come from API requests: every connection goes through the server's
@@ -527,7 +527,7 @@ class StreamPipeline:
 
     def _read(self, loop: asyncio.AbstractEventLoop, pace: bool) -> None:
         """Reader thread: decode, stamp the arrival time, hand over to the loop."""
-        media_thread()
+        media_thread(self.cfg.runtime.media_nice)
         t0: float | None = None
         time0 = 0.0
         if self._decode is not None:
