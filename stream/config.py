@@ -192,8 +192,8 @@ class RuntimeConfig(_Section):
     media_nice: int = Field(10, ge=0, le=19)
     """How much lower than the process's the OS priority of media threads is (Linux nice levels), so
     that the control API answers while streams saturate the machine (runtime.priority). `swapstream
-    live`, which serves no API, runs its stream at 0: beside OBS and its other programs it would
-    otherwise yield to all of them."""
+    live`, which serves no API, runs its stream at 0: at 10 its threads would get a small share of
+    the CPU against other programs at 0 (OBS beside it)."""
     degrade: bool = True
     """False: the degradation controller never steps a stream (a fixed quality: a stream over its
     budget stays at its full settings and its p99 shows it; what a capacity benchmark measures)."""

@@ -97,13 +97,14 @@ class GpuDecode:
                 raise
             self._failures += 1
             if self._failures == 1 or self._failures % 100 == 0:  # a broken stream fails every unit
-                log.warning("stream %s: an access unit failed to decode (%s; %d so far): dropped, "
+                log.warning("stream %s: an access unit failed to decode (%s; %d in a row): dropped, "
                             "keyframe asked for", self.name, e, self._failures)
             self._decoder.close()
             self._decoder = None
             self._max_size = None  # the next decoder takes the stream's size as it is now
             self._on_error()
             return []
+        self._failures = 0  # counted again from the next failure: an isolated one is logged
         for f in decoded:
             out.append(self._to_rgb(f, item.pts, item.time_base))
         return out

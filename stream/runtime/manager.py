@@ -38,6 +38,7 @@ from .metrics import GpuMonitor, RuntimeMetrics, RuntimeSnapshot
 from .priority import SwitchInterval, media_thread
 from .stream import StoppedWhileStarting, StreamOptions, StreamPipeline, StreamSpec
 from .swappers import BackendFactory, SwapBackend, SwapFailed, SwapItem, default_backend_factory
+from .whip_relay import WHIP_ID_PREFIX
 
 log = logging.getLogger(__name__)
 log.addFilter(RedactingFilter())  # stream errors quote input and output URLs
@@ -333,6 +334,10 @@ class DeviceSlot:
         (and so every stream on it) for seconds when a stream's source face came."""
         if self.gpu_index is None:
             return
+        loop = asyncio.get_running_loop()
+        # Asked of the driver before any CUDA graph capture, not beside one (a WHIP publisher's
+        # answer needs it; the answer is kept).
+        await loop.run_in_executor(None, self.nvdec_available)
 
         def build_analysis() -> None:
             with self._device():
@@ -353,7 +358,6 @@ class DeviceSlot:
                     except Exception as e:  # a missing model: the streams that ask for it will say so
                         log.warning("%s: the %s backend could not be built ahead: %s", self.name, name, e)
 
-        loop = asyncio.get_running_loop()
         # The analysis is built in the thread that runs it, then the backends in theirs: one after
         # the other, so that no two CUDA graph captures overlap.
         await loop.run_in_executor(self._analysis_pool, build_analysis)
@@ -378,13 +382,20 @@ class DeviceSlot:
             face = cv2_resize(image, 576)
             y0, x0 = (720 - face.shape[0]) // 2, (1280 - face.shape[1]) // 2
             picture[y0:y0 + face.shape[0], x0:x0 + face.shape[1]] = face
+            identity: list[Any] = []
+
+            def analyse(frame: Any) -> Any:
+                # Not through `_analyse_batch`: its busy time would count as load for seconds after.
+                with self._device():
+                    assert self._analysis is not None  # built by warm() just before
+                    return self._analysis.track([(WARM_ID, frame, self.config)])[0]
+
             for i in range(2):  # detection, then tracking: both compiled
                 with self._device():
                     frame = Frame(cupy.asarray(picture), i, Fraction(1, 30), i, stream_id=WARM_ID)
-                [faces] = await loop.run_in_executor(self._analysis_pool, self._analyse_batch, "analyse",
-                                                     [(WARM_ID, frame, self.config)])
-                if isinstance(faces, Exception):
-                    raise faces
+                    # Uploaded on this thread's stream: done before the analysis' own stream reads it.
+                    cupy.cuda.get_current_stream().synchronize()
+                faces = await loop.run_in_executor(self._analysis_pool, analyse, frame)
                 if not faces:
                     log.warning("%s: the warm-up found no face in its picture: the first stream's first "
                                 "face compiles the swap's kernels", self.name)
@@ -393,7 +404,9 @@ class DeviceSlot:
                 def swap(faces: Any = faces, frame: Any = frame) -> None:
                     with self._swap_context():
                         backend = self._backend(self.config.swapper)
-                        backend.swap([SwapItem(frame.data, faces, backend.identity(image), stream_id=WARM_ID)])
+                        if not identity:
+                            identity.append(backend.identity(image))
+                        backend.swap([SwapItem(frame.data, faces, identity[0], stream_id=WARM_ID)])
                         cupy.cuda.get_current_stream().synchronize()
 
                 await loop.run_in_executor(self._pool, swap)
@@ -594,6 +607,9 @@ class StreamRuntime:
         if not STREAM_ID.fullmatch(spec.stream_id):
             raise StreamRequestError(f"stream id {spec.stream_id!r} is not valid: use 1-63 lower-case "
                                 f"letters, digits, '-' or '_', starting with a letter or digit")
+        if spec.stream_id.startswith(WHIP_ID_PREFIX) and (options is None or options.sink is None):
+            raise StreamRequestError(f"stream ids starting with {WHIP_ID_PREFIX!r} name WHIP publishers' "
+                                     f"streams: choose another id")
         if spec.swapper not in self.swappers:
             raise StreamRequestError(f"unknown swapper {spec.swapper!r}: choose one of {', '.join(self.swappers)}")
         if spec.budget_ms is not None and not spec.budget_ms > 0:

@@ -194,10 +194,8 @@ class RuntimePublishers:
         self.config = config or runtime.config
         gpus = [s for s in runtime.slots if s.gpu_index is not None]
         self.gpu = gpus[0] if gpus else None
-        if self.gpu is not None:
-            # Asked of the driver now, in a thread: the first publisher's `prepare` runs on the
-            # event loop that serves every session, and finds the answer cached.
-            threading.Thread(target=self.gpu.nvdec_available, name="nvdec-check", daemon=True).start()
+        """Its NVDEC answer is asked for when the runtime warms up (`DeviceSlot.warm`), so that the
+        first publisher's `prepare`, on the event loop, finds it kept."""
 
     def __call__(self, link: PublisherLink) -> RuntimePublisher:
         return RuntimePublisher(self, link)

@@ -67,11 +67,13 @@ class PoolRelay:
 
     def publishers_on(self, w: Worker) -> int:
         """WHIP publishers' streams on `w`, those being set up included."""
+        self._prune()
         return (sum(1 for s in self.sessions_by_id.values() if s.kind == "WHIP" and s.worker is w)
                 + sum(1 for x in self.offering.values() if x is w))
 
     def stream_worker(self, stream_id: str) -> Worker | None:
         """The worker of a publisher's runtime stream (`whip-` and its session id's start)."""
+        self._prune()
         for sid, s in self.sessions_by_id.items():
             if s.kind == "WHIP" and WHIP_ID_PREFIX + sid[:12] == stream_id:
                 return s.worker
@@ -102,7 +104,8 @@ class PoolRelay:
                 w = self._newest_publisher  # the viewer sees the newest publisher's video
             else:
                 w = self.pool.choose(swapper=self.swapper)
-                self.offering[id(token)] = w
+                if kind == "WHIP":  # a viewer is not a stream
+                    self.offering[id(token)] = w
             status, headers, payload = await self.pool.forward(
                 w, "POST", f"{WORKER_RTC_PREFIX}/{kind.lower()}", sdp.encode(), "application/sdp", timeout=30.0)
         except PoolError as e:

@@ -67,3 +67,26 @@ def test_publishers_count_as_their_workers_streams_for_placement(pool: WorkerPoo
     assert relay.stream_worker(WHIP_ID_PREFIX + "a" * 12) is w0
     assert pool.owner(WHIP_ID_PREFIX + "a" * 12).worker is w0
     assert relay.stream_worker(WHIP_ID_PREFIX + "b" * 12) is None
+
+
+def test_an_api_stream_cannot_take_a_publishers_id() -> None:
+    """`whip-...` ids name WHIP publishers' streams (the API finds a publisher's stream by it): a
+    request for one is refused with why, before anything is opened."""
+    import asyncio
+
+    from swapstream.runtime.manager import StreamRequestError, StreamRuntime
+    from swapstream.runtime.stream import InputSpec, StreamSpec
+
+    async def scenario() -> str:
+        runtime = StreamRuntime(load_config("multi_stream"), devices=["cpu"])
+        await runtime.start()
+        try:
+            await runtime.add_stream(StreamSpec(WHIP_ID_PREFIX + "0123456789ab", InputSpec("rtmp://127.0.0.1/live/x")))
+        except StreamRequestError as e:
+            return f"{e.status} {e}"
+        finally:
+            await runtime.close()
+        return "accepted"
+
+    answer = asyncio.run(scenario())
+    assert answer.startswith("400 ") and "WHIP publishers" in answer, answer
