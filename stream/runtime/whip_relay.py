@@ -71,6 +71,11 @@ class PoolRelay:
         return (sum(1 for s in self.sessions_by_id.values() if s.kind == "WHIP" and s.worker is w)
                 + sum(1 for x in self.offering.values() if x is w))
 
+    def streams_of(self, w: Worker) -> list[str]:
+        """The runtime stream ids of the publishers on `w` (as last known: for a crash's log line)."""
+        return sorted(WHIP_ID_PREFIX + sid[:12] for sid, s in self.sessions_by_id.items()
+                      if s.kind == "WHIP" and s.worker is w)
+
     def stream_worker(self, stream_id: str) -> Worker | None:
         """The worker of a publisher's runtime stream (`whip-` and its session id's start)."""
         self._prune()

@@ -385,8 +385,12 @@ class WorkerPool:
         self.crashes_total += 1
         held = sorted((p for p in self.placed.values() if p.worker is w and p.lost is None), key=lambda p: p.id)
         where = w.device + (f" on node {w.node}" if w.node else "")
-        log.error("worker %s (pid %s, %s) exited with code %s; streams it held: %s", w.name, w.pid,
-                  where, w.last_exit, ", ".join(p.id for p in held) or "none")
+        # Its WHIP publishers' streams went with it (their connections were its own): they are not
+        # moved, their publishers reconnect and are placed again.
+        publishers = self.relay.streams_of(w) if self.relay is not None else []
+        log.error("worker %s (pid %s, %s) exited with code %s; streams it held: %s%s", w.name, w.pid,
+                  where, w.last_exit, ", ".join(p.id for p in held) or "none",
+                  f"; WHIP publishers' streams, ended: {', '.join(publishers)}" if publishers else "")
         # Its replacement starts at once, beside the moves; the moves run together, so a worker
         # that held many streams does not make the last of them wait for all the others.
         self._tasks.append(asyncio.get_running_loop().create_task(self._restart(w), name=f"restart-{w.name}"))

@@ -67,6 +67,8 @@ def test_publishers_count_as_their_workers_streams_for_placement(pool: WorkerPoo
     assert relay.stream_worker(WHIP_ID_PREFIX + "a" * 12) is w0
     assert pool.owner(WHIP_ID_PREFIX + "a" * 12).worker is w0
     assert relay.stream_worker(WHIP_ID_PREFIX + "b" * 12) is None
+    # What a crash of w0 names (its log line): the publisher's stream, not the viewer.
+    assert relay.streams_of(w0) == [WHIP_ID_PREFIX + "a" * 12] and relay.streams_of(w1) == []
 
 
 def test_an_api_stream_cannot_take_a_publishers_id() -> None:
