@@ -137,9 +137,13 @@ def _live_job_class(cfg: Config) -> "Callable[[Config], object]":
 
 def _log_disclosure(job: "object") -> None:
     """The run's log: which consent record allows the source face, what the mark says, the label."""
-    rows = [("consent", job.consent.summary() if job.consent else "none")]  # type: ignore[attr-defined]
-    rows += job.disclosure.describe()  # type: ignore[attr-defined]
-    rows += job.provenance.describe(job.live)  # type: ignore[attr-defined]
+    _log_disclosure_of(job.consent, job.disclosure, job.provenance, job.live)  # type: ignore[attr-defined]
+
+
+def _log_disclosure_of(consent: "object", disclosure: "object", provenance: "object", live: bool) -> None:
+    rows = [("consent", consent.summary() if consent else "none")]  # type: ignore[attr-defined]
+    rows += disclosure.describe()  # type: ignore[attr-defined]
+    rows += provenance.describe(live)  # type: ignore[attr-defined]
     for name, value in rows:
         err.print(Text(f"{name}: {value}"), soft_wrap=True)
 
@@ -475,7 +479,7 @@ def serve(
         server = WhipServer(None, relay=PoolRelay(pool, cfg.swapper), token=whip_token,
                             max_sessions=max_sessions, settings=cfg.webrtc, host=host)
     else:
-        runtime = StreamRuntime(cfg, devices=_runtime_devices(cfg))
+        runtime = StreamRuntime(cfg)
         media = RuntimePublishers(runtime, image=image, image_name=f"the server's source image '{source}'",
                                   image_path=source)
         server = WhipServer(media, token=whip_token, max_sessions=max_sessions, settings=cfg.webrtc, host=host)
@@ -486,7 +490,9 @@ def serve(
     in_process = _mount_runtime(server.app, cfg, api_token, hls_root, media_root, base, workers=workers,
                                 mps=mps, source=source, cluster=cluster, runtime=runtime, pool=pool)
     if runtime is not None and not in_process:
-        _tie_to_app(server.app, runtime)
+        from .runtime.api import tie_runtime
+
+        tie_runtime(server.app, runtime)
         err.print(Text(f"WHIP publishers run in this process on {', '.join(s.name for s in runtime.slots)}, "
                        f"beside the cluster's workers"), soft_wrap=True)
     elif pool is not None:
@@ -505,7 +511,7 @@ def _worker_pool(cfg: Config, workers: int, mps: Optional[bool], hls_root: Optio
     from .runtime.workers import WorkerPool
 
     monitor = GpuMonitor()
-    devices = default_devices(monitor) if cfg.device != "cpu" else ["cpu"]
+    devices = default_devices(monitor, cfg.device)
     monitor.close()
     on_gpu = devices != ["cpu"]
     use_mps = (workers >= 2 and on_gpu) if mps is None else mps
@@ -518,50 +524,18 @@ def _worker_pool(cfg: Config, workers: int, mps: Optional[bool], hls_root: Optio
     return pool
 
 
-def _runtime_devices(cfg: Config) -> Optional[list[str]]:
-    """The devices of a runtime in this process: the CPU alone with `device: cpu`, else the runtime's
-    default (every usable GPU, or the CPU)."""
-    return ["cpu"] if cfg.device == "cpu" else None
-
-
-def _tie_to_app(app_: object, runtime: object) -> None:
-    """Start `runtime` with the app and close it after."""
-    from aiohttp import web
-
-    assert isinstance(app_, web.Application)
-
-    async def on_startup(_app: web.Application) -> None:
-        await runtime.start()  # type: ignore[attr-defined]
-
-    async def on_cleanup(_app: web.Application) -> None:
-        await runtime.close()  # type: ignore[attr-defined]
-
-    app_.on_startup.append(on_startup)
-    app_.on_cleanup.append(on_cleanup)
-
-
 def _check_serve_source(cfg: Config, source: Path) -> "object":
     """serve's face, read and checked at start as a job checks its source (a face in it, a consent
     record for it), so that a bad one is one error line rather than a failure at each publisher.
     Logs the consent record, the mark and the label as a job does. Returns the image (RGB)."""
-    from .consent import ConsentStore
     from .disclosure import Disclosure
-    from .face.analyser import FaceAnalyser
     from .pipeline import load_image
     from .provenance import Provenance
-    from .swap.mesh import source_face
+    from .runtime.live import check_source
 
     image = load_image(source)
-    analyser = FaceAnalyser(cfg)
-    try:
-        source_face(analyser.analyse_image(image), str(source))
-    finally:
-        analyser.close()
-    consent = ConsentStore.for_config(cfg).require(image, str(source), source)
-    rows = [("consent", consent.summary()), *Disclosure(cfg, live=True).describe(),
-            *Provenance(cfg.provenance).describe(True)]
-    for name, value in rows:
-        err.print(Text(f"{name}: {value}"), soft_wrap=True)
+    consent = check_source(cfg, image, str(source), source)
+    _log_disclosure_of(consent, Disclosure(cfg, live=True), Provenance(cfg.provenance), True)
     return image
 
 
@@ -752,7 +726,7 @@ def _mount_runtime(app_: object, cfg: Config, token: Optional[str], hls_root: Op
         mount_pool(app_, pool or _worker_pool(cfg, workers, mps, hls_root, media_root, source),  # type: ignore[arg-type]
                    chosen, cfg.runtime.upload_max_bytes)
     else:
-        mount_runtime(app_, runtime or StreamRuntime(cfg, devices=_runtime_devices(cfg)),  # type: ignore[arg-type]
+        mount_runtime(app_, runtime or StreamRuntime(cfg),  # type: ignore[arg-type]
                       ApiSettings(chosen, hls_root=hls_root, media_root=media_root, default_source=source))
     err.print(Text(f"stream API: {base}/api/streams  dashboard: {base}/dashboard  metrics: {base}/metrics"))
     if token is None:

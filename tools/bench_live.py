@@ -49,7 +49,6 @@ import av  # noqa: E402
 import numpy as np  # noqa: E402
 
 from swapstream.config import load_config  # noqa: E402
-from swapstream.demo import astronaut  # noqa: E402
 from swapstream.errors import SwapStreamError  # noqa: E402
 from swapstream.live.nginx import NginxRtmp, find_nginx_rtmp  # noqa: E402
 from swapstream.live.streams import rtmp_input_options  # noqa: E402
@@ -58,7 +57,7 @@ from tests.helpers.probe import (ProbeClock, Received, StampedClip,  # noqa: E40
                                  StampedVideoTrack, ToneTrack, audio_lag, read_stamp, receive, tone,
                                  tone_edges, unwrap, video_lag)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import cpu_name, gpu_name, run_fields  # noqa: E402
+from benchlib import cpu_name, gpu_name, interrupt, run_fields, source_image, wait_ready  # noqa: E402
 
 
 
@@ -79,20 +78,11 @@ LIVE_SUMMARY = re.compile(r"frames in (\d+), out (\d+), dropped (\d+), .*latency
                           r"dropped while starting (\d+); on (\S+), NVDEC frames (\d+)")
 
 
-def face_file(folder: Path) -> Path:
-    """The built-in portrait as a PNG (it has a built-in consent record), for `-s`."""
-    import cv2
-
-    face = folder / "face.png"
-    cv2.imwrite(str(face), cv2.cvtColor(astronaut(), cv2.COLOR_RGB2BGR))
-    return face
-
-
 def start_live(config: str, gpu: bool, in_url: str, out_url: str, folder: Path) -> Any:
     """`swapstream live` as a user starts it, in a process of its own, its output to a log file."""
     import subprocess
 
-    args = [sys.executable, "-m", "swapstream.cli", "live", "-s", str(face_file(folder)), "-i", in_url,
+    args = [sys.executable, "-m", "swapstream.cli", "live", "-s", str(source_image(folder)), "-i", in_url,
             "--rtmp-out", out_url, "--reconnect", "10", "--config", config]
     if not gpu:
         args += ["--set", "device=cpu"]
@@ -102,15 +92,7 @@ def start_live(config: str, gpu: bool, in_url: str, out_url: str, folder: Path) 
 
 def stop_live(proc: Any, log: Path) -> dict[str, Any]:
     """Ctrl+C, as a user ends it; its summary line's figures."""
-    import signal
-
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=60)
-    except Exception:  # noqa: BLE001 - killed, and said so below
-        proc.kill()
-        proc.wait()
+    interrupt(proc)
     text = " ".join(log.read_text().split())  # the summary line may be wrapped
     m = LIVE_SUMMARY.search(text)
     if m is None:
@@ -176,17 +158,12 @@ class Serve:
     control API whose stream list shows each publisher's runtime stream."""
 
     def __init__(self, config: str, gpu: bool, workdir: Path) -> None:
-        import socket
         import subprocess
 
-        import cv2
+        from swapstream.live.nginx import free_port
 
-        face = workdir / "face.png"
-        # The built-in portrait, which has a built-in consent record.
-        cv2.imwrite(str(face), cv2.cvtColor(astronaut(), cv2.COLOR_RGB2BGR))
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        face = source_image(workdir)
+        self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.token = "bench-live-" + os.urandom(12).hex()
         args = [sys.executable, "-m", "swapstream.cli", "serve", "-s", str(face), "--port", str(self.port),
@@ -198,21 +175,12 @@ class Serve:
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT,
                                      env={**os.environ, "SWAPSTREAM_API_TOKEN": self.token})
 
-    async def ready(self, http: Any, timeout: float = 240) -> None:
+    async def ready(self, timeout: float = 240) -> None:
         """Until /readyz answers 200 (models loaded, the runtime warmed up): minutes on a cold GPU."""
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + timeout
-        while loop.time() < give_up:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"swapstream serve exited ({self.proc.returncode}): {self.tail()}")
-            try:
-                async with http.get(self.base + "/readyz") as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            await asyncio.sleep(0.25)
-        raise RuntimeError(f"swapstream serve was not ready after {timeout:g} s: {self.tail()}")
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, wait_ready, self.base, self.proc, timeout)
+        except RuntimeError as e:
+            raise RuntimeError(f"{e}: {self.tail()}") from None
 
     async def whip_streams(self, http: Any) -> list[dict[str, Any]]:
         async with http.get(self.base + "/api/streams",
@@ -225,15 +193,7 @@ class Serve:
         return self.log.read_text()[-3000:]
 
     def stop(self) -> None:
-        import signal
-
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=30)
-            except Exception:  # noqa: BLE001 - it is killed below
-                self.proc.kill()
-                self.proc.wait()
+        interrupt(self.proc, timeout=30)
         self._log.close()
 
 
@@ -245,7 +205,7 @@ async def bench_webrtc(config: str, size: tuple[int, int], fps: float, seconds: 
         serve = Serve(config, gpu, Path(tmp))
         try:
             async with ClientSession() as http:
-                await serve.ready(http)
+                await serve.ready()
                 res = await webrtc_round_trip(serve, http, size, fps, seconds, warmup)
         finally:
             serve.stop()

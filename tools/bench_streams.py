@@ -45,6 +45,9 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import source_image, wait_ready  # noqa: E402
+
 MS = Fraction(1, 1000)  # FLV's time base: what the publishers' timestamps count
 LATENCY_WINDOW_S = 10.0  # a stream's `latency_window_ms` in the API (runtime.stream.LATENCY_WINDOW_S)
 
@@ -127,12 +130,6 @@ class Api:
 
 def start_serve(args: argparse.Namespace, work: Path, port: int, token: str,
                 rtmp_port: int | None) -> subprocess.Popen[bytes]:
-    import cv2
-
-    from swapstream.demo import astronaut
-
-    face = work / "face.png"
-    cv2.imwrite(str(face), cv2.cvtColor(astronaut(), cv2.COLOR_RGB2BGR))
     (work / "token").write_text(token)
     # The stream API alone (--no-webrtc): the streams measured are the API's; WHIP would only load
     # models beside them.
@@ -154,24 +151,6 @@ def start_serve(args: argparse.Namespace, work: Path, port: int, token: str,
         cmd += ["--set", f"models_dir={args.models_dir}"]
     print("serve:", " ".join(cmd[2:]), flush=True)
     return subprocess.Popen(cmd)
-
-
-def wait_ready(api: Api, proc: subprocess.Popen[bytes], timeout: float) -> float:
-    """Seconds until serve answered /readyz (every worker started, its networks compiled)."""
-    t0 = time.monotonic()
-    deadline = t0 + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"error: swapstream serve exited with code {proc.returncode} while starting")
-        try:
-            if api.call("GET", "/readyz", timeout=5)[0] == 200:
-                took = time.monotonic() - t0
-                print(f"serve ready after {took:.1f} s", flush=True)
-                return took
-        except OSError:
-            pass
-        time.sleep(0.5)
-    sys.exit(f"error: swapstream serve was not ready after {timeout:.0f} s")
 
 
 # -- one configuration -----------------------------------------------------------------------------
@@ -601,8 +580,12 @@ def main() -> None:
 
     args.start_s = None  # until serve is ready
     try:
-        args.start_s = round(wait_ready(api, proc, 600), 1)
-        face = (work / "face.png").read_bytes()
+        try:
+            args.start_s = round(wait_ready(api.base, proc, 600), 1)
+        except RuntimeError as e:
+            sys.exit(f"error: {e}")
+        print(f"serve ready after {args.start_s:.1f} s", flush=True)
+        face = source_image(work).read_bytes()
         for res in resolutions:
             for n in ns:
                 rows.append(run_config(api, args, n, res, rtmp_base, face, rng))

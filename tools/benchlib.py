@@ -136,3 +136,41 @@ def source_image(folder: Path) -> Path:
 def set_flags(sets: list[str]) -> list[str]:
     """`--set KEY=VALUE` for each override, as `swapstream run` takes them."""
     return [x for v in sets for x in ("--set", v)]
+
+
+def wait_ready(base: str, proc: Any, timeout: float) -> float:
+    """Seconds until `swapstream serve` at `base` answers /readyz with 200 (every worker started,
+    its networks compiled: minutes on a cold GPU); RuntimeError when its process `proc` exits first
+    or `timeout` passes."""
+    import time
+    import urllib.error
+    import urllib.request
+
+    t0 = time.monotonic()
+    while time.monotonic() < t0 + timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"swapstream serve exited with code {proc.returncode} while starting")
+        try:
+            with urllib.request.urlopen(base + "/readyz", timeout=5) as r:
+                if r.status == 200:
+                    return time.monotonic() - t0
+        except (OSError, urllib.error.URLError):
+            pass  # not listening yet, or 503 while it starts
+        time.sleep(0.25)
+    raise RuntimeError(f"swapstream serve was not ready after {timeout:.0f} s")
+
+
+def interrupt(proc: Any, timeout: float = 60.0) -> int:
+    """Stop a `swapstream` command as a user does, with Ctrl+C (SIGINT): its exit code once it has
+    finished (its summary, its outputs closed); killed after `timeout`."""
+    import signal
+    import subprocess
+
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    try:
+        return int(proc.wait(timeout=timeout))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return int(proc.wait())
+

@@ -671,6 +671,13 @@ def mount_runtime(app: web.Application, runtime: StreamRuntime, settings: ApiSet
     """Add the control API to an aiohttp app and tie the runtime's life to the app's."""
     api = ControlApi(runtime, settings)
     api.add_routes(app)
+    tie_runtime(app, runtime)
+    return api
+
+
+def tie_runtime(app: web.Application, runtime: StreamRuntime) -> None:
+    """Start `runtime` with the app and close it after (`serve --ray` ties the WHIP publishers'
+    runtime this way, which has no control API of its own)."""
 
     async def on_startup(_app: web.Application) -> None:
         await runtime.start()
@@ -680,7 +687,6 @@ def mount_runtime(app: web.Application, runtime: StreamRuntime, settings: ApiSet
 
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
-    return api
 
 
 def new_token() -> str:

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from fractions import Fraction
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np

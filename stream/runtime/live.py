@@ -69,7 +69,6 @@ class LiveJob:
     """Live outputs carry the visible label by default (disclosure.label_live)."""
 
     def __init__(self, config: Config, *, device: str | None = None, backend_factory: Any = None) -> None:
-        from ..consent import ConsentStore
         from ..disclosure import Disclosure
         from ..provenance import Provenance
 
@@ -80,7 +79,6 @@ class LiveJob:
         """What the stream applies to every output frame: for the run's log. The stream's own is
         made from the same config, with this one's mark (its stream id, random when not configured)."""
         self.config.watermark.stream_id = self.disclosure.payload.stream_id
-        self.consents = ConsentStore.for_config(config)
         self.consent: Any = None
         self.device = device
         self.backend_factory = backend_factory
@@ -96,15 +94,7 @@ class LiveJob:
         """The source face, checked now as a job checks it (a face in it, a consent record for it)
         so that a bad one is one error line before the input is opened; the stream takes its
         identity when it starts."""
-        from ..face.analyser import FaceAnalyser
-        from ..swap.mesh import source_face
-
-        analyser = FaceAnalyser(self.config)
-        try:
-            source_face(analyser.analyse_image(image), name)
-        finally:
-            analyser.close()
-        self.consent = self.consents.require(image, name, path)
+        self.consent = check_source(self.config, image, name, path)
         self._source = (image, name, Path(path) if path is not None else None)
 
     def run_live(self, url: str, *, rtmp_out: str | None = None, hls_dir: Path | None = None,
@@ -196,19 +186,34 @@ class LiveJob:
         """The config's device: the CPU, or the first GPU where one is usable."""
         if self.device is not None:
             return self.device
-        if self.config.device == "cpu":
-            return "cpu"
         from .manager import default_devices
         from .metrics import GpuMonitor
 
         monitor = GpuMonitor()
         try:
-            return default_devices(monitor)[0]
+            return default_devices(monitor, self.config.device)[0]
         finally:
             monitor.close()
 
     def close(self) -> None:
         """Nothing is held between runs: each run's runtime is closed at its end."""
+
+
+def check_source(config: Config, image: np.ndarray, name: str,
+                 path: str | os.PathLike[str] | None = None) -> Any:
+    """A source face checked before any stream takes it, as a job checks its own: a face in it (the
+    built-in analyser), then a consent record (`swapstream consent`), whose record is returned. A
+    picture without a face says so rather than ask for consent. Used by `live` and `serve`."""
+    from ..consent import ConsentStore
+    from ..face.analyser import FaceAnalyser
+    from ..swap.mesh import source_face
+
+    analyser = FaceAnalyser(config)
+    try:
+        source_face(analyser.analyse_image(image), name)
+    finally:
+        analyser.close()
+    return ConsentStore.for_config(config).require(image, name, path)
 
 
 def check_live_args(url: str, rtmp_out: str | None, hls_dir: Path | None, vcam: bool,

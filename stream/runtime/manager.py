@@ -61,14 +61,6 @@ WARM_ID = "warm-up"
 """The stream id of `DeviceSlot._warm_face`'s frames (not a valid API stream id: it has no stream)."""
 
 
-def cv2_resize(image: np.ndarray, height: int) -> np.ndarray:
-    """`image` scaled to `height` rows, its aspect kept."""
-    import cv2
-
-    return cv2.resize(image, (round(image.shape[1] * height / image.shape[0]), height),
-                      interpolation=cv2.INTER_AREA)
-
-
 SERVER_SETTINGS = ("models_dir", "runtime", "consent", "disclosure", "watermark", "webrtc", "provenance")
 """Config keys that are the server's, never a stream's: where files are read (models, consent
 records, the C2PA signing key), the runtime itself, and what every output must carry (label,
@@ -373,13 +365,14 @@ class DeviceSlot:
         loop = asyncio.get_running_loop()
         try:
             import cupy
+            import cv2
 
             from ..demo import astronaut
             from ..types import Frame
 
             image = astronaut()
             picture = np.zeros((720, 1280, 3), np.uint8)
-            face = cv2_resize(image, 576)
+            face = cv2.resize(image, (576 * image.shape[1] // image.shape[0], 576), interpolation=cv2.INTER_AREA)
             y0, x0 = (720 - face.shape[0]) // 2, (1280 - face.shape[1]) // 2
             picture[y0:y0 + face.shape[0], x0:x0 + face.shape[1]] = face
             identity: list[Any] = []
@@ -501,9 +494,10 @@ class DeviceSlot:
 # -- the runtime ----------------------------------------------------------------------------------
 
 
-def default_devices(gpu: GpuMonitor) -> list[str]:
-    """Every GPU NVML sees when CuPy can use them, else the CPU."""
-    if gpu.available and gpu.count:
+def default_devices(gpu: GpuMonitor, device: str = "auto") -> list[str]:
+    """The CPU alone with the config's `device: cpu`; else every GPU NVML sees when CuPy can use
+    them, else the CPU."""
+    if device != "cpu" and gpu.available and gpu.count:
         try:
             import cupy
 
@@ -535,7 +529,7 @@ class StreamRuntime:
         settings = ControllerSettings(min_samples=rc.min_samples, down_cooldown=rc.down_cooldown,
                                       up_ratio=rc.up_ratio, up_hold=rc.up_hold, gpu_high=rc.gpu_high,
                                       gpu_high_for=rc.gpu_high_for, gpu_low=rc.gpu_low)
-        names = list(devices) if devices is not None else default_devices(self.gpu)
+        names = list(devices) if devices is not None else default_devices(self.gpu, self.config.device)
         if len(set(names)) != len(names):
             raise ConfigError(f"devices must be distinct, got {names}")
         self.slots = [DeviceSlot(n, self.config, backend_factory, self.metrics,

@@ -107,8 +107,9 @@ class RtcSource:
         self.put(VideoPacket(data, timestamp, RTP_VIDEO_TIME_BASE, self.frames, keyframe=False))
         return []
 
-    def open(self) -> None:
-        """Nothing to open: the connection is up before the stream starts."""
+    def open(self, *, wait_seconds: float = 0.0, on_wait: Callable[[], None] | None = None,
+             stop: threading.Event | None = None) -> None:
+        """Nothing to open or wait for: the connection is up before the stream starts."""
 
     def __iter__(self) -> Iterator[Any]:
         while True:

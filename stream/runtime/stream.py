@@ -144,7 +144,10 @@ class Source(Protocol):
     """The input's audio stream (a PyAV stream the outputs copy), or None."""
     time_base: Fraction | None
 
-    def open(self) -> None: ...
+    def open(self, *, wait_seconds: float = 0.0, on_wait: Callable[[], None] | None = None,
+             stop: threading.Event | None = None) -> None:
+        """Connect; a network input not publishing yet is waited for up to `wait_seconds`
+        (`on_wait` called once when that wait starts), unless `stop` is set meanwhile."""
 
     def __iter__(self) -> Iterator[Any]:
         """Host `Frame`s, `VideoPacket`s (access units for NVDEC) and `AudioPacket`s, until the
@@ -222,6 +225,8 @@ class StreamPipeline:
         self.state: State = "starting"
         self.error: str | None = None
         self.failure: SwapStreamError | None = None
+        """The user's error that failed it (an `InputError`, an `OutputError`), for a command that
+        reports it as such (`runtime.live`); None for other failures."""
         self.created = time.time()
         self.changed_mono = time.monotonic()
         """When this stream last put one-time work on its device (its start, a new source face's
@@ -334,9 +339,10 @@ class StreamPipeline:
             # The GPU stages of this same pipeline: NVDEC (or an upload) into GPU memory, analysis
             # with the device's other streams, label, mark and NV12 on the device.
             # Off the loop (it asks the driver for the decoder's capabilities), once per device.
-            nvdec, why = await loop.run_in_executor(None, self.slot.nvdec_available)
             if self._source is not None:  # it decides itself what it hands over
                 nvdec, why = getattr(self._source, "packets", False), "its source hands over decoded frames"
+            else:
+                nvdec, why = await loop.run_in_executor(None, self.slot.nvdec_available)
             if not nvdec:
                 log.warning("stream %s: decoded on the CPU and uploaded (%s)", self.id, why)
             with self.slot._device():
@@ -358,11 +364,8 @@ class StreamPipeline:
 
         try:
             stopped_yet()
-            if self._source is None and self.options.wait_seconds:
-                await loop.run_in_executor(self._analyse_pool, lambda: self._reader.open(
-                    wait_seconds=self.options.wait_seconds, on_wait=self.options.on_wait, stop=self._stop))
-            else:
-                await loop.run_in_executor(self._analyse_pool, self._reader.open)
+            await loop.run_in_executor(self._analyse_pool, lambda: self._reader.open(
+                wait_seconds=self.options.wait_seconds, on_wait=self.options.on_wait, stop=self._stop))
             stopped_yet()
             if not gpu:  # on a GPU the device's analysis serves every stream (DeviceSlot.analyse)
                 self._analyser = await loop.run_in_executor(self._analyse_pool, FaceAnalyser, self.cfg)
@@ -453,8 +456,6 @@ class StreamPipeline:
             self.state = "failed"
             self.error = message
             self.failure = exc
-            """The user's error that failed it (an `InputError`, an `OutputError`), for a command
-            that reports it as such (`runtime.live`); None for other failures."""
         self._stop.set()
         if self._reader is not None:
             self._reader.stop()

@@ -163,7 +163,7 @@ def build_app(settings: dict[str, Any]) -> tuple[Any, Any]:
     app = web.Application(client_max_size=settings.get("client_max_size", 16 * 1024 * 1024))
     mount_runtime(app, runtime, api)
     models = ModelCheck(cfg.models_dir)
-    whip = whip_endpoints(app, runtime, settings, cfg)
+    whip = whip_endpoints(app, runtime, settings, cfg, api.default_image)
 
     async def load(request: web.Request) -> web.Response:
         refused = authorize(request, token)
@@ -181,22 +181,21 @@ def build_app(settings: dict[str, Any]) -> tuple[Any, Any]:
     return app, runtime
 
 
-def whip_endpoints(app: Any, runtime: Any, settings: dict[str, Any], cfg: Any) -> Any:
+def whip_endpoints(app: Any, runtime: Any, settings: dict[str, Any], cfg: Any, image: Any) -> Any:
     """With `settings["whip"]` (serve --workers N with WebRTC): this worker's own WHIP and WHEP
     endpoints under `/worker/rtc`, behind its token, to which the parent hands the offers it checked
-    (runtime.whip_relay); each publisher a stream of this worker's runtime, with serve's face.
-    Returns the `WhipServer`, or None."""
+    (runtime.whip_relay); each publisher a stream of this worker's runtime, with serve's face
+    (`image`, read once for the API's streams too). Returns the `WhipServer`, or None."""
     whip = settings.get("whip")
     if whip is None:
         return None
     from ..live.webrtc import WhipServer
-    from ..pipeline import load_image
     from .rtc import RuntimePublishers
     from .whip_relay import WORKER_HOST, WORKER_RTC_PREFIX
 
     source = Path(settings["default_source"])
     # Serve's own config (the worker's), as in one process.
-    media = RuntimePublishers(runtime, image=load_image(source), image_name=f"the server's source image '{source}'",
+    media = RuntimePublishers(runtime, image=image, image_name=f"the server's source image '{source}'",
                               image_path=source)
     # The parent enforces --max-sessions over all workers; this cap only bounds one worker.
     server = WhipServer(media, token=settings["token"], max_sessions=whip["max_sessions"],
