@@ -534,7 +534,7 @@ class WhipServer:
         return sdp
 
     async def _negotiate(self, request: Any, kind: str, sessions: dict[str, Session], *,
-                         before: Callable[[Any, Session, str], None] | None = None,
+                         before: Callable[[Any, Session], None] | None = None,
                          after: Callable[[Any, Session], None] | None = None) -> Any:
         """The WHIP/WHEP exchange: check the offer, build a peer connection, answer 201 with a
         Location, and drop the session when the connection ends, or when it is not up within
@@ -573,7 +573,7 @@ class WhipServer:
             session = Session(pc=pc, sid=sid)
             try:
                 if before is not None:
-                    before(pc, session, sid)
+                    before(pc, session)
                 await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
                 if after is not None:
                     after(pc, session)
@@ -664,8 +664,9 @@ class WhipServer:
         """WHIP: a publisher's offer; its video comes back swapped on the same connection, its
         audio as it was, in step with the video."""
 
-        def prepare(pc: Any, session: Session, sid: str) -> None:
+        def prepare(pc: Any, session: Session) -> None:
             assert self.media is not None  # no relay: sessions are here
+            sid = session.sid
             session.media = self.media(PublisherLink(sid, self._deliverer(session),
                                                      lambda: self._spawn(self._drop(self.sessions, sid))))
             session.media.prepare(pc)
