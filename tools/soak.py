@@ -51,7 +51,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
-from bench_streams import Api, wait_ready  # noqa: E402
+from bench_streams import Api  # noqa: E402
+from benchlib import wait_ready  # noqa: E402
 
 from swapstream.live.nginx import NginxRtmp, free_port  # noqa: E402
 from tests.helpers import avsync  # noqa: E402
@@ -328,7 +329,10 @@ def main(argv: list[str] | None = None) -> int:
     live = start_live(work, face, url("live-in"), url("live-out"), work / "live.log")
     serve = start_serve(work, face, api_port, rtmp_port, token, work / "serve.log")
     api = Api(f"http://127.0.0.1:{api_port}", token)
-    wait_ready(api, serve, 120)
+    try:
+        wait_ready(api.base, serve, 120)
+    except RuntimeError as e:
+        sys.exit(f"error: {e}")
     for sid in ("s1", "s2"):
         status, info = api.call("POST", "/api/streams", {
             "id": sid, "input": {"url": url(f"{sid}-in"), "reconnect_seconds": 60.0},
