@@ -105,34 +105,33 @@ def _download_progress() -> tuple[Progress, "object"]:
     return bar, report
 
 
-def _job_class(cfg: Config) -> type:
-    """The GPU job when the configuration allows and a GPU is usable, else the CPU one; says why."""
-    from .gpu.job import GpuFileJob, gpu_available
+def _job_device(cfg: Config) -> str:
+    """Where a command's stream runs: the first GPU when the configuration allows and one is usable,
+    else the CPU; says why."""
     from .errors import ConfigError
-    from .pipeline import FileJob
+    from .gpu import gpu_available
 
-    ok, why = gpu_available()
     if cfg.device == "cpu":
         err.print(Text("using the CPU path (device: cpu)"))
-        return FileJob
+        return "cpu"
+    ok, why = gpu_available()
     if ok:
         err.print(Text(f"using the GPU path: {why}"))
-        return GpuFileJob
+        return "cuda:0"
     if cfg.device == "cuda":
         raise ConfigError(f"device is 'cuda' but the GPU path cannot run: {why}. Use --set device=auto.")
     err.print(Text(f"using the CPU path: {why}"))
-    return FileJob
+    return "cpu"
 
 
 def _live_job_class(cfg: Config) -> "Callable[[Config], object]":
-    """`live`'s job: one stream of a runtime (runtime.live), on the device `_job_class` picks (and
+    """`live`'s job: one stream of a runtime (runtime.live), on the device `_job_device` picks (and
     says why): the first GPU (NVDEC, the GPU analysis and compose), else the CPU."""
     import functools
 
-    from .gpu.job import GpuFileJob
     from .runtime.live import LiveJob
 
-    return functools.partial(LiveJob, device="cuda:0" if _job_class(cfg) is GpuFileJob else "cpu")
+    return functools.partial(LiveJob, device=_job_device(cfg))
 
 
 def _log_disclosure(job: "object") -> None:
@@ -150,11 +149,12 @@ def _log_disclosure_of(consent: "object", disclosure: "object", provenance: "obj
 
 def _run_job(cfg: Config, source: Path | None, input_path: Path, output: Path, quiet: bool,
              source_image: tuple[object, str] | None = None) -> "object":
-    job_class = _job_class(cfg)
+    from .runtime.run import RunJob
+
+    device = _job_device(cfg)
     dl_bar, dl_report = _download_progress()
     try:
-        job = job_class(cfg, confirm=_confirm_licence,
-                      download_progress=None if quiet else dl_report)  # type: ignore[arg-type]
+        job = RunJob(cfg, device=device, confirm=_confirm_licence, download_progress=None if quiet else dl_report)
     finally:
         dl_bar.stop()
     try:
@@ -183,7 +183,7 @@ def _run_job(cfg: Config, source: Path | None, input_path: Path, output: Path, q
 
 
 def _summary(stats: "object", output: Path) -> None:
-    from .pipeline import JobStats
+    from .runtime.run import JobStats
 
     assert isinstance(stats, JobStats)
     t = Table(show_header=False, box=None, pad_edge=False)
@@ -195,16 +195,15 @@ def _summary(stats: "object", output: Path) -> None:
     t.add_row("decode", {"nvdec": "NVDEC (GPU)", "pyav": "PyAV (host)"}.get(stats.decoder, stats.decoder))
     t.add_row("time", f"{stats.seconds:.2f} s")
     t.add_row("speed", f"{stats.fps:.1f} fps")
+    t.add_row("device", stats.device)
     if stats.frames:
-        # Where the loop's time goes (host time a frame): `read` is the wait for the decoder.
-        t.add_row("loop ms/frame", " ".join(f"{k.replace('_', '-')} {v:.2f}" for k, v in stats.step_ms().items()))
-        # A frame's time in the loop, from the decoder to the encoder (`JobStats.latency`).
+        # Where a frame's time goes, per stage (they run in threads of their own, so they overlap):
+        # `queue` is its wait for the analysis, `swap-wait` for its batch.
+        t.add_row("stage ms/frame", " ".join(f"{k.replace('_', '-')} {v:.2f}" for k, v in stats.step_ms().items()))
+        # A frame's time from its decoding to its encoder call's end (`JobStats.latency`).
         lat = stats.latency
         t.add_row("latency ms", " ".join(f"{k} {lat.percentile_ms(q):.2f}" for k, q in
                                          (("p50", 50), ("p99", 99), ("max", 100))))
-        # The one longest step, with the frames taken when it ended: where a stall came from.
-        sec, step, at = stats.slowest
-        t.add_row("slowest step", f"{step.replace('_', '-')} {sec * 1e3:.1f} ms, {at} frames taken")
     out.print(t)
 
 
@@ -247,7 +246,7 @@ frames that were there): scripts can tell a partial result from a full one (0) a
 def _exit_if_short(stats: "object", input_path: Path, output: Path) -> None:
     """One warning line and exit 3 when the input delivered fewer frames than it declared."""
     from .io.video import ended_early
-    from .pipeline import JobStats
+    from .runtime.run import JobStats
 
     assert isinstance(stats, JobStats)
     expected = ended_early(stats.input_info, stats.frames) if stats.input_info is not None else None
@@ -529,7 +528,7 @@ def _check_serve_source(cfg: Config, source: Path) -> "object":
     record for it), so that a bad one is one error line rather than a failure at each publisher.
     Logs the consent record, the mark and the label as a job does. Returns the image (RGB)."""
     from .disclosure import Disclosure
-    from .pipeline import load_image
+    from .io.image import load_image
     from .provenance import Provenance
     from .runtime.live import check_source
 

@@ -38,7 +38,7 @@ def add(
     store: StoreOpt = None,
 ) -> None:
     """Record that the person shown in IMAGE consented to its use, for PURPOSE."""
-    from .pipeline import load_image
+    from .io.image import load_image
 
     s = _store(store)
     rec = s.add(load_image(image), given_by=by, purpose=purpose, given_at=date, path=image)
@@ -82,7 +82,7 @@ def check(
     store: StoreOpt = None,
 ) -> None:
     """Say which record allows using IMAGE as a source face; exit 2 when none does."""
-    from .pipeline import load_image
+    from .io.image import load_image
 
     s = _store(store)
     img = load_image(image)

@@ -740,6 +740,20 @@ class VideoWriter:
         )
         self._queue(yuv, frame)
 
+    def write_nv12(self, nv12: np.ndarray, pts: int | None, time_base: Fraction | None) -> None:
+        """Queue one frame given as NV12 ((H * 3/2)xW uint8, even sizes only: the luma rows, then the
+        interleaved chroma rows), converted on a GPU with the writer's BT.709 limited-range matrix
+        (`runtime.gpu_stages.GpuCompose`); x264 then only de-interleaves the chroma."""
+        if self._closed:
+            raise ValueError(f"VideoWriter for '{self.path}' is closed")
+        want = (self.height * 3 // 2, self.width)
+        if nv12.dtype != np.uint8 or nv12.shape != want or self.width % 2 or self.height % 2:
+            raise ValueError(f"an NV12 frame for this writer is a {want[0]}x{want[1]} uint8 array "
+                             f"(even sizes only), got {nv12.shape}")
+        # A copy into FFmpeg's own frame: the caller reuses its pinned buffer.
+        vf = av.VideoFrame.from_ndarray(nv12, format="nv12")
+        self._queue(vf, Frame(nv12, pts, time_base if time_base is not None else self.time_base, 0))
+
     def _planar(self, data: np.ndarray) -> av.VideoFrame:
         want = (self.height * 3 // 2, self.width)
         if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.shape != want \

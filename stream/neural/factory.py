@@ -122,26 +122,10 @@ class NeuralStages:
         return FaceMasker(**kw) if kw else None  # type: ignore[arg-type]
 
     def _model(self, name: str) -> Path:
-        try:
-            return self.store.path(name)
-        except ModelMissingError:
-            if not self.cfg.neural.download:
-                raise
-        log.info("downloading %s", name)
-        progress = None
-        if self._progress is not None:
-            report = self._progress
-            progress = lambda done, total: report(name, done, total)  # noqa: E731
-        return self.store.download(name, accept_licence=self.cfg.neural.accept_licence,
-                                   confirm=self._confirm, progress=progress)
+        return _fetch(self.cfg, self.store, name, self._confirm, self._progress)
 
     def _runner(self, path: Path) -> Runner:
-        nc = self.cfg.neural
-        runner = make_runner(path, nc.runner, precision=nc.precision, compile=nc.compile)
-        if hasattr(runner, "finite_check"):  # the torch runner's fp16 overflow guard
-            # Validated by the config's Literal type ("sync" or "deferred").
-            runner.finite_check = nc.finite_check  # type: ignore[attr-defined]
-        runner.activate()
+        runner = _runner(self.cfg, path)
         self._runners.append(runner)
         return runner
 
@@ -149,3 +133,60 @@ class NeuralStages:
         for r in self._runners:
             r.deactivate()
         self._runners.clear()
+
+
+def _fetch(cfg: Config, store: ModelStore, name: str, confirm: ConfirmFn | None,
+           progress: Callable[[str, int, int], None] | None) -> Path:
+    """The file of zoo model `name`, downloaded first when it is missing and downloads are on."""
+    try:
+        return store.path(name)
+    except ModelMissingError:
+        if not cfg.neural.download:
+            raise
+    log.info("downloading %s", name)
+    report = None
+    if progress is not None:
+        report = lambda done, total: progress(name, done, total)  # noqa: E731
+    return store.download(name, accept_licence=cfg.neural.accept_licence, confirm=confirm, progress=report)
+
+
+def _runner(cfg: Config, path: Path) -> Runner:
+    nc = cfg.neural
+    runner = make_runner(path, nc.runner, precision=nc.precision, compile=nc.compile)
+    if hasattr(runner, "finite_check"):  # the torch runner's fp16 overflow guard
+        # Validated by the config's Literal type ("sync" or "deferred").
+        runner.finite_check = nc.finite_check  # type: ignore[attr-defined]
+    runner.activate()
+    return runner
+
+
+def model_names(cfg: Config) -> list[str]:
+    """The zoo models that `NeuralStages(cfg)` loads."""
+    nc, mc = cfg.neural, cfg.mask
+    spec = get_spec(cfg.swapper)
+    names = [spec.name, get_spec(nc.embedder).name]
+    names += [spec.converter] if spec.converter else []
+    names += [mc.occluder] if "occlusion" in mc.types else []
+    names += [mc.parser] if "region" in mc.types else []
+    names += [get_spec(cfg.enhancer).name] if cfg.enhancer != "none" else []
+    names += [get_spec(nc.detector).name] if nc.detector != "builtin" else []
+    return names
+
+
+def fetch_models(cfg: Config, *, confirm: ConfirmFn | None = None,
+                 progress: Callable[[str, int, int], None] | None = None) -> None:
+    """Download the models `cfg`'s neural stages need that are missing, asking for their licences
+    through `confirm`. A command does this before its runtime starts: the runtime builds the stages
+    in its device thread, where nobody can be asked."""
+    store = ModelStore(cfg.models_dir)
+    for name in model_names(cfg):
+        _fetch(cfg, store, name, confirm, progress)
+
+
+def detector_analyser(cfg: Config) -> DetectorAnalyser:
+    """The zoo detector of `neural.detector`, tracking faces: a stream's own analyser (runtime.stream)."""
+    nc = cfg.neural
+    det = get_spec(nc.detector)
+    runner = _runner(cfg, ModelStore(cfg.models_dir).path(det.name))
+    return DetectorAnalyser(runner, det.detector_family or "scrfd", det.size or 640, min_score=nc.min_score,
+                            detect_every=nc.detect_every, max_faces=cfg.detector.max_faces)

@@ -102,7 +102,7 @@ class ApiSettings:
 
     def __post_init__(self) -> None:
         if self.default_source is not None:
-            from ..pipeline import load_image
+            from ..io.image import load_image
 
             self.default_image = load_image(self.default_source)
         # Printable ASCII without spaces: what a client can send in an HTTP header unchanged. The

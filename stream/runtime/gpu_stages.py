@@ -215,10 +215,12 @@ class GpuCompose:
     """One stream's output on the GPU: the label and the watermark drawn on the device frame, then
     NV12 and one download into pinned memory for the encoder (none for a null sink)."""
 
-    def __init__(self, disclosure: Any) -> None:
+    def __init__(self, disclosure: Any, matrix: str = HOST_NV12_MATRIX) -> None:
         import cupy
 
         self.disclosure = disclosure
+        self.matrix = matrix
+        """The NV12 conversion's matrix (limited range): what the sinks' encoders tag, or assume."""
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self._nv12: Any = None
         self._pinned: list[Any] = []
@@ -243,7 +245,7 @@ class GpuCompose:
             if self._nv12 is None or self._nv12.shape != (h * 3 // 2, w):
                 self._nv12 = cupy.empty((h * 3 // 2, w), cupy.uint8)
                 self._pinned = [cupyx.empty_pinned((h * 3 // 2, w), np.uint8) for _ in range(PINNED_FRAMES)]
-            rgb_to_nv12(rgb, self._nv12[:h], self._nv12[h:], matrix=HOST_NV12_MATRIX)
+            rgb_to_nv12(rgb, self._nv12[:h], self._nv12[h:], matrix=self.matrix)
             host = self._pinned[self._next % len(self._pinned)]
             self._next += 1
             self._nv12.get(stream=self.stream, out=host, blocking=False)

@@ -60,22 +60,24 @@ class LiveStats:
     see gaps (a dropped input) and when output resumed."""
 
 
-class LiveJob:
-    """Swaps faces in a live input and writes live outputs (module doc). `set_source`, then
-    `run_live`, then `close`. `device`: "cpu" or "cuda:N" (default: the config's `device`, a GPU
-    where one is usable). `backend_factory`: the runtime's swap backends (tests slow them down)."""
+class OneStreamJob:
+    """A command's job as one stream of a runtime of its own on one device (`live`, `run`):
+    `set_source`, then the command's own run method, then `close`. `device`: "cpu" or "cuda:N"
+    (default: the config's `device`, a GPU where one is usable). `backend_factory`: the runtime's
+    swap backends (tests slow them down)."""
 
     LIVE = True
-    """Live outputs carry the visible label by default (disclosure.label_live)."""
+    """Whether its outputs are live (labelled by default: disclosure.label_live)."""
 
     def __init__(self, config: Config, *, device: str | None = None, backend_factory: Any = None) -> None:
         from ..disclosure import Disclosure
         from ..provenance import Provenance
 
         self.config = config.model_copy(deep=True)
-        self.live = True
+        self.live = type(self).LIVE
+        # First: a wrong signing key is one error line before any model loads (provenance.py).
         self.provenance = Provenance(config.provenance)
-        self.disclosure = Disclosure(self.config, live=True)
+        self.disclosure = Disclosure(self.config, live=self.live)
         """What the stream applies to every output frame: for the run's log. The stream's own is
         made from the same config, with this one's mark (its stream id, random when not configured)."""
         self.config.watermark.stream_id = self.disclosure.payload.stream_id
@@ -86,7 +88,7 @@ class LiveJob:
 
     def set_source(self, path: str | os.PathLike[str]) -> None:
         """Take the identity from the largest face in an image file."""
-        from ..pipeline import load_image
+        from ..io.image import load_image
 
         self.set_source_image(load_image(path), str(path), path=Path(path))
 
@@ -96,6 +98,75 @@ class LiveJob:
         identity when it starts."""
         self.consent = check_source(self.config, image, name, path)
         self._source = (image, name, Path(path) if path is not None else None)
+
+    def _runtime(self, cfg: Config) -> Any:
+        from .manager import StreamRuntime, default_backend_factory
+
+        return StreamRuntime(cfg, devices=[self._device()],
+                             backend_factory=self.backend_factory or default_backend_factory)
+
+    async def _one_stream(self, cfg: Config, spec: StreamSpec, options: StreamOptions, stop: threading.Event,
+                          on_poll: Callable[[Any], None] | None = None) -> Any:
+        """Run `spec` as the one stream of a runtime until it ends or `stop` is set; returns its
+        `StreamPipeline` once the runtime is closed (None: stopped while it started). The source
+        face goes in after the start, unless `options.source_face` has it in before the first frame.
+        `on_poll` sees the running stream every POLL_S. A failed stream raises its error."""
+        if self._source is None:
+            raise ConfigError("set the source face first (set_source)")
+        runtime = self._runtime(cfg)
+        await runtime.start()
+        try:
+            adding = asyncio.ensure_future(runtime.add_stream(spec, options))
+            while not adding.done():
+                if stop.is_set() and spec.stream_id in runtime.streams:
+                    # Ctrl+C while the input is opened (or its publisher waited for): the start
+                    # notices, undoes itself and raises; that is the run's end, not an error.
+                    await runtime.streams[spec.stream_id].stop()
+                    break
+                await asyncio.wait({adding}, timeout=POLL_S)
+            try:
+                pipeline = await adding
+            except Exception:
+                if stop.is_set():
+                    return None
+                raise
+            if options.source_face is None:
+                await pipeline.set_source(*self._source)
+            while not pipeline.done.is_set() and not stop.is_set():
+                if on_poll is not None:
+                    on_poll(pipeline)
+                await asyncio.sleep(POLL_S)
+            stop.set()
+            await runtime.remove_stream(spec.stream_id)  # what is in flight goes out, the outputs close
+        finally:
+            await runtime.close()
+        if pipeline.state == "failed":
+            if pipeline.failure is not None:
+                raise pipeline.failure  # the input's or an output's error, as the user's error
+            from ..errors import SwapStreamError
+
+            raise SwapStreamError(f"the stream failed: {pipeline.error}")
+        return pipeline
+
+    def _device(self) -> str:
+        """The config's device: the CPU, or the first GPU where one is usable."""
+        if self.device is not None:
+            return self.device
+        from .manager import default_devices
+        from .metrics import GpuMonitor
+
+        monitor = GpuMonitor()
+        try:
+            return default_devices(monitor, self.config.device)[0]
+        finally:
+            monitor.close()
+
+    def close(self) -> None:
+        """Nothing is held between runs: each run's runtime is closed at its end."""
+
+
+class LiveJob(OneStreamJob):
+    """Swaps faces in a live input and writes live outputs (module doc)."""
 
     def run_live(self, url: str, *, rtmp_out: str | None = None, hls_dir: Path | None = None,
                  max_frames: int | None = None, buffer_frames: int = 2,
@@ -120,13 +191,9 @@ class LiveJob:
     async def _run(self, url: str, rtmp_out: str | None, hls_dir: Path | None, max_frames: int | None,
                    buffer_frames: int, stop: threading.Event, reconnect_seconds: float, vcam: bool,
                    vcam_device: str | None, loop: bool, on_wait: Callable[[], None] | None) -> LiveStats:
-        from .manager import StreamRuntime, default_backend_factory
-
         cfg = self.config.model_copy(deep=True)
         cfg.runtime.queue_frames = buffer_frames
         cfg.runtime.media_nice = 0  # no control API to keep answering: the stream goes first
-        runtime = StreamRuntime(cfg, devices=[self._device()],
-                                backend_factory=self.backend_factory or default_backend_factory)
         outputs = [OutputSpec("rtmp", rtmp_out)] if rtmp_out else []
         if hls_dir is not None:
             outputs.append(OutputSpec("hls", str(hls_dir)))
@@ -140,31 +207,10 @@ class LiveJob:
                                 on_wait=on_wait, operator_urls=True, output_reconnect_seconds=reconnect_seconds,
                                 max_frames=max_frames)
         stats = LiveStats()
-        await runtime.start()
-        try:
-            adding = asyncio.ensure_future(runtime.add_stream(spec, options))
-            while not adding.done():
-                if stop.is_set() and LIVE_ID in runtime.streams:
-                    # Ctrl+C while the input is opened (or its publisher waited for): the start
-                    # notices, undoes itself and raises; that is the run's end, not an error.
-                    await runtime.streams[LIVE_ID].stop()
-                    break
-                await asyncio.wait({adding}, timeout=POLL_S)
-            try:
-                pipeline = await adding
-            except Exception:
-                if stop.is_set():
-                    return stats
-                raise
-            stats.device = pipeline.slot.name
-            image, name, path = self._source  # type: ignore[misc]
-            await pipeline.set_source(image, name, path)
-            while not pipeline.done.is_set() and not stop.is_set():
-                await asyncio.sleep(POLL_S)
-            stop.set()
-            await runtime.remove_stream(LIVE_ID)  # what is in flight goes out, the outputs close
-        finally:
-            await runtime.close()
+        pipeline = await self._one_stream(cfg, spec, options, stop)
+        if pipeline is None:
+            return stats
+        stats.device = pipeline.slot.name
         d = pipeline.drops()
         stats.frames_in, stats.frames_out = pipeline.frames_in, pipeline.frames_out
         stats.dropped = d["input"] + d["swap"] + d["encode"]
@@ -174,29 +220,7 @@ class LiveJob:
         stats.nvdec_frames = getattr(pipeline._decode, "nvdec_frames", 0)
         stats.latency_ms.extend(ms for _t, ms in pipeline.latency_timed)
         stats.out_times.extend(pipeline.out_times)
-        if pipeline.state == "failed":
-            if pipeline.failure is not None:
-                raise pipeline.failure  # the input's or an output's error, as the user's error
-            from ..errors import SwapStreamError
-
-            raise SwapStreamError(f"the live stream failed: {pipeline.error}")
         return stats
-
-    def _device(self) -> str:
-        """The config's device: the CPU, or the first GPU where one is usable."""
-        if self.device is not None:
-            return self.device
-        from .manager import default_devices
-        from .metrics import GpuMonitor
-
-        monitor = GpuMonitor()
-        try:
-            return default_devices(monitor, self.config.device)[0]
-        finally:
-            monitor.close()
-
-    def close(self) -> None:
-        """Nothing is held between runs: each run's runtime is closed at its end."""
 
 
 def check_source(config: Config, image: np.ndarray, name: str,

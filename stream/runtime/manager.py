@@ -274,6 +274,7 @@ class DeviceSlot:
         per_face = (t1 - t0) / sum(weights)
         for it, k in zip(items, weights):
             it.ended = t1
+            it.share = per_face * k
             # Timed here, in the thread: the batcher's own time would hold the wait for the thread.
             self._stream_busy.append((t1, it.stream_id, per_face * k))
         self._busy.append((t1, t1 - t0))

@@ -80,11 +80,12 @@ class InputSpec:
 class OutputSpec:
     """Where a stream's swapped frames go."""
 
-    kind: Literal["rtmp", "hls", "null", "webrtc", "vcam"]
+    kind: Literal["rtmp", "hls", "null", "webrtc", "vcam", "file"]
     target: str = ""
     """RTMP URL, or the folder for HLS (index.m3u8 and segments); for `vcam` the device (empty: the
-    platform's default); unused for `null` and `webrtc` (a WHIP publisher's own connection: the
-    sink in the stream's `StreamOptions`, `runtime.rtc`)."""
+    platform's default); for `file` a video file (`swapstream run`'s output: the container from its
+    suffix, see `io.video.VideoWriter`); unused for `null` and `webrtc` (a WHIP publisher's own
+    connection: the sink in the stream's `StreamOptions`, `runtime.rtc`)."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,15 @@ class StreamOptions:
     """How long each output may fail before the stream fails (`LiveWriter.reconnect_seconds`)."""
     max_frames: int | None = None
     """End the stream once this many frames are out (`swapstream live --max-frames`)."""
+    lossless: bool = False
+    """Every frame goes out (`swapstream run`, a file): the reader waits for room rather than a queue
+    dropping the oldest frame, the controller takes no step (a file has no deadline, its quality
+    is what was asked for), and the audio before the first frame and after the last is kept."""
+    live: bool = True
+    """Its outputs are live ones: labelled by default (`disclosure.label_live`); a file is not."""
+    source_face: "tuple[np.ndarray, str, Path | None] | None" = None
+    """(image, name, file) of the source face, taken at the start before the first frame is read,
+    so that every frame is swapped (`swapstream run`); None: `set_source` comes after the start."""
 
 
 class StoppedWhileStarting(SwapStreamError):
@@ -212,8 +222,10 @@ class StreamPipeline:
         # work between them: tools/profile_mesh_gpu.py), and in two H200 runs of serve every
         # stream that took it was worse after it (docs/performance.md).
         on_gpu = slot.gpu_index is not None
-        self.steps = ladder(spec.swapper, low_res=not on_gpu, mesh=not on_gpu,
-                            enhancer=cfg.enhancer != "none", region="region" in cfg.mask.types)
+        lossless = self.options.lossless
+        self.steps = () if lossless else ladder(spec.swapper, low_res=not on_gpu, mesh=not on_gpu,
+                                                enhancer=cfg.enhancer != "none",
+                                                region="region" in cfg.mask.types)
         self.region = True
         """False once the controller's `region_off` step applies: this stream's faces skip the parser."""
         self.enhance = True
@@ -234,10 +246,33 @@ class StreamPipeline:
         self.finished: float | None = None
         """time.time() when an ended or failed stream had given back its resources."""
         pts: Any = lambda w: w.frame.pts  # noqa: E731
-        self.in_q: DropOldestQueue[_Work] = DropOldestQueue(rc.queue_frames, pts_of=pts, name="input")
-        self.swap_q: DropOldestQueue[_Work] = DropOldestQueue(rc.queue_frames, name="swap")
-        self.enc_q: DropOldestQueue[_Work] = DropOldestQueue(rc.queue_frames, name="encode")
-        self.audio: deque[AudioPacket] = deque(maxlen=2000)
+        # Lossless: at most `room` frames are between the reader and the outputs (the reader waits
+        # for one to go out), and every queue holds that many, so none ever drops. Two batches'
+        # worth and two more: the swap takes a full batch while the next one is analysed and the
+        # last one encoded.
+        room = max(rc.queue_frames, 2 * slot.batcher.max_batch + 2) if lossless else rc.queue_frames
+        self._room: threading.Semaphore | None = threading.Semaphore(room) if lossless else None
+        self.in_q: DropOldestQueue[_Work] = DropOldestQueue(room, pts_of=pts, name="input")
+        self.swap_q: DropOldestQueue[_Work] = DropOldestQueue(room, name="swap")
+        self.enc_q: DropOldestQueue[_Work] = DropOldestQueue(room, name="encode")
+        # A live stream keeps its newest audio. A lossless one keeps all of it: the reader is at most
+        # `room` frames ahead, so this holds what lies between them, except for a file's audio after
+        # its last frame, which goes out at the end.
+        self.audio: deque[AudioPacket] = deque() if lossless else deque(maxlen=2000)
+        self.track_ids: set[int] = set()
+        """The tracks its faces had (lossless streams only: `swapstream run`'s summary counts them;
+        a live stream's would grow for as long as it runs)."""
+        self.latency_all: Any = None
+        """Every frame's latency (lossless streams: `swapstream run`'s percentiles are over the
+        whole file, in `run.LatencyRecord`'s fixed memory)."""
+        if lossless:
+            from .run import LatencyRecord
+
+            self.latency_all = LatencyRecord()
+        self.first_arrival: float | None = None
+        """time.monotonic() when its first frame arrived: a file's run is timed from there."""
+        self.stage_seconds: Counter[str] = Counter()
+        """Seconds spent per stage (queue, analyse, swap_wait, swap, encode, total) over its frames."""
         self.frames_in = 0
         self.audio_packets = 0
         self.dropped_at_first_out: int | None = None
@@ -271,7 +306,7 @@ class StreamPipeline:
         from ..consent import ConsentStore
         from ..disclosure import Disclosure
 
-        self.disclosure = Disclosure(cfg, live=True)
+        self.disclosure = Disclosure(cfg, live=self.options.live)
         self.consents = ConsentStore.for_config(cfg)
         self.consent: Any = None
         self._identities: dict[str, Any] = {}
@@ -322,7 +357,6 @@ class StreamPipeline:
             self._start_done.set()
 
     async def _start(self) -> None:
-        from ..face.analyser import FaceAnalyser
         from ..live.streams import LiveReader
 
         loop = asyncio.get_running_loop()
@@ -334,7 +368,7 @@ class StreamPipeline:
         gpu = self.slot.gpu_index is not None
         nvdec = False
         if gpu:
-            from .gpu_stages import GpuCompose, GpuDecode
+            from .gpu_stages import HOST_NV12_MATRIX, GpuCompose, GpuDecode
 
             # The GPU stages of this same pipeline: NVDEC (or an upload) into GPU memory, analysis
             # with the device's other streams, label, mark and NV12 on the device.
@@ -350,7 +384,9 @@ class StreamPipeline:
                 self._decode = GpuDecode(self.id, nvdec, max_size=getattr(self._source, "max_size", None),
                                          on_error=getattr(self._source, "decode_failed", None),
                                          crop_odd=self._source is not None)
-                self._compose = GpuCompose(self.disclosure)
+                # A file gets the matrix its writer tags it with (io.video.VideoWriter: BT.709).
+                self._compose = GpuCompose(self.disclosure, matrix="bt709" if any(
+                    o.kind == "file" for o in self.spec.outputs) else HOST_NV12_MATRIX)
         # A file ends at its end, or with `loop` LiveReader opens it again and carries the
         # timestamps on; only a network input reconnects. Pacing stays here (`_read`). With NVDEC
         # the reader hands over access units, which the decoder turns into GPU frames.
@@ -367,8 +403,12 @@ class StreamPipeline:
             await loop.run_in_executor(self._analyse_pool, lambda: self._reader.open(
                 wait_seconds=self.options.wait_seconds, on_wait=self.options.on_wait, stop=self._stop))
             stopped_yet()
-            if not gpu:  # on a GPU the device's analysis serves every stream (DeviceSlot.analyse)
-                self._analyser = await loop.run_in_executor(self._analyse_pool, FaceAnalyser, self.cfg)
+            self._analyser = await loop.run_in_executor(self._analyse_pool, self._own_analyser)
+            stopped_yet()
+            if self.options.source_face is not None:
+                await self.set_source(*self.options.source_face)
+            if self.options.lossless and getattr(self._reader, "size", (0, 0))[0] > 0:
+                await loop.run_in_executor(self._encode_pool, self._warm_disclosure)
             stopped_yet()
         except BaseException:
             self._close_unstarted()
@@ -382,6 +422,36 @@ class StreamPipeline:
         self._tasks = [loop.create_task(self._analyse(), name=f"analyse-{self.id}"),
                        loop.create_task(self._swap(), name=f"swap-{self.id}"),
                        loop.create_task(self._encode(), name=f"encode-{self.id}")]
+
+    def _own_analyser(self) -> Any:
+        """This stream's own face analyser (built in, and used in, its analysis thread), or None where
+        its device's analysis serves it: the built-in networks on a GPU (`DeviceSlot.analyse`). A
+        neural swapper with a zoo detector (`neural.detector`) has its own on either device."""
+        from ..face.analyser import FaceAnalyser
+
+        gpu = self.slot.gpu_index
+        if self.cfg.swapper != "mesh" and self.cfg.neural.detector != "builtin":
+            from ..neural.factory import detector_analyser
+
+            if gpu is not None:
+                import cupy
+
+                cupy.cuda.Device(gpu).use()  # this thread's device, for the detector's runner
+            return detector_analyser(self.cfg)
+        return None if gpu is not None else FaceAnalyser(self.cfg)
+
+    def _warm_disclosure(self) -> None:
+        """Build the label and the mark for the input's frame size before the first frame (a file's
+        run, whose time counts from there): on the first frame they took 40 ms at 720p on the CPU."""
+        w, h = self._reader.size
+        if self._compose is None:
+            self.disclosure.warm_up(np.zeros((h, w, 3), np.uint8))
+            return
+        import cupy
+
+        with self.slot._device(), self._compose.stream:
+            self.disclosure.warm_up(cupy.zeros((h, w, 3), cupy.uint8))
+            self._compose.stream.synchronize()
 
     def _close_unstarted(self) -> None:
         """Undo a start that did not get to the stages: the opened input, the analyser, the pools."""
@@ -556,13 +626,11 @@ class StreamPipeline:
                     if wait > 0 and self._stop.wait(wait):
                         break
                 frames = [item] if self._decode is None else self._decode.decode(item)
-                for f in frames:
-                    f.stream_id = self.id
-                    loop.call_soon_threadsafe(self._arrive, _Work(f, time.monotonic()))
+                if not self._hand_over(loop, frames):
+                    break
             if self._decode is not None and not self._stop.is_set():
-                for f in self._decode.flush(self._reader.time_base):  # what a reordering decoder held
-                    f.stream_id = self.id
-                    loop.call_soon_threadsafe(self._arrive, _Work(f, time.monotonic()))
+                # What a reordering decoder held back.
+                self._hand_over(loop, self._decode.flush(self._reader.time_base))
         except SwapStreamError as e:
             self._tell(loop, self._fail, str(e), e)
         except Exception as e:  # a decoder failure we did not expect: this stream ends, not the process
@@ -575,6 +643,16 @@ class StreamPipeline:
                 self._decode.close()  # in the thread that used it, whenever it ends (its NVDEC session)
         self._tell(loop, self.in_q.close)
 
+    def _hand_over(self, loop: asyncio.AbstractEventLoop, frames: list[Frame]) -> bool:
+        """Reader thread: the frames to the analysis, each stamped with its arrival (after the wait
+        for room, on a lossless stream: the wait is not the pipeline's latency). False: stopped."""
+        for f in frames:
+            if not self._wait_for_room():
+                return False
+            f.stream_id = self.id
+            loop.call_soon_threadsafe(self._arrive, _Work(f, time.monotonic()))
+        return True
+
     @staticmethod
     def _tell(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
         """Run `fn(*args)` in the loop, from another thread, unless the loop has closed meanwhile."""
@@ -584,7 +662,22 @@ class StreamPipeline:
             if not loop.is_closed():
                 raise
 
+    def _observe(self, stage: str, seconds: float) -> None:
+        self.metrics.observe_stage(self.id, stage, seconds)
+        self.stage_seconds[stage] += seconds
+
+    def _wait_for_room(self) -> bool:
+        """Lossless: wait until fewer than `room` frames are on their way (False: stopped meanwhile)."""
+        if self._room is None:
+            return True
+        while not self._room.acquire(timeout=0.1):
+            if self._stop.is_set():
+                return False
+        return True
+
     def _arrive(self, w: _Work) -> None:
+        if self.first_arrival is None:
+            self.first_arrival = w.arrived
         self.frames_in += 1
         self.arrivals.append(w.arrived)
         self.in_q.put(w)
@@ -595,13 +688,15 @@ class StreamPipeline:
             while True:
                 w = await self.in_q.get()
                 t = time.monotonic()
-                self.metrics.observe_stage(self.id, "queue", t - w.arrived)
-                if self._decode is not None:
+                self._observe("queue", t - w.arrived)
+                if self._analyser is None:
                     w.faces = await self.slot.analyse(self.id, w.frame, self.cfg,
                                                       w.arrived + self.budget_ms / 1e3)
                 else:
                     w.faces = await loop.run_in_executor(self._analyse_pool, self._analyser.track, w.frame)
-                self.metrics.observe_stage(self.id, "analyse", time.monotonic() - t)
+                self._observe("analyse", time.monotonic() - t)
+                if self.options.lossless:
+                    self.track_ids.update(f.track_id for f in w.faces)
                 self.swap_q.put(w)
         except QueueClosed:
             pass
@@ -647,8 +742,9 @@ class StreamPipeline:
             self.frames_swap_failed += 1
             w.swapped = 0
         if item.ended:
-            self.metrics.observe_stage(self.id, "swap_wait", max(0.0, item.started - submitted))
+            self._observe("swap_wait", max(0.0, item.started - submitted))
             self.metrics.observe_stage(self.id, "swap", item.ended - item.started)
+            self.stage_seconds["swap"] += item.share  # a batch of n frames is not n frames' work
 
     async def _encode(self) -> None:
         loop = asyncio.get_running_loop()
@@ -660,8 +756,8 @@ class StreamPipeline:
                 t = time.monotonic()
                 await loop.run_in_executor(self._encode_pool, self._write, w.frame, w.swapped > 0, audio)
                 now = time.monotonic()
-                self.metrics.observe_stage(self.id, "encode", now - t)
-                self.metrics.observe_stage(self.id, "total", now - w.arrived)
+                self._observe("encode", now - t)
+                self._observe("total", now - w.arrived)
                 if self.outputs_started_at is None and all(getattr(s, "started", True) for s in self._sinks):
                     # The outputs' start (held frames encoded at once, an RTMP connect) is one-time
                     # work, as an identity is: on the H200 with 16 RTMP outputs it put 230-470 ms p99s
@@ -669,6 +765,8 @@ class StreamPipeline:
                     self.outputs_started_at = now
                     self._after_one_time_work(now, now - t)
                 ms = (now - w.arrived) * 1e3
+                if self.latency_all is not None:
+                    self.latency_all.add(now - w.arrived)
                 self.latency_recent.append(ms)
                 self.latency_timed.append((now, ms))
                 if now >= self._warm_until and w.arrived >= self._changed_at:
@@ -682,6 +780,8 @@ class StreamPipeline:
                     d = self.drops()
                     self.dropped_at_first_out = d["input"] + d["swap"] + d["encode"]
                 self.frames_out += 1
+                if self._room is not None:
+                    self._room.release()
                 self.faces_swapped += w.swapped
                 self.frames_swapped += 1 if w.swapped else 0
                 if self.options.max_frames is not None and self.frames_out >= self.options.max_frames:
@@ -694,6 +794,11 @@ class StreamPipeline:
                     self.latest = w.frame.data
         except QueueClosed:
             if self.state == "running":
+                if self.options.lossless and self._sinks and self.audio:
+                    # A file's audio after its last frame (a live stream's outputs end with the video).
+                    audio = list(self.audio)
+                    self.audio.clear()
+                    await loop.run_in_executor(self._encode_pool, self._write_audio, audio)
                 self.state = "ended"  # the input ended and every frame went out
         except SwapStreamError as e:
             self._fail(str(e), e)
@@ -716,13 +821,19 @@ class StreamPipeline:
             # analyser, its source face) is not sent ahead of it: a player that joined then probed
             # a burst of audio alone and played no video (nginx-rtmp, PyAV's probe); the live job
             # before the runtime dropped it too.
-            audio = [p for p in audio if not _before(p, frame)]
+            # A file (lossless) keeps it: its writer interleaves by time, and nothing may be lost.
+            if not self.options.lossless:
+                audio = [p for p in audio if not _before(p, frame)]
         if self._compose is not None:
             self._write_gpu(frame, swapped, audio)
             return
         self.disclosure.apply(frame.data, swapped)
         for s in self._sinks:
             s.write(frame)
+        self._write_audio(audio)
+
+    def _write_audio(self, audio: list[AudioPacket]) -> None:
+        for s in self._sinks:
             for p in audio:
                 s.write_audio(p)
 
@@ -740,8 +851,7 @@ class StreamPipeline:
                 s.write(frame)
             else:
                 s.write_nv12(nv12, frame.pts, frame.time_base)
-            for p in audio:
-                s.write_audio(p)
+        self._write_audio(audio)
 
     def _open_sinks(self, first: Frame) -> list[Any]:
         from ..live.streams import LiveWriter
@@ -765,6 +875,15 @@ class StreamPipeline:
 
                     sinks.append(VirtualCamera(width=w, height=h, fps=self._reader.info_fps,
                                                device=o.target or None))
+                elif o.kind == "file":
+                    from ..io.video import VideoWriter
+
+                    enc = self.cfg.encode
+                    rate = getattr(self._reader, "rate", None) or Fraction(self._reader.info_fps).limit_denominator(1001)
+                    sinks.append(VideoWriter(o.target, width=w, height=h, time_base=first.time_base, rate=rate,
+                                             crf=enc.crf, preset=enc.preset, codec=enc.codec,
+                                             audio_from=self._reader.audio_stream,
+                                             metadata=self.disclosure.tags, threads=enc.threads))
                 elif o.kind == "rtmp":
                     sinks.append(LiveWriter(o.target, kind="rtmp", outbound=self._outbound, **common))
                 else:

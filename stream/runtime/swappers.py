@@ -51,6 +51,9 @@ class SwapItem:
     """time.monotonic() when its batch started (set by the device thread)."""
     ended: float = 0.0
     """time.monotonic() when its batch ended."""
+    share: float = 0.0
+    """Its part of its batch's time, by faces: what it cost the device (the batch's time is what it
+    waited)."""
 
 
 class SwapFailed(Exception):

@@ -169,51 +169,44 @@ def test_run_to_the_null_output(assets: Assets, tmp_path: Path) -> None:
     assert re.search(r"^audio\s+[1-9]\d* packets carried", res.stdout, re.M), res.stdout
     assert re.search(r"^decode\s+PyAV \(host\)", res.stdout, re.M), res.stdout
     assert list(tmp_path.iterdir()) == [], "the null output wrote a file"
-    # The loop's host time a frame by step: every step of the one loop, and together nearly all of
-    # the time per frame that `speed` reports (the rest is audio hand-over and bookkeeping).
-    loop = re.search(r"^loop ms/frame\s+read ([\d.]+) analyse ([\d.]+) swap ([\d.]+) hand-over ([\d.]+)\s*$",
-                     res.stdout, re.M)
-    assert loop, res.stdout
+    # Each stage's time a frame. The stages run in threads of their own, so each one's time is at
+    # most the wall time a frame; the slowest sets the pace, so it takes a good part of that.
+    stage = re.search(r"^stage ms/frame\s+queue ([\d.]+) analyse ([\d.]+) swap-wait ([\d.]+) swap ([\d.]+) "
+                      r"encode ([\d.]+)\s*$", res.stdout, re.M)
+    assert stage, res.stdout
     speed = re.search(r"^speed\s+([\d.]+) fps", res.stdout, re.M)
     assert speed, res.stdout
-    steps = [float(v) for v in loop.groups()]
+    queue, analyse, _wait, swap, encode = (float(v) for v in stage.groups())
     per_frame = 1e3 / float(speed.group(1))
-    assert steps[1] > 0 and steps[2] > 0, steps  # analysis and the swap ran on every frame
-    # Bounds that only a missing or double-counted step breaks: rounding to 0.01 ms, and the loop's
-    # untimed bookkeeping, are far inside them.
-    assert 0.5 * per_frame <= sum(steps) <= 1.02 * per_frame + 0.05, (steps, per_frame)
-    # Each frame's time from the decoder to the encoder: each frame spends at least its own analysis
+    assert analyse > 0 and swap > 0 and encode > 0, stage.groups()  # every frame was analysed, swapped, output
+    # 0.05 ms for the printed roundings.
+    assert max(analyse, swap, encode) <= 1.02 * per_frame + 0.05, (stage.groups(), per_frame)
+    assert max(analyse, swap, encode) >= 0.3 * per_frame, (stage.groups(), per_frame)
+    # Each frame's time from its decoding to its output: each frame spends at least its own analysis
     # and swap in it, so the slowest frame at least their mean (1% for the record's bins).
     lat = re.search(r"^latency ms\s+p50 ([\d.]+) p99 ([\d.]+) max ([\d.]+)\s*$", res.stdout, re.M)
     assert lat, res.stdout
     p50, p99, top = (float(v) for v in lat.groups())
     assert 0 < p50 <= p99 <= top, (p50, p99, top)
-    assert top >= 0.99 * (steps[1] + steps[2]), (top, steps)
+    assert top >= 0.99 * (analyse + swap), (top, stage.groups())
     assert top <= 1.01e3 * float(re.search(r"^time\s+([\d.]+) s", res.stdout, re.M).group(1)), top
-    # The loop's longest single step: one of its steps, no longer than the whole loop, and at least
-    # as long as the analysis's and the swap's means a frame (one call of each a frame here; 0.06 ms
-    # for the printed roundings), at a frame count within the clip.
-    slow = re.search(r"^slowest step\s+(read|analyse|swap|hand-over) ([\d.]+) ms, (\d+) frames taken\s*$",
-                     res.stdout, re.M)
-    assert slow, res.stdout
-    worst, taken = float(slow.group(2)), int(slow.group(3))
-    assert max(steps[1], steps[2]) - 0.06 <= worst <= 1e3 * float(re.search(r"^time\s+([\d.]+) s", res.stdout, re.M).group(1))
-    assert 0 <= taken <= CLIP_FRAMES, taken
 
 
 def test_null_output_still_marks_every_frame(assets: Assets, monkeypatch: pytest.MonkeyPatch) -> None:
     from swapstream.config import load_config
-    from swapstream.pipeline import FileJob
+    from swapstream.disclosure import Disclosure
+    from swapstream.runtime.run import RunJob
 
-    job = FileJob(load_config(None, ["device=cpu"]))
+    job = RunJob(load_config(None, ["device=cpu"]), device="cpu")
     marked: list[bool] = []
-    apply = job.disclosure.apply
+    apply = Disclosure.apply
 
-    def counting(data: np.ndarray, swapped: bool) -> None:
+    def counting(self: Disclosure, data: np.ndarray, swapped: bool) -> None:
         marked.append(swapped)
-        apply(data, swapped)  # the real label and watermark still go in
+        apply(self, data, swapped)  # the real label and watermark still go in
 
-    monkeypatch.setattr(job.disclosure, "apply", counting)
+    # On the class: the stream makes its own disclosure from the job's config.
+    monkeypatch.setattr(Disclosure, "apply", counting)
     try:
         job.set_source(assets.face)
         stats = job.run(assets.clip, "null:")

@@ -20,7 +20,7 @@ from swapstream.config import Config, load_config
 from swapstream.consent import BUILTIN_PATH, ConsentStore, file_digest, image_digest
 from swapstream.demo import astronaut, grace_hopper
 from swapstream.errors import USER_ERRORS, ConsentError, InputError
-from swapstream.pipeline import FileJob
+from swapstream.runtime.run import RunJob
 
 TIMEOUT = 120
 
@@ -64,7 +64,7 @@ def test_builtin_records_match_the_demo_portraits() -> None:
 
 
 def test_demo_portrait_needs_no_setup(store_path: Path, config: Config) -> None:
-    job = FileJob(config)
+    job = RunJob(config)
     try:
         job.set_source_image(astronaut(), "astronaut")
         assert job.consent is not None and job.consent.id == "builtin-astronaut"
@@ -78,7 +78,7 @@ def test_demo_portrait_needs_no_setup(store_path: Path, config: Config) -> None:
 
 def test_job_refuses_a_face_without_consent(store_path: Path, config: Config,
                                             stranger: np.ndarray) -> None:
-    job = FileJob(config)
+    job = RunJob(config)
     try:
         with pytest.raises(ConsentError) as e:
             job.set_source_image(stranger, "uploaded face")
@@ -105,7 +105,7 @@ def test_record_matches_by_pixels_and_by_file(tmp_path: Path, store_path: Path, 
     store = ConsentStore()
     store.add(cv2.cvtColor(cv2.imread(str(jpg)), cv2.COLOR_BGR2RGB), given_by="Jane Doe",
               purpose="test", path=jpg)
-    job = FileJob(config)
+    job = RunJob(config)
     try:
         job.set_source(jpg)                      # the same file
         # A lossless copy of the decoded picture: other bytes, same pixels.
@@ -124,15 +124,15 @@ def test_record_matches_by_pixels_and_by_file(tmp_path: Path, store_path: Path, 
 def test_config_key_points_at_another_store(tmp_path: Path, store_path: Path,
                                             stranger: np.ndarray) -> None:
     other = tmp_path / "elsewhere.json"
-    ConsentStore(other).add(stranger, given_by="Jane Doe", purpose="test")
+    rec = ConsentStore(other).add(stranger, given_by="Jane Doe", purpose="test")
     cfg = load_config(overrides=[f"consent.store={other}"])
-    job = FileJob(cfg)
+    job = RunJob(cfg)
     try:
         job.set_source_image(stranger, "face")
-        assert job.consents.path == other
+        assert job.consent == rec  # found in the other store
     finally:
         job.close()
-    job = FileJob(load_config())  # the environment's store has no record
+    job = RunJob(load_config())  # the environment's store has no record
     try:
         with pytest.raises(ConsentError):
             job.set_source_image(stranger, "face")

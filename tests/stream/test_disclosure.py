@@ -26,7 +26,7 @@ from swapstream.config import Config, load_config  # noqa: E402
 from swapstream.demo import astronaut, grace_hopper, read_frames, render_target_frame, write_demo_clip  # noqa: E402
 from swapstream.disclosure import SYNTHETIC_TAGS, Disclosure, draw_label, render_label  # noqa: E402
 from swapstream.runtime.live import LiveJob  # noqa: E402
-from swapstream.pipeline import FileJob  # noqa: E402
+from swapstream.runtime.run import RunJob  # noqa: E402
 from swapstream.types import Frame  # noqa: E402
 from swapstream.verify import verify  # noqa: E402
 from swapstream.watermark import detect, luma_of  # noqa: E402
@@ -114,7 +114,7 @@ def test_defaults_label_live_outputs_only(config: Config, caplog: pytest.LogCapt
         d = Disclosure(load_config(overrides=["watermark.enabled=false"]), live=False)
         assert d.watermarker is None
         assert any("watermark is OFF" in r.getMessage() for r in caplog.records)
-    assert LiveJob.LIVE and not FileJob.LIVE
+    assert LiveJob.LIVE and not RunJob.LIVE
 
 
 def test_apply_marks_changed_frames_only(config: Config) -> None:
@@ -153,16 +153,26 @@ def test_warm_up_builds_the_size_ahead_and_changes_nothing_else(scheme: str) -> 
     assert warm.frames_labelled == warm.frames_marked == 1
 
 
-def test_a_jobs_warm_up_builds_the_label_and_mark_for_the_inputs_size(config: Config) -> None:
-    """`warm_swap(size=...)`, which the file job calls before its first frame with the input's size,
-    builds the disclosure for that size (also before a source face is set) and counts nothing."""
-    job = FileJob(config, live=True)
-    try:
-        job.warm_swap(size=(360, 640))
-        assert (360, 640, -1) in job.disclosure._patches
-        assert job.disclosure.frames_labelled == job.disclosure.frames_marked == 0
-    finally:
-        job.close()
+def test_a_run_builds_the_label_and_mark_for_the_inputs_size_first(config: Config, clip: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file's stream builds the disclosure for the input's size before its first frame (built on
+    the first frame, the mark's pattern took 40 ms at 720p on the CPU, inside the run's time), once."""
+    calls: list[tuple[str, tuple[int, ...]]] = []
+    warm_up, apply = Disclosure.warm_up, Disclosure.apply
+
+    def warming(self: Disclosure, scratch: np.ndarray) -> None:
+        calls.append(("warm_up", scratch.shape))
+        warm_up(self, scratch)
+
+    def applying(self: Disclosure, data: np.ndarray, swapped: bool) -> bool:
+        calls.append(("apply", data.shape))
+        return apply(self, data, swapped)
+
+    monkeypatch.setattr(Disclosure, "warm_up", warming)
+    monkeypatch.setattr(Disclosure, "apply", applying)
+    run_job(config, clip, tmp_path / "out.mp4")
+    assert calls[0] == ("warm_up", (360, 640, 3)), calls[:3]
+    assert calls[1:] == [("apply", (360, 640, 3))] * 10
 
 
 def test_live_job_labels_and_marks_every_frame(config: Config, tmp_path: Path) -> None:
@@ -201,8 +211,8 @@ def clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def run_job(cfg: Config, clip: Path, out: Path) -> FileJob:
-    job = FileJob(cfg)
+def run_job(cfg: Config, clip: Path, out: Path) -> RunJob:
+    job = RunJob(cfg, device="cpu")
     try:
         job.set_source_image(astronaut(), "astronaut")
         stats = job.run(clip, out)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from swapstream.pipeline import LatencyRecord
+from swapstream.runtime.run import LatencyRecord
 
 
 def test_percentiles_are_within_one_percent_of_the_exact_ones() -> None:

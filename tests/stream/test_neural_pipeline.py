@@ -14,7 +14,7 @@ av = pytest.importorskip("av")
 from swapstream.config import load_config  # noqa: E402
 from swapstream.demo import astronaut, grace_hopper, read_frames, write_demo_clip  # noqa: E402
 from swapstream.errors import USER_ERRORS  # noqa: E402
-from swapstream.pipeline import FileJob  # noqa: E402
+from swapstream.runtime.run import RunJob  # noqa: E402
 
 from ..zoo_models import make_test_models as tm  # noqa: E402
 from ..zoo_models import copy_builtin, place  # noqa: E402
@@ -42,7 +42,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
 def run(models: Path, clip: Path, src: Path, out: Path, swapper: str) -> object:
     cfg = load_config(overrides=[f"swapper={swapper}", "neural.download=false",
                                  "neural.runner=onnxruntime", f"models_dir={models}"])
-    job = FileJob(cfg)
+    job = RunJob(cfg, device="cpu")
     try:
         job.set_source(src)
         return job.run(clip, out)
@@ -81,5 +81,5 @@ def test_missing_zoo_model_offline_names_file_and_folder(setup, tmp_path: Path) 
     cfg = load_config(overrides=["swapper=simswap_256", "neural.download=false",
                                  f"models_dir={models}"])
     with pytest.raises(USER_ERRORS) as e:
-        FileJob(cfg)
+        RunJob(cfg, device="cpu")
     assert "simswap_256.onnx" in str(e.value) and str(models) in str(e.value)

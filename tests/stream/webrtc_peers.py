@@ -15,9 +15,12 @@ import numpy as np
 from aiohttp import ClientSession, web
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
-from swapstream.config import load_config
+from swapstream.config import Config, load_config
 from swapstream.demo import astronaut
-from swapstream.pipeline import FileJob
+from swapstream.disclosure import Disclosure
+from swapstream.face.analyser import FaceAnalyser
+from swapstream.swap.mesh import MeshSwapper, source_face
+from swapstream.swap.occlusion import occlusion_masker
 from swapstream.types import Frame
 
 from ..helpers.probe import Received, receive
@@ -81,8 +84,32 @@ async def until(condition: Callable[[], bool], timeout: float, what: str) -> Non
         await asyncio.sleep(0.05)
 
 
+class ReferenceSwap:
+    """The CPU mesh swap of one stream's frames, with the astronaut's face, as a runtime stream
+    makes it (a `FaceAnalyser` tracking the faces, `MeshSwapper`, the label and the mark): what a
+    test compares a server's output with."""
+
+    def __init__(self, config: Config) -> None:
+        self.analyser = FaceAnalyser(config)
+        topo = self.analyser.topology
+        self.swapper = MeshSwapper(config.mesh, topo, occlusion=occlusion_masker(config.mask, topo))
+        image = astronaut()
+        self.swapper.set_source(image, source_face(self.analyser.analyse_image(image), "astronaut"))
+        self.disclosure = Disclosure(config, live=True)
+
+    def swap_frame(self, frame: Frame) -> int:
+        """Track the faces of the stream's next frame, swap them in place, label and mark it."""
+        faces = self.analyser.track(frame)
+        n = self.swapper.swap(frame.data, faces) if faces else 0
+        self.disclosure.apply(frame.data, n > 0)
+        return n
+
+    def close(self) -> None:
+        self.analyser.close()
+
+
 def mesh_swap(*, extra_delay_s: float = 0.0, smoothing: bool = True
-              ) -> tuple[FileJob, Callable[[np.ndarray, int], int]]:
+              ) -> tuple[ReferenceSwap, Callable[[np.ndarray, int], int]]:
     """The real CPU swap (mesh, default preset, the astronaut's face) as WhipServer's swap function.
 
     `extra_delay_s` makes the swap stage that much slower than it is, standing in for a heavy
@@ -90,8 +117,7 @@ def mesh_swap(*, extra_delay_s: float = 0.0, smoothing: bool = True
     landmarks over time) each frame's swap depends on that frame alone, so that a frame seen at the
     far end can be compared with the same source frame swapped afresh (`fresh_job`).
     """
-    job = FileJob(load_config(None, [] if smoothing else ["smoothing.enabled=false"]))
-    job.set_source_image(astronaut(), "astronaut")
+    job = ReferenceSwap(load_config(None, [] if smoothing else ["smoothing.enabled=false"]))
 
     def swap(rgb: np.ndarray, index: int) -> int:
         faces = job.swap_frame(Frame(rgb, pts=index, time_base=Fraction(1, 15), index=index))
@@ -129,15 +155,13 @@ def chromium_args(*extra: str) -> list[str]:
             "--disable-features=WebRtcHideLocalIpsWithMdns", *extra]
 
 
-def fresh_job() -> FileJob:
-    """A job without smoothing that swaps the astronaut's face in: what a server running
+def fresh_job() -> ReferenceSwap:
+    """A swap without smoothing of the astronaut's face: what a server running
     `mesh_swap(smoothing=False)` makes of a frame, before any codec. Close it after use."""
-    job = FileJob(load_config(None, ["smoothing.enabled=false"]))
-    job.set_source_image(astronaut(), "astronaut")
-    return job
+    return ReferenceSwap(load_config(None, ["smoothing.enabled=false"]))
 
 
-def looks_swapped(seen: np.ndarray, sent: np.ndarray, job: FileJob | None = None
+def looks_swapped(seen: np.ndarray, sent: np.ndarray, job: ReferenceSwap | None = None
                   ) -> tuple[float, float]:
     """How far `seen` (what came out) is from `sent` swapped afresh (by `job`, else a `fresh_job()`),
     and from `sent` itself, over the pixels the swap changes a lot (glasses, eyes, mouth): codec

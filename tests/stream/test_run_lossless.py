@@ -1,0 +1,101 @@
+"""`swapstream run` is one stream of the runtime with the `lossless` option: a swap slower than the
+file's decoding loses no frame (the reader waits), every frame is swapped from the first one on (the
+source face is taken before it), and every audio packet is written, also those after the last frame."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import av
+import numpy as np
+import pytest
+
+from swapstream.config import load_config
+from swapstream.demo import astronaut, grace_hopper, write_demo_clip
+from swapstream.runtime.manager import default_backend_factory
+from swapstream.runtime.run import RunJob
+
+from .webrtc_peers import fresh_job, looks_swapped
+
+SWAP_S = 0.05
+"""A swap this slow a frame (20 fps) is slower than decoding the small clip: a live stream's queues
+would drop frames here."""
+
+
+class SlowBackend:
+    """The real mesh backend, then a wait up to SWAP_S a frame."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.name, self.max_batch = backend.name, backend.max_batch
+
+    def identity(self, image: np.ndarray) -> Any:
+        return self.backend.identity(image)
+
+    def swap(self, items: list[Any]) -> list[int]:
+        t0 = time.monotonic()
+        n = self.backend.swap(items)
+        time.sleep(max(0.0, SWAP_S * len(items) - (time.monotonic() - t0)))
+        return n
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+def video_times(path: Path) -> list[float]:
+    with av.open(str(path)) as c:
+        return sorted(float(p.pts * p.time_base) for p in c.demux(video=0) if p.size and p.pts is not None)
+
+
+def audio_packets(path: Path) -> tuple[int, float]:
+    """Audio packets with data, and the end time of the last one."""
+    with av.open(str(path)) as c:
+        ps = [p for p in c.demux(audio=0) if p.size]
+        return len(ps), max(float((p.pts + p.duration) * p.time_base) for p in ps)
+
+
+def first_and_last(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    with av.open(str(path)) as c:
+        frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+    return frames[0], frames[-1]
+
+
+def test_a_slow_run_loses_no_frame_and_no_audio(tmp_path: Path) -> None:
+    clip = tmp_path / "clip.mp4"
+    n = write_demo_clip(clip, grace_hopper(), seconds=1.5, fps=20, size=(320, 240))
+    # The tone goes on for 1.5 s after the last frame: audio a live stream would not carry.
+    longer = tmp_path / "longer.mp4"
+    subprocess.run(["ffmpeg", "-hide_banner", "-loglevel", "error", "-y", "-i", str(clip), "-f", "lavfi",
+                    "-i", "sine=frequency=440:duration=3", "-map", "0:v", "-map", "1:a", "-c:v", "copy",
+                    "-c:a", "aac", str(longer)], check=True)
+    cfg = load_config(None, ["device=cpu", "smoothing.enabled=false"])
+    job = RunJob(cfg, device="cpu",
+                 backend_factory=lambda name, c, d: SlowBackend(default_backend_factory(name, c, d)))
+    job.set_source_image(astronaut(), "astronaut")
+    out = tmp_path / "out.mp4"
+    t0 = time.monotonic()
+    try:
+        stats = job.run(longer, out)
+    finally:
+        job.close()
+    assert time.monotonic() - t0 >= n * SWAP_S  # the swap really was the slow stage
+    assert stats.frames == stats.frames_swapped == stats.faces_swapped == n, stats
+    # Every frame, at its own time.
+    assert video_times(out) == pytest.approx(video_times(longer), abs=1e-3)
+    # Every audio packet, up to the tone's end.
+    packets, end = audio_packets(longer)
+    assert stats.audio_packets == packets
+    got, got_end = audio_packets(out)
+    assert got == packets and got_end == pytest.approx(end, abs=0.03), (got, packets, got_end, end)
+    # The first frame is swapped as the last one is: the face was there before the first frame.
+    sent = first_and_last(longer)
+    check = fresh_job()
+    try:
+        for seen, orig in zip(first_and_last(out), sent):
+            to_swapped, to_sent = looks_swapped(seen, orig, check)
+            assert to_swapped < 0.5 * to_sent, (to_swapped, to_sent)
+    finally:
+        check.close()
