@@ -14,7 +14,7 @@ On one 1080p H.264 clip with one face, in one run, each variant in its own proce
 2. `ours_mesh`: `swapstream run -c live -o null:` with the built-in mesh swapper: the command as a
    user runs it, the whole clip, encoding excluded (every frame still labelled and marked). This tool
    holds no loop of ours; the figures are the run's own summary (`tools/bench_run.py`'s reader):
-   its fps, its loop's host time a frame by step, and each frame's latency from the decoder to the
+   its fps, its time a frame by stage, and each frame's latency from the decoder to the
    encoder (`JobStats.latency`).
 3. `ours_neural`: the same with the full-size inswapper architecture (random weights: speed and
    memory are those of the real model; the output is not a likeness), batched as `run` batches it.
@@ -345,7 +345,7 @@ def write(results: dict[str, Any], args: argparse.Namespace) -> None:
                                 "unit": "ms", "stat": stat,
                                 "config": {"from": "decoder", "to": "encoder hand-over", "clock": "host"}, **common})
             for step, ms in r["loop_ms"].items():
-                records.append({"metric": f"{v}_loop_{step.replace('-', '_')}_ms", "value": ms, "unit": "ms",
+                records.append({"metric": f"{v}_stage_{step.replace('-', '_')}_ms", "value": ms, "unit": "ms",
                                 "stat": "mean", "config": {"clock": "host"}, **common})
             if r.get("slowest"):
                 sl = r["slowest"]
@@ -385,8 +385,9 @@ def write(results: dict[str, Any], args: argparse.Namespace) -> None:
             analyse, swap = f"{st['analyse']['mean']:.2f}", f"{st['swap']['mean'] + st['paste']['mean']:.2f}"
         lines.append(f"| {v} | {r['decode']} | {r['frames']} | {r['fps']:.1f} | {analyse} | {swap} | {e2e} "
                      f"| {r.get('peak_gpu_gb', '')} |")
-    lines += ["", "Analyse and swap: host time a frame, mean (ours: the run's `loop ms/frame`, whose `swap` on "
-              "the GPU is the time to queue it; the peer's swap includes its paste). Ours marks "
+    lines += ["", "Analyse and swap: time a frame, mean (ours: the run's `stage ms/frame`, each stage in a "
+              "thread of its own, the swap's time shared among a batch's frames; the peer's swap includes its "
+              "paste). Ours marks "
               "every frame, as every output of `run` is (the visible label is off for file outputs by default, "
               "`disclosure.label_files`); the peer path has neither mark nor label, as the peers have neither."]
     for v in ("ours_mesh", "ours_neural"):
@@ -396,7 +397,7 @@ def write(results: dict[str, Any], args: argparse.Namespace) -> None:
             slow = r.get("slowest")
             worst = (f"; its longest step: {slow['step']} {slow['ms']} ms, {slow['frames_taken']} frames taken"
                      if slow else "")
-            lines.append(f"- {v}: `swapstream {r['run_command']}`; loop ms/frame: {steps}{worst}.")
+            lines.append(f"- {v}: `swapstream {r['run_command']}`; stage ms/frame: {steps}{worst}.")
     if "x264" in results and "error" not in results["x264"]:
         x = results["x264"]
         lines += ["", f"x264 on the clip's frames (PyAV, preset {x['preset']}, crf {x['crf']}), reported separately: "

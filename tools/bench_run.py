@@ -49,8 +49,9 @@ def run_summary(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | N
     decode = re.search(r"decode\s+(\S+)", p.stdout)
     if not (fps and frames and swapped):
         sys.exit(f"error: no summary in the output of {' '.join(cmd)}:\n{p.stdout[-3000:]}")
-    # The loop's host time a frame per step (`read` is the wait for the decoder); a long row may wrap.
-    loop = re.search(r"loop ms/frame\s+((?:[a-z-]+ [\d.]+\s*)+)", p.stdout)
+    # Each stage's time a frame (`stage ms/frame`; `loop ms/frame` in revisions before the run was a
+    # runtime stream); a long row may wrap.
+    loop = re.search(r"(?:stage|loop) ms/frame\s+((?:[a-z-]+ [\d.]+\s*)+)", p.stdout)
     steps = {k: float(v) for k, v in re.findall(r"([a-z-]+) ([\d.]+)", loop.group(1))} if loop else {}
     # Each frame's time from the decoder to the encoder (absent from revisions before it was printed).
     lat = re.search(r"latency ms\s+p50 ([\d.]+) p99 ([\d.]+) max ([\d.]+)", p.stdout)

@@ -39,16 +39,13 @@ from swapstream.types import Frame
 __all__ = [
     "NULL_OUTPUT",
     "AudioPacket",
-    "AudioPackets",
     "AudioPlan",
-    "NullWriter",
     "VideoInfo",
     "VideoReader",
     "VideoWriter",
     "audio_plan",
     "ended_early",
     "is_null_output",
-    "open_writer",
     "probe",
     "pts_step",
 ]
@@ -448,45 +445,6 @@ class VideoReader:
         self.close()
 
 
-class AudioPackets:
-    """The first audio stream of a file, demuxed for pass-through without touching its video: the
-    companion of a decoder that reads the video itself (NVDEC in the GPU file job).
-
-    Iterate once for `AudioPacket`s in file order. A demux error ends the audio as `VideoReader`
-    ends its input (logged, what came before is kept)."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path: str = os.fspath(path)
-        self._container: InputContainer = _open_input(self.path)
-        self.audio_stream: AudioStream | None = _first_audio(self._container)
-        self.packets: int = 0
-
-    def __iter__(self) -> Iterator[AudioPacket]:
-        if self.audio_stream is None:
-            return
-        try:
-            for packet in self._container.demux(self.audio_stream):
-                if packet.size == 0:
-                    continue  # PyAV's end-of-stream marker
-                self.packets += 1
-                yield AudioPacket(packet)
-        except av.error.FFmpegError as e:
-            if isinstance(e, MemoryError):
-                raise
-            log.warning("'%s': stopped reading audio after a demux error: %s", self.path, _reason(e))
-
-    def close(self) -> None:
-        self._container.close()
-
-    def __enter__(self) -> AudioPackets:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-
 # --------------------------------------------------------------------------------------------------
 # Writing
 
@@ -498,40 +456,6 @@ without its encoder. (A file of that name needs a path with a folder: `/tmp/null
 
 def is_null_output(path: str | os.PathLike[str]) -> bool:
     return os.fspath(path) == NULL_OUTPUT
-
-
-class NullWriter:
-    """`VideoWriter`'s interface, keeping nothing: counts what it was given."""
-
-    path: str = NULL_OUTPUT
-
-    def __init__(self) -> None:
-        self.frames_written: int = 0
-        self.audio_packets: int = 0
-
-    def write(self, frame: Frame) -> None:
-        self.frames_written += 1
-
-    def write_audio(self, packet: AudioPacket) -> None:
-        self.audio_packets += 1
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self) -> NullWriter:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        pass
-
-
-def open_writer(path: str | os.PathLike[str], **kwargs: object) -> VideoWriter | NullWriter:
-    """A `VideoWriter` for `path` (its keyword arguments), or a `NullWriter` for `NULL_OUTPUT`."""
-    if is_null_output(path):
-        return NullWriter()
-    return VideoWriter(path, **kwargs)  # type: ignore[arg-type]
 
 
 def _write_error(path: str, reason: str) -> OutputError:

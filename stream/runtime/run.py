@@ -26,7 +26,7 @@ import numpy as np
 
 from ..config import Config
 from ..errors import ConfigError, InputError, OutputError
-from ..io.video import AudioPacket, VideoInfo, VideoReader, is_null_output, probe
+from ..io.video import VideoInfo, VideoReader, is_null_output, probe
 from .live import OneStreamJob
 from .stream import InputSpec, OutputSpec, StreamOptions, StreamSpec
 

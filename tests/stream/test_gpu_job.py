@@ -1,4 +1,5 @@
-"""The GPU file job against the CPU one on the demo clip, and its memory over a longer run (`-m gpu`)."""
+"""`swapstream run`'s stream on the GPU against the same on the CPU, on the demo clip, and its memory
+over a longer run (`-m gpu`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ av = pytest.importorskip("av")  # the GPU machine needs PyAV carried as a wheel 
 
 from swapstream.config import load_config  # noqa: E402
 from swapstream.demo import astronaut, grace_hopper, write_demo_clip  # noqa: E402
-from swapstream.pipeline import FileJob  # noqa: E402
+from swapstream.runtime.manager import default_backend_factory  # noqa: E402
+from swapstream.runtime.run import RunJob  # noqa: E402
 
 from .measures import psnr  # noqa: E402
 
@@ -35,18 +37,25 @@ def decode(path: Path) -> tuple[list[np.ndarray], list[int]]:
 SAME_MARK = ["watermark.stream_id=4242"]
 
 
-def run_job(cls: type, clip: Path, out: Path | str, progress=None, overrides: list[str] | None = None,
+CPU, GPU = "cpu", "cuda:0"
+
+
+def run_job(device: str, clip: Path, out: Path | str, progress=None, overrides: list[str] | None = None,
             check: Callable[[Any], None] | None = None) -> Any:
-    """One file job with the astronaut's face; `check` looks at the built job before it runs."""
-    job = cls(load_config(None, SAME_MARK + (overrides or [])))
-    try:
+    """One run with the astronaut's face on `device`; `check` looks at each swap backend the
+    runtime builds."""
+    def backends(name: str, cfg: Any, dev: str) -> Any:
+        b = default_backend_factory(name, cfg, dev)
         if check is not None:
-            check(job)
+            check(b)
+        return b
+
+    job = RunJob(load_config(None, SAME_MARK + (overrides or [])), device=device, backend_factory=backends)
+    try:
         job.set_source_image(astronaut(), "astronaut")
         return job.run(clip, out, progress=progress)
     finally:
         job.close()
-
 
 
 def worst_psnr(a: list[np.ndarray], b: list[np.ndarray], what: str) -> float:
@@ -62,15 +71,13 @@ def worst_psnr(a: list[np.ndarray], b: list[np.ndarray], what: str) -> float:
     return values[i]
 
 def test_gpu_job_matches_cpu_job(cp: ModuleType, tmp_path: Path) -> None:
-    from swapstream.gpu.job import GpuFileJob
-
     clip = tmp_path / "clip.mp4"
     write_demo_clip(clip, grace_hopper(), seconds=2.0, fps=10, size=(1280, 720))
-    s_cpu = run_job(FileJob, clip, tmp_path / "cpu.mp4")
+    s_cpu = run_job(CPU, clip, tmp_path / "cpu.mp4")
     # Both decode with PyAV: with NVDEC (the GPU job's default where PyNvVideoCodec is installed)
     # the pictures differ from swscale's by a level or two before any swap (36-38 dB on the H200,
     # test_gpu_job_decodes_on_nvdec_like_pyav), which would hide what this compares: the swap.
-    s_gpu = run_job(GpuFileJob, clip, tmp_path / "gpu.mp4", overrides=["decoder=cpu"])
+    s_gpu = run_job(GPU, clip, tmp_path / "gpu.mp4", overrides=["decoder=cpu"])
     assert s_cpu.frames == s_gpu.frames == 20 and s_gpu.faces_swapped == 20
     a, pa = decode(tmp_path / "cpu.mp4")
     b, pb = decode(tmp_path / "gpu.mp4")
@@ -85,7 +92,6 @@ def test_gpu_job_matches_cpu_job(cp: ModuleType, tmp_path: Path) -> None:
 def test_gpu_job_decodes_on_nvdec_like_pyav(cp: ModuleType, tmp_path: Path) -> None:
     """NVDEC decodes the GPU job's input straight into device memory, with PyAV's demuxer carrying the
     audio beside it: the same frames, timestamps and audio as the job that decodes with PyAV."""
-    from swapstream.gpu.job import GpuFileJob
     from swapstream.gpu.pynvc import nvdec_available
 
     ok, why = nvdec_available()
@@ -93,8 +99,8 @@ def test_gpu_job_decodes_on_nvdec_like_pyav(cp: ModuleType, tmp_path: Path) -> N
         pytest.skip(why)
     clip = tmp_path / "clip.mp4"
     write_demo_clip(clip, grace_hopper(), seconds=2.0, fps=10, size=(1280, 720))
-    s_nv = run_job(GpuFileJob, clip, tmp_path / "nvdec.mp4", overrides=["decoder=nvdec"])
-    s_av = run_job(GpuFileJob, clip, tmp_path / "pyav.mp4", overrides=["decoder=cpu"])
+    s_nv = run_job(GPU, clip, tmp_path / "nvdec.mp4", overrides=["decoder=nvdec"])
+    s_av = run_job(GPU, clip, tmp_path / "pyav.mp4", overrides=["decoder=cpu"])
     assert (s_nv.decoder, s_av.decoder) == ("nvdec", "pyav")
     assert s_nv.frames == s_av.frames == 20 and s_nv.faces_swapped == 20
     assert s_nv.audio_packets == s_av.audio_packets > 0
@@ -111,13 +117,11 @@ def test_gpu_job_decodes_on_nvdec_like_pyav(cp: ModuleType, tmp_path: Path) -> N
     worst = worst_psnr(a, b, "NVDEC vs PyAV decode in the GPU job")
     assert worst >= 35.0
     # The null output: the same job, nothing downloaded or encoded.
-    s_null = run_job(GpuFileJob, clip, "null:", overrides=["decoder=nvdec"])
+    s_null = run_job(GPU, clip, "null:", overrides=["decoder=nvdec"])
     assert (s_null.frames, s_null.faces_swapped, s_null.audio_packets) == (20, 20, s_nv.audio_packets)
 
 
 def test_gpu_job_memory_stays_flat(cp: ModuleType, tmp_path: Path) -> None:
-    from swapstream.gpu.job import GpuFileJob
-
     clip = tmp_path / "long.mp4"
     write_demo_clip(clip, grace_hopper(), seconds=12.0, fps=25, size=(640, 360))
     pool = cp.get_default_memory_pool()
@@ -129,7 +133,7 @@ def test_gpu_job_memory_stays_flat(cp: ModuleType, tmp_path: Path) -> None:
             with open("/proc/self/statm") as f:
                 host.append(int(f.read().split()[1]) * 4096)
 
-    stats = run_job(GpuFileJob, clip, tmp_path / "out.mp4", sample)
+    stats = run_job(GPU, clip, tmp_path / "out.mp4", sample)
     assert stats.frames == 300
     g, h = np.array(gpu[5:]), np.array(host[5:])  # after warm-up
     print(f"GPU pool {g.min() >> 20}-{g.max() >> 20} MiB, host RSS {h.min() >> 20}-{h.max() >> 20} MiB")
@@ -143,8 +147,6 @@ def test_gpu_job_matches_cpu_job_with_identity_swapper(cp: ModuleType, tmp_path:
     the host in both jobs (the torch runner has no native module for this architecture and the
     device has no onnxruntime-gpu), so this checks the GPU job's pre- and post-processing and its
     data movement around a model, not GPU inference (test_torch_runner_gpu.py covers that)."""
-    from swapstream.gpu.job import GpuFileJob
-
     from ..zoo_models import copy_builtin, place
     from ..zoo_models import make_test_models as tm
 
@@ -158,7 +160,7 @@ def test_gpu_job_matches_cpu_job_with_identity_swapper(cp: ModuleType, tmp_path:
     write_demo_clip(clip, grace_hopper(), seconds=2.0, fps=10, size=(1280, 720))
     cfg = [f"models_dir={models}", "swapper=hyperswap_1a_256", "neural.download=false"]
     outs = {}
-    for name, cls in (("cpu", FileJob), ("gpu", GpuFileJob)):
+    for name, cls in (("cpu", CPU), ("gpu", GPU)):
         # PyAV decoding in both, as in test_gpu_job_matches_cpu_job.
         stats = run_job(cls, clip, tmp_path / f"{name}.mp4",
                         overrides=cfg + ["neural.runner=onnxruntime", "decoder=cpu"])
@@ -196,21 +198,19 @@ def test_gpu_job_with_the_face_stack_matches_cpu_job(cp: ModuleType, stack_model
     """Issue 23's stack on device frames: occluder (random XSeg), parser (BiSeNet that calls
     everything skin) and the GFPGAN v1.4 architecture (random weights), one paste, against the CPU
     job with the same models."""
-    from swapstream.gpu.job import GpuFileJob
-
     clip = tmp_path / "clip.mp4"
     write_demo_clip(clip, grace_hopper(), seconds=1.0, fps=10, size=(1280, 720))
     cfg = [f"models_dir={stack_models}", "swapper=inswapper_128", "neural.download=false",
            "mask.types=box,occlusion,region", "enhancer=gfpgan_1.4", "decoder=cpu"]
-    def on_the_gpu(job: Any) -> None:
-        sw = job.neural.swapper
+    def on_the_gpu(backend: Any) -> None:
+        sw = backend.swapper
         assert sw.masker is not None and sw.enhancer is not None
         used = [sw.runner.name, sw.masker.occluder.name, sw.masker.parser.name, sw.enhancer.runner.name]
         assert used == ["torch"] * 4, used  # the stack on the GPU, not ONNX Runtime's fallback
 
     outs = {}
-    for name, cls, extra in (("cpu", FileJob, ["neural.runner=onnxruntime"]),
-                             ("gpu", GpuFileJob, [f"neural.runner={runner}", "neural.precision=fp32"])):
+    for name, cls, extra in (("cpu", CPU, ["neural.runner=onnxruntime"]),
+                             ("gpu", GPU, [f"neural.runner={runner}", "neural.precision=fp32"])):
         stats = run_job(cls, clip, tmp_path / f"{name}.mp4", overrides=cfg + extra,
                         check=on_the_gpu if name == "gpu" and runner == "auto" else None)
         assert stats.frames == 10 and stats.faces_swapped == 10
