@@ -314,7 +314,7 @@ class Config(_Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to run: `auto` uses the GPU when CuPy and a CUDA device are usable, else the CPU."""
     decoder: Literal["auto", "nvdec", "cpu"] = "auto"
-    """How the GPU file job decodes: `auto` uses NVDEC (PyNvVideoCodec) when it can decode the input, else PyAV on the host; `nvdec` refuses to run without it; `cpu` always uses PyAV."""
+    """How `run` decodes on a GPU: `auto` uses NVDEC (PyNvVideoCodec) when it can decode the input, else PyAV on the host; `nvdec` refuses to run without it; `cpu` always uses PyAV."""
     models_dir: Path | None = None
     """Folder with model files (default: $SWAPSTREAM_MODELS_DIR or ~/.cache/swapstream/models)."""
     detector: DetectorConfig = DetectorConfig()

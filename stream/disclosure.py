@@ -1,7 +1,7 @@
 """Disclosure of what SwapStream made: the visible label, the invisible mark, and the log lines.
 
-`Disclosure.apply(frame, swapped)` is called once for every frame a job outputs (from
-`FileJob.swap_faces` and the neural batch path), on the frame's own array, NumPy or CuPy:
+`Disclosure.apply(frame, swapped)` is called once for every frame a stream outputs (its output stage:
+`runtime.stream`, or `runtime.gpu_stages.GpuCompose` on a GPU), on the frame's own array, NumPy or CuPy:
 1. the label ("AI-modified" by default) is drawn when enabled for this kind of output: on by
    default for live outputs (RTMP, HLS, WebRTC), off by default for files, which carry the mark and
    the container's metadata and are usually edited further before anyone sees them;
@@ -188,7 +188,7 @@ class Disclosure:
         """Build what `apply` needs for frames of `scratch`'s size and device (the label's patch, the
         mark's pattern or tables, on the GPU their upload and the kernels' first launch) by marking
         `scratch`, a frame the caller throws away; nothing is counted. On the GPU the kernels are
-        queued on the current stream: the caller waits for them (`FileJob.warm_swap` does)."""
+        queued on the current stream: the caller waits for them (`StreamPipeline._warm_disclosure` does)."""
         self._disclose(scratch, True)
 
     @property

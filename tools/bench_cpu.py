@@ -9,8 +9,8 @@ Three cases, each as a user runs it, with the invisible mark and the visible lab
 
 - `run`, default preset: `swapstream run -s SOURCE -i CLIP -o OUT -q --set disclosure.label_files=true`
   (files are not labelled by default; the label is turned on so that every case pays for it). The
-  figure is the fps `run` prints in its summary (frames over the decode-swap-encode loop's time,
-  model loading left out).
+  figure is the fps `run` prints in its summary (frames over the time from the first decoded frame
+  to the last one written, model loading left out).
 - `run`, live preset: the same with `-c live` (detection every 5 frames, x264 `ultrafast`).
 - `live`: the job `swapstream live -s SOURCE -i CLIP --hls-dir DIR` builds (`cli._live_job_class`),
   playing the clip in real time into an HLS folder. The CLI's summary has no clock, so a small

@@ -73,8 +73,7 @@ class GpuFaceAnalyser(FaceAnalyser):
         """Capture every CUDA graph this analyser may use (the detector at batch 1, the landmark
         model at 1..`mesh_batch`, or its buckets with `landmarks.compile`) before the first live
         frame; returns the captured sizes. `most_faces` captures landmark batches up to that many
-        faces only (a file job sees one frame's faces at a time; more faces, when they come, are
-        captured then).
+        faces only (more faces, when they come, are captured then).
 
         Warm-up frames alone do not reach every landmark batch size (they need that many tracked
         faces at once, and a frame whose face the warm-up swap has scrambled finds none); each size

@@ -35,7 +35,7 @@ __all__ = [
     "warm_nvdec",
 ]
 
-CPU_DECODE_FIX = "Decode it with PyAV instead (the GPU file job does by default)"
+CPU_DECODE_FIX = "Decode it with PyAV instead (--set decoder=cpu)"
 
 # FFmpeg's AV_NOPTS_VALUE: the packet or frame carries no timestamp (raw H.264, some AVI).
 _NOPTS = -(2**63)

@@ -252,7 +252,9 @@ class StreamPipeline:
         # last one encoded.
         room = max(rc.queue_frames, 2 * slot.batcher.max_batch + 2) if lossless else rc.queue_frames
         self._room: threading.Semaphore | None = threading.Semaphore(room) if lossless else None
-        self.in_q: DropOldestQueue[_Work] = DropOldestQueue(room, pts_of=pts, name="input")
+        # A live input's frame that is not after the last one is refused; a file's goes on (its
+        # writer moves a repeated pts on by a tick, and counts it: `VideoWriter.pts_bumped`).
+        self.in_q: DropOldestQueue[_Work] = DropOldestQueue(room, pts_of=None if lossless else pts, name="input")
         self.swap_q: DropOldestQueue[_Work] = DropOldestQueue(room, name="swap")
         self.enc_q: DropOldestQueue[_Work] = DropOldestQueue(room, name="encode")
         # A live stream keeps its newest audio. A lossless one keeps all of it: the reader is at most
@@ -680,7 +682,8 @@ class StreamPipeline:
             self.first_arrival = w.arrived
         self.frames_in += 1
         self.arrivals.append(w.arrived)
-        self.in_q.put(w)
+        if self.in_q.put(w) is not None and self._room is not None:
+            self._room.release()  # refused (the stream is stopping): its room is free again
 
     async def _analyse(self) -> None:
         loop = asyncio.get_running_loop()
