@@ -17,9 +17,7 @@ from __future__ import annotations
 import re
 import shutil
 import threading
-import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -31,40 +29,17 @@ if shutil.which("ffmpeg") is None or not Path("/usr/lib/nginx/modules/ngx_rtmp_m
 
 from swapstream.config import load_config  # noqa: E402
 from swapstream.demo import astronaut, grace_hopper, write_demo_clip  # noqa: E402
-from swapstream.runtime.live import LiveJob  # noqa: E402
 from swapstream.live.nginx import NginxRtmp  # noqa: E402
 from swapstream.live.streams import HLS_SEGMENT_FRAMES, rtmp_input_options  # noqa: E402
-from swapstream.runtime.swappers import default_backend_factory  # noqa: E402
+from swapstream.runtime.live import LiveJob  # noqa: E402
+
+from ..helpers.backends import slow_backends  # noqa: E402
 
 IN_FPS = 30
 SECONDS = 9.0
 SWAP_S = 0.15
 """What each swap takes here: the real swap, then a wait that makes it as slow as a weak CPU's."""
 GOP_S = 1.0
-
-
-class SlowBackend:
-    """The real swap backend on a machine whose swap takes SWAP_S a frame: the real swap, then the
-    rest of the time. The live stream's queues drop the frames it cannot keep up with."""
-
-    def __init__(self, backend: Any) -> None:
-        self.backend = backend
-
-    def identity(self, image: np.ndarray) -> Any:
-        return self.backend.identity(image)
-
-    def swap(self, items: list[Any]) -> list[int]:
-        t0 = time.monotonic()
-        n = self.backend.swap(items)
-        time.sleep(max(0.0, SWAP_S * len(items) - (time.monotonic() - t0)))
-        return n
-
-    def close(self) -> None:
-        self.backend.close()
-
-
-def slow_backends(name: str, config: Any, device: str) -> SlowBackend:
-    return SlowBackend(default_backend_factory(name, config, device))
 
 
 class HlsWatcher:
@@ -150,7 +125,7 @@ def test_slow_output_keyframes_every_second_and_declares_its_rate(tmp_path: Path
     clip = tmp_path / "clip.mp4"
     write_demo_clip(clip, grace_hopper(), seconds=SECONDS, fps=IN_FPS, size=(320, 240))
     cfg = load_config(None, [f"encode.gop_seconds={GOP_S}"])
-    job = LiveJob(cfg, backend_factory=slow_backends)
+    job = LiveJob(cfg, backend_factory=slow_backends(SWAP_S))
     job.set_source_image(astronaut(), "astronaut")
     hls = tmp_path / "hls"
     with NginxRtmp(tmp_path / "nginx") as nginx:

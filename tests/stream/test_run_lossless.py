@@ -7,7 +7,6 @@ from __future__ import annotations
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
 import av
 import numpy as np
@@ -15,34 +14,14 @@ import pytest
 
 from swapstream.config import load_config
 from swapstream.demo import astronaut, grace_hopper, write_demo_clip
-from swapstream.runtime.manager import default_backend_factory
 from swapstream.runtime.run import RunJob
 
+from ..helpers.backends import slow_backends
 from .webrtc_peers import fresh_job, looks_swapped
 
 SWAP_S = 0.05
 """A swap this slow a frame (20 fps) is slower than decoding the small clip: a live stream's queues
 would drop frames here."""
-
-
-class SlowBackend:
-    """The real mesh backend, then a wait up to SWAP_S a frame."""
-
-    def __init__(self, backend: Any) -> None:
-        self.backend = backend
-        self.name, self.max_batch = backend.name, backend.max_batch
-
-    def identity(self, image: np.ndarray) -> Any:
-        return self.backend.identity(image)
-
-    def swap(self, items: list[Any]) -> list[int]:
-        t0 = time.monotonic()
-        n = self.backend.swap(items)
-        time.sleep(max(0.0, SWAP_S * len(items) - (time.monotonic() - t0)))
-        return n
-
-    def close(self) -> None:
-        self.backend.close()
 
 
 def video_times(path: Path) -> list[float]:
@@ -72,8 +51,7 @@ def test_a_slow_run_loses_no_frame_and_no_audio(tmp_path: Path) -> None:
                     "-i", "sine=frequency=440:duration=3", "-map", "0:v", "-map", "1:a", "-c:v", "copy",
                     "-c:a", "aac", str(longer)], check=True)
     cfg = load_config(None, ["device=cpu", "smoothing.enabled=false"])
-    job = RunJob(cfg, device="cpu",
-                 backend_factory=lambda name, c, d: SlowBackend(default_backend_factory(name, c, d)))
+    job = RunJob(cfg, device="cpu", backend_factory=slow_backends(SWAP_S))
     job.set_source_image(astronaut(), "astronaut")
     out = tmp_path / "out.mp4"
     t0 = time.monotonic()
