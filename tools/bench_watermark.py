@@ -116,7 +116,7 @@ def main() -> None:
         cpu_live = Disclosure(load_config(overrides=["watermark.stream_id=1"]), live=True)
         add(f"disclosure_label_and_mark_{name}", lambda: live.apply(frame, swapped=True),
             2 * h * w * 3, {"size": f"{w}x{h}", "what": "Disclosure.apply: label + mark, as "
-                            "FileJob.swap_faces calls it"},
+                            "a stream's output stage calls it"},
             lambda: cpu_live.apply(cpu_frame, swapped=True), "Disclosure.apply on a NumPy frame", None)
 
     args.out.mkdir(parents=True, exist_ok=True)

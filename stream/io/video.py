@@ -638,15 +638,11 @@ class VideoWriter:
     # -- writing -----------------------------------------------------------------------------------
 
     def write(self, frame: Frame) -> None:
-        """Queue one frame for encoding: RGB (HxWx3 uint8, the size given to the constructor), or
-        `yuv420p` planes ((H * 3/2)xW uint8, even sizes only: Y, then U, then V) that a GPU already
-        converted with the writer's BT.709 limited-range matrix (`kernels.nv12.rgb_to_i420`)."""
+        """Queue one RGB frame (HxWx3 uint8, the size given to the constructor) for encoding; a GPU
+        hands over NV12 instead (`write_nv12`)."""
         if self._closed:
             raise ValueError(f"VideoWriter for '{self.path}' is closed")
         data = frame.data
-        if frame.format == "yuv420p":
-            self._queue(self._planar(data), frame)
-            return
         if frame.format != "rgb24" or not isinstance(data, np.ndarray) or data.dtype != np.uint8:
             raise TypeError("VideoWriter.write takes RGB frames: a HxWx3 uint8 NumPy array, format 'rgb24'")
         if data.shape != (self.height, self.width, 3):
@@ -677,15 +673,6 @@ class VideoWriter:
         # A copy into FFmpeg's own frame: the caller reuses its pinned buffer.
         vf = av.VideoFrame.from_ndarray(nv12, format="nv12")
         self._queue(vf, Frame(nv12, pts, time_base if time_base is not None else self.time_base, 0))
-
-    def _planar(self, data: np.ndarray) -> av.VideoFrame:
-        want = (self.height * 3 // 2, self.width)
-        if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.shape != want \
-                or self.width % 2 or self.height % 2:
-            raise ValueError(f"a yuv420p frame for this writer is a {want[0]}x{want[1]} uint8 array "
-                             f"(even sizes only), got {getattr(data, 'shape', type(data).__name__)}")
-        # A copy into FFmpeg's own frame: the caller may reuse its (pinned) array when this returns.
-        return av.VideoFrame.from_ndarray(data, format="yuv420p")
 
     def _queue(self, yuv: av.VideoFrame, frame: Frame) -> None:
         pts = self._next_pts(frame)

@@ -123,7 +123,8 @@ class FileSource:
     where it breaks), or with `packets` its H.264/HEVC access units for NVDEC, with the audio
     beside them (`LiveReader`)."""
 
-    def __init__(self, path: Path, info: VideoInfo, *, packets: bool = False) -> None:
+    def __init__(self, path: Path, info: VideoInfo, *, packets: bool = False, even: bool = False) -> None:
+        """`even`: the stream crops an odd width or height to even (on a GPU: `GpuDecode`)."""
         self.path, self.info = path, info
         self.packets = packets
         """Whether the stream's GPU decoder gets access units (NVDEC) rather than host frames."""
@@ -131,7 +132,7 @@ class FileSource:
         self.rate: Fraction | None = info.avg_rate
         """The output file's nominal rate (`VideoWriter`)."""
         self.time_base: Fraction | None = info.time_base
-        self.size = (info.width, info.height)
+        self.size = (info.width & ~1, info.height & ~1) if even else (info.width, info.height)
         """(width, height): the stream builds its label and mark for it before the first frame."""
         self.audio_stream: Any = None
         self._reader: Any = None
@@ -194,7 +195,8 @@ class RunJob(OneStreamJob):
         # Before the first frame: a bad signing key is an error before any work.
         sign = False if is_null_output(out) else self.provenance.plan(out)
         device = self._device()
-        source = FileSource(inp, info, packets=device.startswith("cuda") and self._nvdec(info, device))
+        gpu = device.startswith("cuda")
+        source = FileSource(inp, info, packets=gpu and self._nvdec(info, device), even=gpu)
         stats = JobStats(input_info=info, device=device)
         total = expected_frames(info)
         cfg = self.config.model_copy(deep=True)

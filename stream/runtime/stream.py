@@ -405,7 +405,12 @@ class StreamPipeline:
             await loop.run_in_executor(self._analyse_pool, lambda: self._reader.open(
                 wait_seconds=self.options.wait_seconds, on_wait=self.options.on_wait, stop=self._stop))
             stopped_yet()
-            self._analyser = await loop.run_in_executor(self._analyse_pool, self._own_analyser)
+            if gpu and self._zoo_detector():
+                # On a GPU the detector runs in the device thread, between swaps: its runner may
+                # capture CUDA graphs, which fails while another thread works on the GPU.
+                self._analyser = await self.slot.call(self.backend_name, lambda _b: self._own_analyser())
+            else:
+                self._analyser = await loop.run_in_executor(self._analyse_pool, self._own_analyser)
             stopped_yet()
             if self.options.source_face is not None:
                 await self.set_source(*self.options.source_face)
@@ -431,16 +436,19 @@ class StreamPipeline:
         neural swapper with a zoo detector (`neural.detector`) has its own on either device."""
         from ..face.analyser import FaceAnalyser
 
-        gpu = self.slot.gpu_index
-        if self.cfg.swapper != "mesh" and self.cfg.neural.detector != "builtin":
+        if self._zoo_detector():
             from ..neural.factory import detector_analyser
 
-            if gpu is not None:
-                import cupy
-
-                cupy.cuda.Device(gpu).use()  # this thread's device, for the detector's runner
             return detector_analyser(self.cfg)
-        return None if gpu is not None else FaceAnalyser(self.cfg)
+        return None if self.slot.gpu_index is not None else FaceAnalyser(self.cfg)
+
+    def _zoo_detector(self) -> bool:
+        """Whether this stream's faces come from the zoo detector of `neural.detector`: `run`'s
+        (lossless) streams with a neural swapper, as the file job before the runtime tracked them.
+        Live streams keep the built-in analyser whatever the preset says: their faces carry the mesh
+        that an `area` mask and the controller's `mesh` step need."""
+        return (self.options.lossless and self.spec.swapper != "mesh"
+                and self.cfg.neural.detector != "builtin")
 
     def _warm_disclosure(self) -> None:
         """Build the label and the mark for the input's frame size before the first frame (a file's
@@ -695,6 +703,9 @@ class StreamPipeline:
                 if self._analyser is None:
                     w.faces = await self.slot.analyse(self.id, w.frame, self.cfg,
                                                       w.arrived + self.budget_ms / 1e3)
+                elif self._decode is not None:  # a zoo detector on a GPU (`_start`)
+                    w.faces = await self.slot.call(self.backend_name,
+                                                   lambda _b, f=w.frame: self._analyser.track(f))
                 else:
                     w.faces = await loop.run_in_executor(self._analyse_pool, self._analyser.track, w.frame)
                 self._observe("analyse", time.monotonic() - t)
@@ -721,6 +732,8 @@ class StreamPipeline:
                     self.enc_q.put(w)
         except QueueClosed:
             pass
+        except SwapStreamError as e:
+            self._fail(str(e), e)
         except Exception as e:
             log.exception("stream %s: swap failed", self.id)
             self._fail(f"swap failed: {e}")
@@ -740,7 +753,10 @@ class StreamPipeline:
         try:
             w.swapped = await self.slot.batcher.submit(self.id, backend, len(w.faces),
                                                        w.arrived + self.budget_ms / 1e3, item)
-        except SwapFailed:
+        except SwapFailed as e:
+            if self.options.lossless:
+                # A file is not written with frames left unswapped as if it were complete.
+                raise SwapStreamError(f"swapping the faces of frame {w.frame.index} failed: {e}") from None
             # The frame is as it came; it is labelled and marked on its way out like any other.
             self.frames_swap_failed += 1
             w.swapped = 0
@@ -811,11 +827,24 @@ class StreamPipeline:
         finally:
             sinks, self._sinks = self._sinks, []
             try:
-                await loop.run_in_executor(self._encode_pool, lambda: [s.close() for s in sinks])
-            except RuntimeError:  # the pool is already shut down: close here
-                for s in sinks:
-                    s.close()
-            self.done.set()
+                try:
+                    await loop.run_in_executor(self._encode_pool, self._close_sinks, sinks)
+                except RuntimeError:  # the pool is already shut down: close here
+                    self._close_sinks(sinks)
+            finally:
+                self.done.set()  # whatever the closes did: a command waits for this
+
+    def _close_sinks(self, sinks: list[Any]) -> None:
+        """Close every output, each even when one before it fails; the first failure fails the stream
+        (a file whose end could not be written, a full disk: the user's error, `OutputError`)."""
+        for s in sinks:
+            try:
+                s.close()
+            except SwapStreamError as e:
+                self._fail(str(e), e)
+            except Exception as e:
+                log.exception("stream %s: closing an output failed", self.id)
+                self._fail(f"closing an output failed: {e}")
 
     def _write(self, frame: Frame, swapped: bool, audio: list[AudioPacket]) -> None:
         if not self._sinks:

@@ -139,7 +139,7 @@ def test_apply_marks_changed_frames_only(config: Config) -> None:
 
 @pytest.mark.parametrize("scheme", ["v1", "v2"])
 def test_warm_up_builds_the_size_ahead_and_changes_nothing_else(scheme: str) -> None:
-    """`warm_up` (run before a file job's clock) builds the label and the mark for a size, counts
+    """`warm_up` (run before a file's stream reads its first frame) builds the label and the mark for a size, counts
     nothing, and leaves `apply`'s result on a real frame what a fresh disclosure gives."""
     cfg = load_config(overrides=[f"watermark.scheme={scheme}", "watermark.stream_id=0x00ABCDEF"])
     warm, cold = Disclosure(cfg, live=True), Disclosure(cfg, live=True)

@@ -1,4 +1,4 @@
-"""`LatencyRecord`, the file job's per-frame latency in bounded memory, against NumPy's exact
+"""`LatencyRecord`, `swapstream run`'s per-frame latency in bounded memory, against NumPy's exact
 percentiles on fresh random latencies."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The neural swapper inside the file job, on the CPU, with synthetic zoo models placed by hand."""
+"""The neural swapper in `swapstream run` (a lossless runtime stream), on the CPU, with synthetic zoo models placed by hand."""
 
 from __future__ import annotations
 

@@ -5,8 +5,10 @@ source face is taken before it), and every audio packet is written, also those a
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import av
 import numpy as np
@@ -14,6 +16,9 @@ import pytest
 
 from swapstream.config import load_config
 from swapstream.demo import astronaut, grace_hopper, write_demo_clip
+from swapstream.errors import OutputError, SwapStreamError
+from swapstream.io.video import VideoWriter
+from swapstream.runtime.manager import default_backend_factory
 from swapstream.runtime.run import RunJob
 
 from ..helpers.backends import slow_backends
@@ -77,3 +82,75 @@ def test_a_slow_run_loses_no_frame_and_no_audio(tmp_path: Path) -> None:
             assert to_swapped < 0.5 * to_sent, (to_swapped, to_sent)
     finally:
         check.close()
+
+
+def run_in_thread(job: RunJob, clip: Path, out: Path, timeout: float = 60.0) -> BaseException | None:
+    """`job.run` in a thread: what it raised (None: it returned); fails the test if it hangs."""
+    got: list[BaseException | None] = []
+
+    def go() -> None:
+        try:
+            job.run(clip, out)
+            got.append(None)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            got.append(e)
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), "the run hangs"
+    return got[0]
+
+
+@pytest.fixture(scope="module")
+def small_clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    clip = tmp_path_factory.mktemp("run") / "clip.mp4"
+    write_demo_clip(clip, grace_hopper(), seconds=0.5, fps=20, size=(320, 240))
+    return clip
+
+
+def test_an_output_that_cannot_be_finished_is_the_runs_error(small_clip: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer's close fails (a full disk when the last frames and the trailer go out): the run
+    ends with that error, as the user's error, rather than wait for a stream that never says done."""
+    def full_disk(self: VideoWriter) -> None:
+        raise OutputError(f"cannot write '{self.path}': No space left on device")
+
+    monkeypatch.setattr(VideoWriter, "close", full_disk)
+    job = RunJob(load_config(None, ["device=cpu"]), device="cpu")
+    job.set_source_image(astronaut(), "astronaut")
+    try:
+        err = run_in_thread(job, small_clip, tmp_path / "out.mp4")
+    finally:
+        job.close()
+    assert isinstance(err, OutputError) and "No space left on device" in str(err), err
+
+
+class BrokenBackend:
+    """A backend whose swap fails: a model that raises on every batch."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend, self.name, self.max_batch = backend, backend.name, backend.max_batch
+
+    def identity(self, image: np.ndarray) -> Any:
+        return self.backend.identity(image)
+
+    def swap(self, items: list[Any]) -> list[int]:
+        raise RuntimeError("the model ran out of memory")
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+def test_a_failed_swap_fails_the_run(small_clip: Path, tmp_path: Path) -> None:
+    """A live stream passes a frame whose batch failed on unswapped; a file must not be written with
+    such frames as if it were complete: the run fails, naming the frame and the cause."""
+    job = RunJob(load_config(None, ["device=cpu"]), device="cpu",
+                 backend_factory=lambda n, c, d: BrokenBackend(default_backend_factory(n, c, d)))
+    job.set_source_image(astronaut(), "astronaut")
+    try:
+        err = run_in_thread(job, small_clip, tmp_path / "out.mp4")
+    finally:
+        job.close()
+    assert isinstance(err, SwapStreamError), err
+    assert "swapping the faces of frame 0 failed" in str(err) and "ran out of memory" in str(err), err

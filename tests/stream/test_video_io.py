@@ -309,34 +309,35 @@ def test_colours_survive_the_yuv_round_trip(tmp_path: Path) -> None:
     assert np.abs(got - np.array(colours)).max() <= 6
 
 
-def test_yuv420p_frames_from_the_gpu_converter_match_rgb_frames(tmp_path: Path) -> None:
-    """The GPU job hands the writer yuv420p planes it converted itself (`rgb_to_i420`, here its NumPy
-    reference): the file decodes to the picture the RGB path writes, at the same timestamps."""
-    from swapstream.kernels.nv12 import rgb_to_i420
+def test_nv12_frames_from_the_gpu_converter_match_rgb_frames(tmp_path: Path) -> None:
+    """A GPU stream hands the writer NV12 it converted itself (`rgb_to_nv12` with BT.709, here its
+    NumPy reference): the file decodes to the picture the RGB path writes, at the same timestamps."""
+    from swapstream.kernels.nv12 import rgb_to_nv12_ref
 
     rng = np.random.default_rng()
     h, w = 64, 96
     frames = [np.repeat(np.repeat(rng.integers(0, 256, (h // 8, w // 8, 3), dtype=np.uint8), 8, 0), 8, 1)
               for _ in range(4)]
     decoded = {}
-    for kind in ("rgb24", "yuv420p"):
+    for kind in ("rgb24", "nv12"):
         dst = tmp_path / f"{kind}.mp4"
         with VideoWriter(dst, width=w, height=h, time_base=Fraction(1, 30), rate=Fraction(30), crf=0) as writer:
             for i, rgb in enumerate(frames):
-                data = rgb
-                if kind == "yuv420p":
-                    data = np.empty((h * 3 // 2, w), np.uint8)
-                    rgb_to_i420(rgb, data, np.empty((h // 2, w), np.uint8), matrix="bt709")
-                writer.write(Frame(data, i * 2, Fraction(1, 30), i, format=kind))
+                if kind == "nv12":
+                    nv12 = np.full((h * 3 // 2, w), 77, np.uint8)  # poisoned: every byte is written
+                    rgb_to_nv12_ref(rgb, nv12[:h], nv12[h:], matrix="bt709")
+                    writer.write_nv12(nv12, i * 2, Fraction(1, 30))
+                else:
+                    writer.write(Frame(rgb, i * 2, Fraction(1, 30), i))
         with VideoReader(dst) as reader:
             decoded[kind] = [(f.pts * f.time_base, f.data.astype(int)) for f in reader if isinstance(f, Frame)]
     times = [Fraction(2 * i, 30) for i in range(4)]  # MP4 counts in a finer time base: compare seconds
-    assert [t for t, _ in decoded["rgb24"]] == [t for t, _ in decoded["yuv420p"]] == times
+    assert [t for t, _ in decoded["rgb24"]] == [t for t, _ in decoded["nv12"]] == times
     inside = np.zeros((h, w), bool)  # the middle of each 8x8 block, away from its chroma edges
     for i in range(0, h, 8):
         for j in range(0, w, 8):
             inside[i + 2:i + 6, j + 2:j + 6] = True
-    for src, (_, a), (_, b) in zip(frames, decoded["rgb24"], decoded["yuv420p"]):
+    for src, (_, a), (_, b) in zip(frames, decoded["rgb24"], decoded["nv12"]):
         # Inside the blocks both are the same BT.709 limited-range conversion, rounded differently
         # by a level at most. At block edges swscale's chroma filter reaches over the neighbours,
         # where the kernel's 2x2 mean (aligned with the blocks) does not: the converter is the closer.
@@ -344,8 +345,8 @@ def test_yuv420p_frames_from_the_gpu_converter_match_rgb_frames(tmp_path: Path) 
         assert np.abs(b - src).mean() <= np.abs(a - src).mean()
     with VideoWriter(tmp_path / "bad.mp4", width=w, height=h, time_base=Fraction(1, 30), rate=Fraction(30)) as writer:
         writer.write(Frame(frames[0], 0, Fraction(1, 30)))
-        with pytest.raises(ValueError, match="yuv420p frame for this writer is a 96x96"):
-            writer.write(Frame(np.zeros((h, w), np.uint8), 1, Fraction(1, 30), format="yuv420p"))
+        with pytest.raises(ValueError, match="NV12 frame for this writer is a 96x96"):
+            writer.write_nv12(np.zeros((h, w), np.uint8), 1, Fraction(1, 30))
 
 
 @pytest.mark.parametrize("suffix", [".mp4", ".mkv"])
