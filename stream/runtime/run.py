@@ -33,6 +33,9 @@ from .stream import InputSpec, OutputSpec, StreamOptions, StreamSpec
 log = logging.getLogger(__name__)
 
 RUN_ID = "run"
+STAGES = ("queue", "analyse", "swap_wait", "swap", "encode")
+"""The stages of `JobStats.steps`, in the order a frame passes them (a file without a face in its
+first frames would otherwise list the swap's last)."""
 ProgressFn = Callable[[int, int], None]
 """Called with (frames done, expected total or 0 when unknown)."""
 ConfirmFn = Callable[[str], bool]
@@ -220,7 +223,7 @@ class RunJob(OneStreamJob):
         stats.decoder = "nvdec" if getattr(pipeline._decode, "nvdec_frames", 0) else "pyav"
         if pipeline.first_arrival is not None and pipeline.out_times:
             stats.seconds = pipeline.out_times[-1] - pipeline.first_arrival
-        stats.steps = {k: v for k, v in pipeline.stage_seconds.items() if k != "total"}
+        stats.steps = {k: pipeline.stage_seconds.get(k, 0.0) for k in STAGES}
         stats.latency = pipeline.latency_all
         if progress is not None:
             progress(stats.frames, total)
