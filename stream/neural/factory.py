@@ -53,10 +53,11 @@ class NeuralStages:
         `neural.detector` says (the runtime's streams), so its faces carry the mesh an `area` mask
         needs."""
         self.cfg = cfg
-        self._builtin_tracking = builtin_tracking
+        check_tracking(cfg, builtin_tracking)
         self.store = ModelStore(models_dir or cfg.models_dir)
-        self._confirm = confirm
-        self._progress = progress
+        # Every model first (downloaded where missing): `model_names` is the one list of them, which
+        # a command's `fetch_models` walks too.
+        self._paths = {n: _fetch(cfg, self.store, n, confirm, progress) for n in model_names(cfg)}
         self._runners: list[Runner] = []
         nc = cfg.neural
         spec = get_spec(cfg.swapper)
@@ -90,21 +91,13 @@ class NeuralStages:
                                      enhancer=self.enhancer)
         self.analyser: DetectorAnalyser | None = None
         if nc.detector != "builtin":
-            det = get_spec(nc.detector)
-            self.analyser = DetectorAnalyser(
-                self._runner(self._model(det.name)), det.detector_family or "scrfd", det.size or 640,
-                min_score=nc.min_score, detect_every=nc.detect_every,
-                max_faces=cfg.detector.max_faces)
+            self.analyser = _detector(cfg, self._runner(self._model(get_spec(nc.detector).name)))
 
     def _masker(self) -> FaceMasker | None:
         """The occlusion and region models that `mask.types` asks for, or None for `box` alone."""
         mc = self.cfg.mask
         kw: dict[str, object] = {}
         if "area" in mc.types:
-            if self.cfg.neural.detector != "builtin" and not self._builtin_tracking:
-                raise EngineUserError(f"mask.types 'area' takes its landmarks from the built-in analyser's "
-                                      f"face mesh, and neural.detector is '{self.cfg.neural.detector}': "
-                                      f"use --set neural.detector=builtin, or leave 'area' out")
             if not mc.areas:
                 raise EngineUserError("mask.types has 'area' but mask.areas is empty: name the areas the "
                                       "swap may paint, e.g. --set mask.areas=upper-face,lower-face,mouth")
@@ -122,7 +115,7 @@ class NeuralStages:
         return FaceMasker(**kw) if kw else None  # type: ignore[arg-type]
 
     def _model(self, name: str) -> Path:
-        return _fetch(self.cfg, self.store, name, self._confirm, self._progress)
+        return self._paths[name]
 
     def _runner(self, path: Path) -> Runner:
         runner = _runner(self.cfg, path)
@@ -183,10 +176,23 @@ def fetch_models(cfg: Config, *, confirm: ConfirmFn | None = None,
         _fetch(cfg, store, name, confirm, progress)
 
 
-def detector_analyser(cfg: Config) -> DetectorAnalyser:
-    """The zoo detector of `neural.detector`, tracking faces: a stream's own analyser (runtime.stream)."""
+def check_tracking(cfg: Config, builtin_tracking: bool = False) -> None:
+    """An `area` mask reads the face mesh of the built-in analyser: refused where a zoo detector
+    tracks the faces (`neural.detector`), unless the caller tracks with the built-in one anyway."""
+    det = cfg.neural.detector
+    if "area" in cfg.mask.types and det != "builtin" and not builtin_tracking:
+        raise EngineUserError(f"mask.types 'area' takes its landmarks from the built-in analyser's face mesh, "
+                              f"and neural.detector is '{det}': use --set neural.detector=builtin, or leave "
+                              f"'area' out")
+
+
+def _detector(cfg: Config, runner: Runner) -> DetectorAnalyser:
     nc = cfg.neural
     det = get_spec(nc.detector)
-    runner = _runner(cfg, ModelStore(cfg.models_dir).path(det.name))
     return DetectorAnalyser(runner, det.detector_family or "scrfd", det.size or 640, min_score=nc.min_score,
                             detect_every=nc.detect_every, max_faces=cfg.detector.max_faces)
+
+
+def detector_analyser(cfg: Config) -> DetectorAnalyser:
+    """The zoo detector of `neural.detector`, tracking faces: a stream's own analyser (runtime.stream)."""
+    return _detector(cfg, _runner(cfg, ModelStore(cfg.models_dir).path(get_spec(cfg.neural.detector).name)))

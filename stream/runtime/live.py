@@ -182,8 +182,6 @@ class LiveJob(OneStreamJob):
         dropped input is reconnected to, and how long each output may fail before the run ends.
         `buffer_frames`: frames each of the stream's queues holds before it drops the oldest."""
         check_live_args(url, rtmp_out, hls_dir, vcam, vcam_device, loop)
-        if self._source is None:
-            raise ConfigError("set the source face first (set_source)")
         return asyncio.run(self._run(url, rtmp_out, hls_dir, max_frames, buffer_frames,
                                      stop or threading.Event(), reconnect_seconds, vcam, vcam_device,
                                      loop, on_wait))

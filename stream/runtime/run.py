@@ -179,12 +179,10 @@ class RunJob(OneStreamJob):
                  confirm: ConfirmFn | None = None, download_progress: DownloadProgressFn | None = None) -> None:
         super().__init__(config, device=device, backend_factory=backend_factory)
         if self.config.swapper != "mesh":
-            from ..neural.factory import fetch_models
+            from ..neural.factory import check_tracking, fetch_models
 
-            if self.config.neural.detector != "builtin" and "area" in self.config.mask.types:
-                raise ConfigError(f"mask.types 'area' takes its landmarks from the built-in analyser's "
-                                  f"face mesh, and neural.detector is '{self.config.neural.detector}': "
-                                  f"use --set neural.detector=builtin, or leave 'area' out")
+            # Its stream tracks with the zoo detector where one is configured (runtime.stream).
+            check_tracking(self.config)
             # Now, where a licence can be asked for: the runtime builds the models in its device thread.
             fetch_models(self.config, confirm=confirm, progress=download_progress)
 
@@ -197,14 +195,13 @@ class RunJob(OneStreamJob):
         info = probe(inp)
         # Before the first frame: a bad signing key is an error before any work.
         sign = False if is_null_output(out) else self.provenance.plan(out)
-        device = self._device()
+        self.device = device = self._device()  # decided once: the runtime's device too
         gpu = device.startswith("cuda")
         source = FileSource(inp, info, packets=gpu and self._nvdec(info, device), even=gpu)
         stats = JobStats(input_info=info, device=device)
         total = expected_frames(info)
         cfg = self.config.model_copy(deep=True)
         cfg.runtime.media_nice = 0  # no control API to keep answering: the stream goes first
-        assert self._source is not None
         spec = StreamSpec(RUN_ID, InputSpec(str(inp)),
                           (OutputSpec("null") if is_null_output(out) else OutputSpec("file", str(out)),),
                           swapper=cfg.swapper)
@@ -215,7 +212,6 @@ class RunJob(OneStreamJob):
             if progress is not None and pipeline.frames_out:
                 progress(pipeline.frames_out, total)
 
-        self.device = device  # the runtime's device: decided once
         pipeline = asyncio.run(self._one_stream(cfg, spec, options, threading.Event(), poll))
         stats.frames, stats.frames_swapped = pipeline.frames_out, pipeline.frames_swapped
         stats.faces_swapped, stats.audio_packets = pipeline.faces_swapped, pipeline.audio_packets

@@ -19,8 +19,7 @@ from swapstream.config import Config, load_config
 from swapstream.demo import astronaut
 from swapstream.disclosure import Disclosure
 from swapstream.face.analyser import FaceAnalyser
-from swapstream.swap.mesh import MeshSwapper, source_face
-from swapstream.swap.occlusion import occlusion_masker
+from swapstream.runtime.swappers import MeshBackend, SwapItem
 from swapstream.types import Frame
 
 from ..helpers.probe import Received, receive
@@ -86,26 +85,28 @@ async def until(condition: Callable[[], bool], timeout: float, what: str) -> Non
 
 class ReferenceSwap:
     """The CPU mesh swap of one stream's frames, with the astronaut's face, as a runtime stream
-    makes it (a `FaceAnalyser` tracking the faces, `MeshSwapper`, the label and the mark): what a
-    test compares a server's output with."""
+    makes it (a `FaceAnalyser` tracking the faces, the runtime's `MeshBackend`, the label and the
+    mark): what a test compares a server's output with."""
 
     def __init__(self, config: Config) -> None:
         self.analyser = FaceAnalyser(config)
-        topo = self.analyser.topology
-        self.swapper = MeshSwapper(config.mesh, topo, occlusion=occlusion_masker(config.mask, topo))
-        image = astronaut()
-        self.swapper.set_source(image, source_face(self.analyser.analyse_image(image), "astronaut"))
+        self.backend = MeshBackend(config)
+        self.identity = self.backend.identity(astronaut())
         self.disclosure = Disclosure(config, live=True)
+
+    def swap(self, rgb: np.ndarray, faces: list[Any]) -> int:
+        """Swap `faces` in `rgb`, in place."""
+        return self.backend.swap([SwapItem(rgb, faces, self.identity)])[0] if faces else 0
 
     def swap_frame(self, frame: Frame) -> int:
         """Track the faces of the stream's next frame, swap them in place, label and mark it."""
-        faces = self.analyser.track(frame)
-        n = self.swapper.swap(frame.data, faces) if faces else 0
+        n = self.swap(frame.data, self.analyser.track(frame))
         self.disclosure.apply(frame.data, n > 0)
         return n
 
     def close(self) -> None:
         self.analyser.close()
+        self.backend.close()
 
 
 def mesh_swap(*, extra_delay_s: float = 0.0, smoothing: bool = True
@@ -169,7 +170,7 @@ def looks_swapped(seen: np.ndarray, sent: np.ndarray, job: ReferenceSwap | None 
     swapper = job or fresh_job()
     try:
         expected = sent.copy()
-        swapper.swapper.swap(expected, swapper.analyser.analyse_image(expected))
+        swapper.swap(expected, swapper.analyser.analyse_image(expected))
     finally:
         if job is None:
             swapper.close()
