@@ -137,7 +137,16 @@ def test_gpu_job_memory_stays_flat(cp: ModuleType, tmp_path: Path) -> None:
     assert stats.frames == 300 and len(gpu) >= 15, len(gpu)
     g, h = np.array(gpu[5:]), np.array(host[5:])  # after warm-up
     print(f"GPU pool {g.min() >> 20}-{g.max() >> 20} MiB, host RSS {h.min() >> 20}-{h.max() >> 20} MiB")
-    assert g.max() - g.min() <= 2 << 20
+    # The lossless stream holds up to its room of frames in flight (2 * max_batch + 2), each as an
+    # RGB frame, the swap's backup copy of it and its NV12 output: the pool swings by up to that
+    # much as the queues fill and drain (about 6 MiB on the H200), whatever is leaked or not.
+    room = 2 * load_config("default").neural.max_batch + 2
+    assert g.max() - g.min() <= room * 3 * 640 * 360 * 3
+    # A leak grows with the frames: anything kept per frame (a 640x360 mask is 230 KB) would put the
+    # second half's median at least 150 x 230 KB = 34 MB above the first half's. A pool that settles
+    # moves it by a few blocks at most.
+    half = len(g) // 2
+    assert np.median(g[half:]) - np.median(g[:half]) <= 4 << 20
     assert h.max() - h.min() <= 32 << 20
 
 
