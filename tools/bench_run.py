@@ -29,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -130,22 +131,6 @@ def main() -> None:
         base = f"null_{args.baseline_label}"
         modes[base] = f"encoding excluded (-o null:), {args.baseline_label}"
         envs[base] = baseline_env(args.baseline_tree, work)
-    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
-    for i in range(args.repeat):
-        for mode in modes:
-            out = work / f"out{i}.mp4"
-            cmd = run_command(source, args.clip, str(out) if mode == "file" else "null:", opts)
-            r = run_summary(cmd, env=envs[mode])
-            if mode == "file":
-                with av.open(str(out)) as c:
-                    r["frames_written"] = sum(1 for _ in c.decode(video=0))
-                out.unlink()
-            else:
-                r["frames_written"] = 0
-            r["mode"] = mode
-            print(json.dumps({k: v for k, v in r.items() if k != "summary"}), flush=True)
-            runs[mode].append(r)
-    fps = {m: statistics.median(r["fps"] for r in rs) for m, rs in runs.items()}
     commit = os.environ.get("GIT_SHA") or subprocess.run(["git", "rev-parse", "--short", "HEAD"],
                                                          capture_output=True, text=True).stdout.strip()
     from swapstream.runtime.metrics import GpuMonitor
@@ -158,10 +143,41 @@ def main() -> None:
                      + [o if " " not in o else repr(o) for o in opts]).replace(str(work), "WORK")
     command = "python tools/bench_run.py " + " ".join(sys.argv[1:])
     date = datetime.date.today().isoformat()
+    rec_info = {"commit": commit or "unknown", "device": device, "shown": shown, "command": command,
+                "date": date, "clip_frames": clip_frames, "modes": modes}
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    for i in range(args.repeat):
+        for mode in modes:
+            out = work / f"out{i}.mp4"
+            cmd = run_command(source, args.clip, str(out) if mode == "file" else "null:", opts)
+            t0 = time.monotonic()
+            r = run_summary(cmd, env=envs[mode])
+            if mode == "file":
+                with av.open(str(out)) as c:
+                    r["frames_written"] = sum(1 for _ in c.decode(video=0))
+                out.unlink()
+            else:
+                r["frames_written"] = 0
+            r["mode"] = mode
+            # The process's whole time (start, models, warm-up, the clip, exit): what a device call
+            # must budget for each run.
+            r["process_s"] = round(time.monotonic() - t0, 1)
+            print(json.dumps({k: v for k, v in r.items() if k != "summary"}), flush=True)
+            runs[mode].append(r)
+        # After every round: a call stopped by its time limit still leaves the rounds it finished.
+        write_record(args, runs, i + 1, rec_info)
+
+
+def write_record(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], rounds: int,
+                 info: dict[str, Any]) -> None:
+    """Write `<out>/<name>.json` and `.md` from the runs of the rounds finished so far."""
+    commit, device, shown, command = info["commit"], info["device"], info["shown"], info["command"]
+    date, clip_frames, modes = info["date"], info["clip_frames"], info["modes"]
+    fps = {m: statistics.median(r["fps"] for r in rs) for m, rs in runs.items()}
     rec = [{"metric": f"{args.name}_fps" + {"file": "", "null": "_no_encode"}.get(m, f"_no_encode_{args.baseline_label}"),
             "value": fps[m], "unit": "fps",
-            "stat": "median",
-            "config": {"preset": args.config or "default", "clip": args.clip.name, "clip_frames": clip_frames, "repeat": args.repeat, "output": modes[m],
+            "stat": "median" if rounds == args.repeat else f"median of the {rounds} rounds finished (of {args.repeat})",
+            "config": {"preset": args.config or "default", "clip": args.clip.name, "clip_frames": clip_frames, "repeat": args.repeat, "rounds_completed": rounds, "output": modes[m],
                        "decode": sorted({r["decode"] for r in runs[m]}),
                        "runs_fps": [r["fps"] for r in runs[m]],
                        "frames": [r["frames"] for r in runs[m]],
@@ -179,14 +195,18 @@ def main() -> None:
              "alternate, one of each per round, in one process tree on one machine.", "",
              "| output | decode | runs (fps, each run's summary) | median | frames | frames written | frames swapped |",
              "|---|---|---|---|---|---|---|"]
+    if rounds < args.repeat:
+        lines[2:2] = [f"**{rounds} of the {args.repeat} rounds asked for finished** (the record is rewritten after "
+                      "each round; this one was stopped before the rest).", ""]
     for m, text in modes.items():
         rs = runs[m]
         lines.append(f"| {text} | {', '.join(sorted({r['decode'] for r in rs}))} | "
                      f"{', '.join(str(r['fps']) for r in rs)} | **{fps[m]} fps** | "
                      f"{'/'.join(str(r['frames']) for r in rs)} | {'/'.join(str(r['frames_written']) for r in rs)} | "
                      f"{'/'.join(str(r['frames_swapped']) for r in rs)} |")
-    lines += ["", "The loop's host time a frame by step, median of the runs (`read` is the wait for the decoder; "
-              "a run's summary prints it as `loop ms/frame`):", ""]
+    lines += ["", ("Each stage's time a frame, median of the runs (a run's summary prints it as `stage ms/frame`; "
+                   "the stages run in threads of their own and overlap; `queue` is a decoded frame's wait for the "
+                   "analysis; revisions before the runtime printed their loop's steps as `loop ms/frame`):"), ""]
     for m, text in modes.items():
         keys = list(runs[m][0]["loop_ms"])
         cells = [f"{k} {statistics.median(r['loop_ms'].get(k, 0.0) for r in runs[m]):.2f}" for k in keys]
@@ -198,6 +218,7 @@ def main() -> None:
     lines += ["", "The last run's summary:", "", "```", *runs[list(modes)[0]][-1]["summary"], "```", ""]
     (args.out / f"{args.name}.md").write_text("\n".join(lines))
     print("\n".join(lines))
+
 
 if __name__ == "__main__":
     main()
