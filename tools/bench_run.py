@@ -166,6 +166,7 @@ def main() -> None:
             runs[mode].append(r)
         # After every round: a call stopped by its time limit still leaves the rounds it finished.
         write_record(args, runs, i + 1, rec_info)
+    print((args.out / f"{args.name}.md").read_text())
 
 
 def write_record(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], rounds: int,
@@ -185,7 +186,8 @@ def write_record(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]
                        "frames_swapped": [r["frames_swapped"] for r in runs[m]],
                        "loop_ms_per_frame": [r["loop_ms"] for r in runs[m]],
                        "latency_ms": [r["latency_ms"] for r in runs[m]],
-                       "slowest_step": [r["slowest"] for r in runs[m]], "run_command": shown},
+                       "slowest_step": [r["slowest"] for r in runs[m]],
+                       "process_s": [r["process_s"] for r in runs[m]], "run_command": shown},
             "device": device, "commit": commit or "unknown", "date": date, "command": command}
            for m in modes]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -217,7 +219,6 @@ def write_record(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]
             lines.append(f"  - the longest single step of each run: {'; '.join(slow)}")
     lines += ["", "The last run's summary:", "", "```", *runs[list(modes)[0]][-1]["summary"], "```", ""]
     (args.out / f"{args.name}.md").write_text("\n".join(lines))
-    print("\n".join(lines))
 
 
 if __name__ == "__main__":

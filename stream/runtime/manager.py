@@ -101,6 +101,22 @@ class SlotLoad:
     """Free device memory in bytes (None when unknown)."""
 
 
+def warm_picture(portrait: np.ndarray) -> np.ndarray:
+    """The GPU warm-up's 720p frame (`DeviceSlot._warm_face`): the built-in portrait's head and
+    shoulders, 480 px tall, centred on black, so that its face is about 180 px wide. The whole 512 px
+    portrait put its face at 106 px, 11 px in the detector's 128 px input, which the GPU's plain
+    bilinear downscale lost: the H200 found no face there, and every stream's first face paid the
+    swap's compile."""
+    import cv2
+
+    head = portrait[58:314, 97:353]  # the head and shoulders of the 512x512 astronaut (`demo.astronaut`)
+    face = cv2.resize(head, (480 * head.shape[1] // head.shape[0], 480), interpolation=cv2.INTER_LINEAR)
+    picture = np.zeros((720, 1280, 3), np.uint8)
+    y0, x0 = (720 - face.shape[0]) // 2, (1280 - face.shape[1]) // 2
+    picture[y0:y0 + face.shape[0], x0:x0 + face.shape[1]] = face
+    return picture
+
+
 def place(loads: Sequence[SlotLoad], min_free_memory: int = 0) -> int:
     """Index of the device a new stream should go to: the one with the lowest load (the higher of its
     swap thread's busy share and its GPU utilisation), then the fewest streams, then the first.
@@ -366,21 +382,12 @@ class DeviceSlot:
         loop = asyncio.get_running_loop()
         try:
             import cupy
-            import cv2
 
             from ..demo import astronaut
             from ..types import Frame
 
             image = astronaut()
-            picture = np.zeros((720, 1280, 3), np.uint8)
-            # The portrait's head and shoulders (its face is a fifth of the whole 512x512 picture),
-            # so that the face is about 180 px wide: the whole portrait put its face at 106 px, 11 px
-            # in the detector's 128 px input, which the GPU's plain bilinear downscale loses (the H200
-            # found no face there, and every stream's first face paid the compile).
-            head = image[58:314, 97:353]
-            face = cv2.resize(head, (480 * head.shape[1] // head.shape[0], 480), interpolation=cv2.INTER_LINEAR)
-            y0, x0 = (720 - face.shape[0]) // 2, (1280 - face.shape[1]) // 2
-            picture[y0:y0 + face.shape[0], x0:x0 + face.shape[1]] = face
+            picture = warm_picture(image)
             identity: list[Any] = []
 
             def analyse(frame: Any) -> Any:

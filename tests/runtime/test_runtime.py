@@ -21,7 +21,7 @@ from swapstream.config import Config  # noqa: E402
 from swapstream.demo import astronaut  # noqa: E402
 from swapstream.live.streams import HLS_SEGMENT_FRAMES  # noqa: E402
 from swapstream.runtime.swappers import MeshBackend, SwapBackend, SwapFailed, SwapItem  # noqa: E402
-from swapstream.runtime.manager import SlotLoad, StreamRequestError, StreamRuntime, place  # noqa: E402
+from swapstream.runtime.manager import SlotLoad, StreamRequestError, StreamRuntime, place, warm_picture  # noqa: E402
 from swapstream.runtime.stream import InputSpec, OutputSpec, StreamPipeline, StreamSpec  # noqa: E402
 
 from .conftest import runtime_config  # noqa: E402
@@ -743,3 +743,37 @@ def test_a_slot_divides_its_swap_time_between_streams_by_faces() -> None:
     # sleeps by several ms (a CI run saw 0.38 against 0.62), hence the wide bound.
     assert 0.25 < shares["c"] < 0.75
     assert sum(shares.values()) == pytest.approx(1.0)
+
+
+def test_the_gpu_warm_up_picture_keeps_its_face_through_a_coarse_downscale() -> None:
+    """The GPU warm-up's picture must show the detector a face, or every stream's first face pays the
+    swap's compile (seen on the H200 with the whole portrait). The GPU's plain bilinear downscale is
+    stood in for by a 10x nearest-neighbour alias, which the old picture did not survive: the check
+    on it shows that the alias is harsh enough to tell the two apart."""
+    from fractions import Fraction
+
+    import cv2
+
+    from swapstream.config import load_config
+    from swapstream.face.analyser import FaceAnalyser
+    from swapstream.types import Frame
+
+    def alias(p: np.ndarray) -> np.ndarray:
+        small = cv2.resize(p, (128, 72), interpolation=cv2.INTER_NEAREST)
+        return cv2.resize(small, (1280, 720), interpolation=cv2.INTER_NEAREST)
+
+    def faces(p: np.ndarray) -> int:
+        analyser = FaceAnalyser(load_config("default"))
+        try:
+            return len(analyser.track(Frame(p, 0, Fraction(1, 30), 0)))
+        finally:
+            analyser.close()
+
+    image = astronaut()
+    picture = warm_picture(image)
+    assert picture.shape == (720, 1280, 3)
+    assert faces(picture) == 1 and faces(alias(picture)) == 1
+    # The picture before the H200 run: the whole 512 px portrait at 576 px, centred.
+    old = np.zeros_like(picture)
+    old[72:648, 352:928] = cv2.resize(image, (576, 576), interpolation=cv2.INTER_AREA)
+    assert faces(old) == 1 and faces(alias(old)) == 0
