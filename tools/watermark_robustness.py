@@ -311,12 +311,18 @@ ATTACKS: dict[str, tuple[Any, str, int]] = {
     "upload_720p_2M": (lambda f: f, "none", 0),
     "reencode_480p_1M": (lambda f: cv2.resize(f, (854, 480), interpolation=cv2.INTER_AREA), "cbr", 1000),
     "crop_10pct_each_side": (lambda f: _crop(f, 0.10), "platform", 0),
+    # The ranges ("up to 10% a side", "0.5x to 2x", "up to +-5 degrees") are checked at their
+    # ends and at one point inside each, where the tile meets neither a whole nor a half chip.
+    "crop_5pct_each_side": (lambda f: _crop(f, 0.05), "platform", 0),
     "scale_0.5x": (lambda f: cv2.resize(f, (640, 360), interpolation=cv2.INTER_AREA), "platform", 0),
+    "scale_0.75x": (lambda f: cv2.resize(f, (960, 540), interpolation=cv2.INTER_AREA), "platform", 0),
+    "scale_1.5x": (lambda f: cv2.resize(f, (1920, 1080), interpolation=cv2.INTER_CUBIC), "platform", 0),
     "scale_2x": (lambda f: cv2.resize(f, (2560, 1440), interpolation=cv2.INTER_CUBIC), "platform", 0),
     "letterbox_4x3": (_letterbox, "platform", 0),
     "flip_horizontal": (lambda f: np.ascontiguousarray(f[:, ::-1]), "platform", 0),
     "rotate_+5deg": (lambda f: _rotate(f, 5.0), "platform", 0),
     "rotate_-5deg": (lambda f: _rotate(f, -5.0), "platform", 0),
+    "rotate_+2.5deg": (lambda f: _rotate(f, 2.5), "platform", 0),
     "screen_capture": (_screen, "platform", 0),
 }
 def attacked_lumas(up: Path, uploaded: list[np.ndarray], attack: str, out: Path) -> list[np.ndarray]:
