@@ -184,11 +184,13 @@ class WatermarkerV2:
     """Marks frames of one stream with one payload (NumPy on the CPU, CuPy on its device). The
     pattern is built once per frame size and kept; each frame then costs one masked add."""
 
-    def __init__(self, payload: Payload, strength: float = 1.0) -> None:
+    def __init__(self, payload: Payload, strength: float = 1.0, mask: MaskParams = MASK) -> None:
         if not (math.isfinite(strength) and strength > 0):
             raise ValueError(f"strength must be a finite number > 0, got {strength!r}")
         self.payload = payload
         self.strength = strength
+        self.mask = mask
+        """The texture mask (`MASK`; tools/watermark_payload_sweep.py compares others)."""
         self._host: dict[tuple[int, int], np.ndarray] = {}
         self._device: dict[tuple[int, int, int], Any] = {}
         # The CPU path's working arrays for the last frame size, one set per thread: a job's
@@ -211,12 +213,12 @@ class WatermarkerV2:
             dev = self._device.get(key)
             if dev is None:
                 dev = self._device.setdefault(key, cupy.asarray(self.pattern(h, w)))
-            embed_masked(frame, dev, MASK)
+            embed_masked(frame, dev, self.mask)
             return
         scratch = getattr(self._local, "scratch", None)
         if scratch is None or scratch.shape != (h, w):
             scratch = self._local.scratch = CpuScratch(h, w)
-        embed_masked(frame, self.pattern(h, w), MASK, scratch)
+        embed_masked(frame, self.pattern(h, w), self.mask, scratch)
 
 
 # -- detection --------------------------------------------------------------------------------------
