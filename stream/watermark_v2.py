@@ -78,15 +78,14 @@ MASK = MaskParams(inv_act=1.0 / 2.5, m_lo=0.3, m_hi=1.0)
 """Texture mask: full scale from a mean |luma difference| of 2.5 levels per pixel up, 0.3 on flat
 blocks (where a change shows and an encoder would spend bits on it).
 
-Full scale from 6 levels (until dac0555) left the mark too weak on a pan's moderately textured
+Full scale from 6 levels (before dac0555) left the mark too weak on a pan's moderately textured
 blocks: after the upload and a 0.5x rescale with its re-encode, x264's predicted frames carry the
-last keyframe's mark along with the picture, and the 2 s windows holding no keyframe synced at 6-8
-standard deviations but failed the CRC (2 of 5 decoded). Measured on that chain (pan clip, random
-stream ids, windows without a keyframe, motion path): from 4 levels 1 of 9 such windows decoded,
-from 3 levels 30 of 31 (data scores down to 0.71 against the 0.70 gate), from 2.5 levels 26 of 26
-(scores 0.76-0.85, sync 8.4-10.9). Mark PSNR at 2.5: 43.6 dB on the pan, 44.2 on the demo clip
-(45.3 and 46.4 at 6); the noisy clip is at the mask's top either way (42.1). The price is bitrate at
-equal CRF: demo +54%, pan +227% (+35% and +106% at 6; tools/watermark_robustness.py --v2)."""
+last keyframe's mark along with the picture, and the 2 s windows holding no keyframe failed. On
+that chain over 6 random stream ids (docs/benchmarks/watermark_payload_sweep.md), windows decoded:
+5 of 30 from 6 levels (0 of the 18 without a keyframe), 12 of 30 from 4, 30 of 30 from 3 (data
+scores of the keyframe-less ones 0.71-0.82, against the 0.70 gate) and from 2.5 (0.76-0.85). Mark
+PSNR at 2.5: 43.8 dB on the pan, 44.2 on the demo clip (45.5 and 46.4 at 6); the noisy clip is at
+the mask's top either way (42.1). The price is bitrate at equal CRF (watermark_robustness_v2.md)."""
 WORK_SIDE = 240
 """The detector's working height (shorter side): a chip is then 3.3 px before any attack, 2.5 px
 after letterboxing into 4:3 (at 180, 1.9 px there, the alternating chips came near the working

@@ -122,9 +122,10 @@ def main() -> None:
             rows.append(row)
             wrong = sum(w["wrong_payload"] for w in windows)
             records.append({
-                "metric": f"watermark_v2_sweep_{args.clip}_{args.attack}_mask{level:g}", "value": round(row[3] / row[4], 4),
-                "unit": "fraction", "stat": "mean",
-                "config": {"clip": args.clip, "attack": args.attack, "frames": args.frames, "mask_full_scale_level": level,
+                "metric": f"watermark_v2_sweep_{args.clip}_{args.attack}_mask{level:g}",
+                "value": round(row[3] / row[4], 4), "unit": "fraction", "stat": "mean",
+                "config": {"clip": args.clip, "attack": args.attack, "frames": args.frames,
+                           "mask_full_scale_level": level,
                            "payloads": args.payloads, "windows": row[4], "decoded": row[3],
                            "keyframeless_windows": row[6], "keyframeless_decoded": row[5], "wrong_payloads": wrong,
                            "mark_psnr_db": round(mark_db, 2), "crf23_mbit_s": round(rate, 3),
