@@ -33,7 +33,8 @@ def test_embed_matches_reference(cp: ModuleType, size: tuple[int, int]) -> None:
     rng = np.random.default_rng()
     h, w = size
     lo = float(rng.uniform(0.0, 1.0))
-    cases = [MaskParams(1 / 6, 0.3, 1.0),
+    cases = [MaskParams(1 / 2.5, 0.3, 1.0),  # the shipped mask (swapstream.watermark_v2.MASK)
+             MaskParams(1 / 6, 0.3, 1.0),    # the mask before dac0555
              MaskParams(float(rng.uniform(0.02, 0.5)), lo, lo + float(rng.uniform(0.0, 2.0))),
              # m fixed at 1: the delta is rint(pattern), and the pattern holds exact halves (ties).
              MaskParams(1.0, 1.0, 1.0)]

@@ -75,7 +75,7 @@ def _pillarbox(f: np.ndarray) -> np.ndarray:
 
 
 # What 8 nearly still frames (a quarter of a second of the demo clip) carry with a margin (scores
-# 0.79-0.93 over random payloads; bars are cut off before the detector reads the picture, which
+# 0.79-0.93 over random payloads, measured with the weaker mask before dac0555; bars are cut off before the detector reads the picture, which
 # took letterboxing from 0.71-0.79 to 0.92). A flip with a 7% crop and a 3 degree turn decoded on
 # every payload tried but with scores of 0.71-0.79, too close to failing for a test that must not
 # flake: tools/watermark_robustness.py --v2 measures it on 2 s windows of moving clips, and
@@ -223,18 +223,20 @@ def test_found_on_a_pan_after_x264(payload: Payload, tmp_path: Path) -> None:
     for y in lumas:
         d.add(y)
     r = d.decode()
-    assert r.found and r.detection.payload == payload, r
+    assert r.found and r.detection.payload == payload, (str(payload), r)
 
 
-def test_found_on_a_pan_at_half_size_in_a_window_without_a_keyframe(payload: Payload, tmp_path: Path) -> None:
+def test_found_on_a_pan_at_half_size_in_a_window_without_an_intra_frame(payload: Payload, tmp_path: Path) -> None:
     """The pan, uploaded, rescaled to 0.5x and encoded again (the robustness benchmark's scale_0.5x
-    chain), read in its second 2 s window, which holds no keyframe of either encode: there x264 keeps
-    the least of the static mark (its predicted frames carry the last keyframe's mark along with the
-    picture). With the texture mask at full scale from 6 levels instead of 2.5 this window failed
-    its CRC (sync about 7 standard deviations, data score 0.67)."""
-    av = pytest.importorskip("av")
+    chain), read in its second 2 s window, which holds no I-frame of either encode: there x264 keeps
+    the least of the static mark (its predicted frames carry the last I-frame's mark along with the
+    picture), and the plain sum finds no sync; the motion path must decode it. With the texture mask
+    at full scale from 6 levels instead of 2.5 no such window decoded over 6 stream ids
+    (docs/benchmarks/watermark_payload_sweep.md)."""
+    pytest.importorskip("av")
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
     import watermark_robustness as wr
+    from watermark_payload_sweep import intra_frames
 
     marked = _mark(wr.render_clip("pan", 4 * FPS), payload)
     up = tmp_path / "up.mp4"
@@ -242,17 +244,11 @@ def test_found_on_a_pan_at_half_size_in_a_window_without_a_keyframe(payload: Pay
     lumas = wr.attacked_lumas(up, wr.decode(up, "rgb24"), "scale_0.5x", tmp_path / "half.mp4")
     assert len(lumas) == 4 * FPS and lumas[0].shape == (360, 640)
     for path in (up, tmp_path / "half.mp4"):
-        with av.open(str(path)) as c:
-            keys = [i for i, f in enumerate(c.decode(video=0)) if f.key_frame]
-        assert not any(2 * FPS <= k < 4 * FPS for k in keys), (path.name, keys)
-    d = WindowDetector()
-    for y in lumas[2 * FPS:]:
-        d.add(y.astype(np.float32))
-    # The plain sum finds no sync: the texture passing by outweighs the mark; the window less its
-    # motion-registered mean decodes.
-    assert d.total is not None and not d._decode_sum(d.total).found
-    r = d.decode()
-    assert r.found and r.detection.payload == payload, r
+        intra = intra_frames(path)
+        # The chain this test is about; if x264 places an I-frame here now, the test needs another window.
+        assert not any(2 * FPS <= i < 4 * FPS for i in intra), (path.name, intra)
+    r = detect_v2([y.astype(np.float32) for y in lumas[2 * FPS:]])
+    assert r.found and r.detection.payload == payload, (str(payload), r)
 
 
 def test_scheme_is_a_config_key() -> None:
