@@ -4,10 +4,10 @@
                                          [--detect-attacks upload_720p_2M reencode_480p_1M]
                                          [--out docs/benchmarks]
 
-Issue 24 asks for a mark that costs at most 10% more x264 bitrate at equal CRF. v2 as shipped costs
-+28% to +112% (`watermark_robustness_v2.md`). This tool measures, on the robustness benchmark's
+Issue 24 asks for a mark that costs at most 10% more x264 bitrate at equal CRF. v2 costs far more
+(`watermark_robustness_v2.md` has its current figures). This tool measures, on the robustness benchmark's
 clips, embedders that differ from v2 in one thing each, with v2's pattern, amplitude and texture
-mask otherwise:
+mask (`MASK`, as shipped when the tool runs) otherwise:
 - `static`: v2 as shipped (checked here to give v2's bytes exactly);
 - `temporal`: each 8x8 block's scale is also multiplied by a gain that drops to 0 where the block's
   (blurred) luma changed since the previous frame by 1-3 levels or more, and comes back by `recover`
