@@ -192,8 +192,8 @@ class WatermarkerV2:
             raise ValueError(f"strength must be a finite number > 0, got {strength!r}")
         self.payload = payload
         self.strength = strength
+        # The texture mask: `MASK` in the product; tools/watermark_payload_sweep.py compares others.
         self.mask = mask
-        """The texture mask (`MASK`; tools/watermark_payload_sweep.py compares others)."""
         self._host: dict[tuple[int, int], np.ndarray] = {}
         self._device: dict[tuple[int, int, int], Any] = {}
         # The CPU path's working arrays for the last frame size, one set per thread: a job's

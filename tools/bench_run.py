@@ -30,12 +30,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 TOOLS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TOOLS))
-from benchlib import package_links, set_flags, source_image  # noqa: E402
+from benchlib import git_sha, package_links, set_flags, source_image  # noqa: E402
 
 
 def run_summary(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> dict[str, Any]:
@@ -131,8 +132,6 @@ def main() -> None:
         base = f"null_{args.baseline_label}"
         modes[base] = f"encoding excluded (-o null:), {args.baseline_label}"
         envs[base] = baseline_env(args.baseline_tree, work)
-    commit = os.environ.get("GIT_SHA") or subprocess.run(["git", "rev-parse", "--short", "HEAD"],
-                                                         capture_output=True, text=True).stdout.strip()
     from swapstream.runtime.metrics import GpuMonitor
 
     gpu = GpuMonitor()
@@ -143,8 +142,7 @@ def main() -> None:
                      + [o if " " not in o else repr(o) for o in opts]).replace(str(work), "WORK")
     command = "python tools/bench_run.py " + " ".join(sys.argv[1:])
     date = datetime.date.today().isoformat()
-    rec_info = {"commit": commit or "unknown", "device": device, "shown": shown, "command": command,
-                "date": date, "clip_frames": clip_frames, "modes": modes}
+    info = RecordInfo(git_sha(), device, shown, command, date, clip_frames, modes)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     for i in range(args.repeat):
         for mode in modes:
@@ -165,15 +163,30 @@ def main() -> None:
             print(json.dumps({k: v for k, v in r.items() if k != "summary"}), flush=True)
             runs[mode].append(r)
         # After every round: a call stopped by its time limit still leaves the rounds it finished.
-        write_record(args, runs, i + 1, rec_info)
+        write_record(args, runs, i + 1, info)
     print((args.out / f"{args.name}.md").read_text())
 
 
+@dataclass(frozen=True)
+class RecordInfo:
+    """What every rewrite of the record says besides the runs."""
+
+    commit: str
+    device: str
+    shown: str
+    """The `swapstream run` command line as the record shows it."""
+    command: str
+    date: str
+    clip_frames: int
+    modes: dict[str, str]
+    """Output mode -> how the record describes it."""
+
+
 def write_record(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], rounds: int,
-                 info: dict[str, Any]) -> None:
+                 info: RecordInfo) -> None:
     """Write `<out>/<name>.json` and `.md` from the runs of the rounds finished so far."""
-    commit, device, shown, command = info["commit"], info["device"], info["shown"], info["command"]
-    date, clip_frames, modes = info["date"], info["clip_frames"], info["modes"]
+    commit, device, shown, command = info.commit, info.device, info.shown, info.command
+    date, clip_frames, modes = info.date, info.clip_frames, info.modes
     fps = {m: statistics.median(r["fps"] for r in rs) for m, rs in runs.items()}
     rec = [{"metric": f"{args.name}_fps" + {"file": "", "null": "_no_encode"}.get(m, f"_no_encode_{args.baseline_label}"),
             "value": fps[m], "unit": "fps",
