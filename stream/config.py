@@ -189,6 +189,12 @@ class RuntimeConfig(_Section):
     # is over a thousand threads, past what one process schedules well.
     max_streams: int = Field(32, ge=1, le=256)
     """Most streams one process runs at once."""
+    # Below 0.05 ms the interpreter spends more time handing the GIL over than running Python; above
+    # Python's own 5 ms a thread that comes back from a GPU wait or a queue waits longer than a frame.
+    switch_interval_ms: float = Field(1.0, ge=0.05, le=5.0)
+    """How often the interpreter hands the GIL to a waiting thread while a runtime runs (Python's
+    default is 5 ms). Every hand-over of a frame between the runtime's threads waits for it when
+    another thread runs Python (runtime.priority); lower: shorter waits, more switching."""
     media_nice: int = Field(10, ge=0, le=19)
     """How much lower than the process's the OS priority of media threads is (Linux nice levels), so
     that the control API answers while streams saturate the machine (runtime.priority). `swapstream

@@ -2,7 +2,7 @@
 
     python tools/bench_run.py --clip .bench/streams_1080p30.mp4 [--repeat 3] [--swapper inswapper_128]
         [--synthetic-models] [--config PRESET] [--set key=value ...] [--out docs/benchmarks] [--name run_gpu]
-        [--only file|null] [--baseline-tree DIR --baseline-label REV]
+        [--only file|null] [--baseline-tree DIR --baseline-label REV] [--variant LABEL:key=value[,key=value]]
 
 Each run is one `swapstream run -s SOURCE -i CLIP -o OUT -q` process (the built-in astronaut as
 the source face). Each round runs it twice: `-o OUT.mp4`, encoding included (the command writes its
@@ -14,7 +14,9 @@ frame count. With `--synthetic-models` the neural swapper is the full-size inswa
 with random weights (speed is the real model's; the output is not a likeness). With
 `--baseline-tree`, another revision's `swapstream run` (its tree: a checkout, or `git archive REV
 stream kernels engines configs` unpacked) runs in each round too, with encoding excluded, so that a
-change in speed can be told from a change in the machine.
+change in speed can be told from a change in the machine. Each `--variant` is this tree's run with
+encoding excluded and further settings (e.g. `--variant gil0.2:runtime.switch_interval_ms=0.2`),
+in the same rounds: settings compared on one machine state.
 Writes `<out>/<name>.json` and `<out>/<name>.md`.
 """
 
@@ -111,7 +113,12 @@ def main() -> None:
                     help="a checkout (or `git archive` of stream/, kernels/, engines/, configs/) of another revision: "
                          "its `swapstream run` is timed too, in the same rounds, with encoding excluded")
     ap.add_argument("--baseline-label", default="baseline", help="what the record calls that revision")
+    ap.add_argument("--variant", action="append", default=[], metavar="LABEL:key=value[,key=value]",
+                    help="also time this tree with encoding excluded and these settings, in the same rounds")
     args = ap.parse_args()
+    variants = parse_variants(args.variant)
+    if args.baseline_tree is not None and args.baseline_label in variants:
+        sys.exit(f"error: --baseline-label '{args.baseline_label}' is also a --variant's label; give them two")
     if not args.clip.is_file():
         sys.exit(f"error: no clip at '{args.clip}': make it with python tools/make_bench_clips.py")
     import av
@@ -126,12 +133,16 @@ def main() -> None:
     if args.only:
         modes = {args.only: modes[args.only]}
     envs: dict[str, dict[str, str] | None] = {m: None for m in modes}
+    extra: dict[str, list[str]] = {m: [] for m in modes}
+    for label, sets in variants.items():
+        modes[f"null_{label}"] = f"encoding excluded (-o null:), {label}: {', '.join(sets)}"
+        envs[f"null_{label}"], extra[f"null_{label}"] = None, set_flags(sets)
     if args.baseline_tree is not None:
         # The other revision runs in the same rounds, after this one's, with encoding excluded: the
         # two figures then share the machine's state (a run-to-run drift shows in both).
         base = f"null_{args.baseline_label}"
         modes[base] = f"encoding excluded (-o null:), {args.baseline_label}"
-        envs[base] = baseline_env(args.baseline_tree, work)
+        envs[base], extra[base] = baseline_env(args.baseline_tree, work), []
     from swapstream.runtime.metrics import GpuMonitor
 
     gpu = GpuMonitor()
@@ -147,7 +158,7 @@ def main() -> None:
     for i in range(args.repeat):
         for mode in modes:
             out = work / f"out{i}.mp4"
-            cmd = run_command(source, args.clip, str(out) if mode == "file" else "null:", opts)
+            cmd = run_command(source, args.clip, str(out) if mode == "file" else "null:", opts + extra[mode])
             t0 = time.monotonic()
             r = run_summary(cmd, env=envs[mode])
             if mode == "file":
@@ -165,6 +176,21 @@ def main() -> None:
         # After every round: a call stopped by its time limit still leaves the rounds it finished.
         write_record(args, runs, i + 1, info)
     print((args.out / f"{args.name}.md").read_text())
+
+
+def parse_variants(specs: list[str]) -> dict[str, list[str]]:
+    """`--variant LABEL:key=value[,key=value]` -> {label: ["key=value", ...]} (exits on a bad one)."""
+    out: dict[str, list[str]] = {}
+    for spec in specs:
+        label, _, sets = spec.partition(":")
+        pairs = [p.strip() for p in sets.split(",") if p.strip()]
+        if not re.fullmatch(r"[\w.-]+", label) or not pairs or any("=" not in p for p in pairs):
+            sys.exit(f"error: --variant '{spec}': write it as LABEL:key=value[,key=value], the label letters, "
+                     f"digits, '.', '-' or '_' (e.g. gil0.2:runtime.switch_interval_ms=0.2)")
+        if label in out or label in ("file", "null"):
+            sys.exit(f"error: --variant '{spec}': the label '{label}' is taken; give each variant its own")
+        out[label] = pairs
+    return out
 
 
 @dataclass(frozen=True)
@@ -188,7 +214,7 @@ def write_record(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]
     commit, device, shown, command = info.commit, info.device, info.shown, info.command
     date, clip_frames, modes = info.date, info.clip_frames, info.modes
     fps = {m: statistics.median(r["fps"] for r in rs) for m, rs in runs.items()}
-    rec = [{"metric": f"{args.name}_fps" + {"file": "", "null": "_no_encode"}.get(m, f"_no_encode_{args.baseline_label}"),
+    rec = [{"metric": f"{args.name}_fps" + {"file": "", "null": "_no_encode"}.get(m, f"_no_encode_{m[len('null_'):]}"),
             "value": fps[m], "unit": "fps",
             "stat": "median" if rounds == args.repeat else f"median of the {rounds} rounds finished (of {args.repeat})",
             "config": {"preset": args.config or "default", "clip": args.clip.name, "clip_frames": clip_frames, "repeat": args.repeat, "rounds_completed": rounds, "output": modes[m],

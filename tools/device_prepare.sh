@@ -7,6 +7,7 @@
 #   .whl-av   PyAV + the same small set
 #   .whl-litert  LiteRT (the CPU analyser, for the GPU tests that compare against it)
 #   .whl-rtc  aiortc and its needs (it also needs PyAV: carry .whl-av in the same or an earlier call)
+#   .whl-spy  py-spy (3 MB), for tools/profile_run.py (device_check.sh run_diag)
 # PyAV and LiteRT are apart because .whl-av + .models + .bench + the tree must stay under 64 MiB;
 # .whl-nvc (trimmed, below) fits beside them.
 #   .models   the built-in .tflite files every job needs (`swapstream setup` put them in the cache)
@@ -81,6 +82,8 @@ tmp.replace(src)
 PYEOF
 fetch .whl-av "$(pin av)" "${small[@]}"
 fetch .whl-litert "$(pin ai-edge-litert)" "$(pin backports.strenum)"
+# py-spy is a static binary in a py2.py3 wheel; the version is pyproject's `profile` pin.
+fetch .whl-spy "$(grep -o 'py-spy==[0-9.]*' pyproject.toml)"
 fetch .whl-rtc "$(pin aiortc)" "$(pin aioice)" "$(pin pyee)" "$(pin pylibsrtp)" "$(pin pyOpenSSL)" \
   "$(pin cryptography)" "$(pin google-crc32c)" "$(pin dnspython)" "$(pin ifaddr)" "$(pin cffi)" "$(pin pycparser)"
 
@@ -116,4 +119,4 @@ if [[ ! -x .devtools/nginx/nginx ]]; then
   chmod +x .devtools/nginx/nginx
   rm -rf "$debs"
 fi
-du -sh .whl-nvc .whl-av .whl-litert .whl-rtc .models .models-hands .bench .devtools/nginx
+du -sh .whl-nvc .whl-av .whl-litert .whl-rtc .whl-spy .models .models-hands .bench .devtools/nginx

@@ -390,7 +390,7 @@ class DeviceSlot:
             picture = warm_picture(image)
             identity: list[Any] = []
 
-            def analyse(frame: Any) -> Any:
+            def warm_analyse(frame: Any) -> Any:
                 # Not through `_analyse_batch`: its busy time would count as load for seconds after.
                 with self._device():
                     assert self._analysis is not None  # built by warm() just before
@@ -401,13 +401,13 @@ class DeviceSlot:
                     frame = Frame(cupy.asarray(picture), i, Fraction(1, 30), i, stream_id=WARM_ID)
                     # Uploaded on this thread's stream: done before the analysis' own stream reads it.
                     cupy.cuda.get_current_stream().synchronize()
-                faces = await loop.run_in_executor(self._analysis_pool, analyse, frame)
+                faces = await loop.run_in_executor(self._analysis_pool, warm_analyse, frame)
                 if not faces:
                     log.warning("%s: the warm-up found no face in its picture: the first stream's first "
                                 "face compiles the swap's kernels", self.name)
                     return
 
-                def swap(faces: Any = faces, frame: Any = frame) -> None:
+                def warm_swap(faces: Any = faces, frame: Any = frame) -> None:
                     with self._swap_context():
                         backend = self._backend(self.config.swapper)
                         if not identity:
@@ -415,7 +415,7 @@ class DeviceSlot:
                         backend.swap([SwapItem(frame.data, faces, identity[0], stream_id=WARM_ID)])
                         cupy.cuda.get_current_stream().synchronize()
 
-                await loop.run_in_executor(self._pool, swap)
+                await loop.run_in_executor(self._pool, warm_swap)
         except Exception as e:  # noqa: BLE001 - a warm-up: the streams work without it
             log.warning("%s: the first-face warm-up failed (%s): the first stream's first face pays for it",
                         self.name, e)
@@ -562,7 +562,8 @@ class StreamRuntime:
         self.closing = False
 
     async def start(self) -> None:
-        SwitchInterval.acquire()  # priority.py: the control loop waits less for the GIL
+        # priority.py: the control loop and each frame's hand-overs wait less for the GIL.
+        SwitchInterval.acquire(self.config.runtime.switch_interval_ms / 1e3)
         for s in self.slots:
             s.batcher.start()
             if s.analysis_batcher is not None:

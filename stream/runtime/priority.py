@@ -10,8 +10,17 @@ process answered no faster than the busy one). Two things help, and cost the str
   run at a lower OS priority than the rest of the process (`MEDIA_NICE`), and so do the native
   threads they start (FFmpeg's decoders, LiteRT, x264 inherit it), so that the event loop gets a core
   as soon as a request arrives;
-- the interpreter hands the GIL over more often (`SWITCH_INTERVAL_S`), so that the loop thread,
-  once it runs, waits about 1 ms rather than 5 ms for each of the media threads ahead of it.
+- the interpreter hands the GIL over more often (`runtime.switch_interval_ms`, 1 ms by default),
+  so that the loop thread, once it runs, waits about 1 ms rather than 5 ms for each of the media
+  threads ahead of it.
+
+The same wait falls on every hand-over of a frame between threads (reader -> loop -> analysis
+thread -> loop -> swap thread ...) whenever another thread is running Python: measured with
+`tools/probe_gil_hops.py` on 2 cores, one trip through a `DynamicBatcher` and its executor thread
+took 0.06 ms alone, and 2.2-3.4 ms (p50, two runs) beside one thread that runs Python without pause
+at a 1 ms interval (15.6 ms at Python's 5 ms; 0.85-0.95 ms at 0.2 ms). On the CPU path the other
+threads are mostly in native code (LiteRT, FFmpeg, NumPy), and 0.2 ms against 1 ms changed
+`swapstream run`'s speed by less than its run-to-run spread there.
 """
 
 from __future__ import annotations
@@ -27,10 +36,6 @@ MEDIA_NICE = 10
 """How much nicer than the process's own priority media threads run (Linux nice levels, 0..19):
 at +10 the kernel gives a runnable control thread about 10 times the CPU share of a media thread.
 Media threads still use every idle core: the niceness only decides who goes first."""
-
-SWITCH_INTERVAL_S = 0.001
-"""The GIL switch interval while a runtime runs (Python's default is 5 ms)."""
-
 
 def media_thread(nice: int = MEDIA_NICE) -> None:
     """Make the calling thread a media thread: `nice` levels below the control loop's priority, which
@@ -48,19 +53,20 @@ def media_thread(nice: int = MEDIA_NICE) -> None:
 
 
 class SwitchInterval:
-    """Lowers the GIL switch interval to `SWITCH_INTERVAL_S` while at least one runtime runs, and
-    puts the previous value back when the last one closes (tests start many runtimes)."""
+    """Lowers the GIL switch interval while at least one runtime runs, and puts the previous value
+    back when the last one closes (tests start many runtimes). The interval is the interpreter's,
+    one for the process: the lowest any running runtime asked for."""
 
     _lock = threading.Lock()
     _users = 0
     _before = 0.0
 
     @classmethod
-    def acquire(cls) -> None:
+    def acquire(cls, seconds: float) -> None:
         with cls._lock:
             if cls._users == 0:
                 cls._before = sys.getswitchinterval()
-                sys.setswitchinterval(min(cls._before, SWITCH_INTERVAL_S))
+            sys.setswitchinterval(min(sys.getswitchinterval(), seconds))
             cls._users += 1
 
     @classmethod

@@ -777,3 +777,41 @@ def test_the_gpu_warm_up_picture_keeps_its_face_through_a_coarse_downscale() -> 
     old = np.zeros_like(picture)
     old[72:648, 352:928] = cv2.resize(image, (576, 576), interpolation=cv2.INTER_AREA)
     assert faces(old) == 1 and faces(alias(old)) == 0
+
+
+def test_the_switch_interval_is_the_configs_while_runtimes_run_and_the_old_one_after() -> None:
+    """`runtime.switch_interval_ms` is the interpreter's GIL switch interval while a runtime runs;
+    two runtimes at once keep the lower of their two, and the interval from before comes back when
+    the last one closes (the interval is the process's: a test must not leave it changed)."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.004)  # not a value either runtime asks for, nor Python's default
+
+    async def main() -> list[float]:
+        seen = []
+        a = StreamRuntime(runtime_config("runtime.switch_interval_ms=0.5"), devices=["cpu"])
+        b = StreamRuntime(runtime_config("runtime.switch_interval_ms=0.2"), devices=["cpu"])
+        await a.start()
+        seen.append(sys.getswitchinterval())
+        await b.start()
+        seen.append(sys.getswitchinterval())
+        await b.close()
+        seen.append(sys.getswitchinterval())  # one still runs: the interval stays where it is
+        await a.close()
+        seen.append(sys.getswitchinterval())
+        return seen
+
+    try:
+        seen = asyncio.run(main())
+    finally:
+        after = sys.getswitchinterval()
+        sys.setswitchinterval(before)
+    assert seen[:3] == pytest.approx([0.0005, 0.0002, 0.0002], rel=1e-6)
+    assert seen[3] == pytest.approx(0.004, rel=1e-6) and after == seen[3]
+
+
+def test_a_switch_interval_out_of_range_is_refused_with_its_range() -> None:
+    from swapstream.errors import ConfigError
+
+    for bad in ("0.01", "6"):
+        with pytest.raises(ConfigError, match="switch_interval_ms"):
+            runtime_config(f"runtime.switch_interval_ms={bad}")
