@@ -5,7 +5,8 @@
 
 A diagnostic beside `bench_run.py` (which gives the figures): the same `swapstream run -o null:`
 (encoding excluded) runs twice under py-spy (`--nonblocking`, so the process is not paused to be
-read): once sampling the threads that hold the GIL, once the threads that are on a CPU. Each
+read): once sampling the threads that hold the GIL, once the threads that are on a CPU (py-spy
+counts a thread that is runnable, waiting for a core, as on a CPU too). Each
 thread's samples over the clip's frames give its milliseconds a frame with the GIL, and on a CPU;
 the GIL's share of the loop is every thread's GIL samples over the loop's wall time (the run's
 summary `time`). Samples of set-up work (models, warm-up, imports: SETUP) are counted apart, so the
@@ -158,7 +159,8 @@ def main() -> None:
 def markdown(rec: dict[str, Any]) -> str:
     lines = [f"# Where `swapstream run`'s threads spend a frame ({rec['device']}, {rec['commit']}, {rec['date']})", "",
              f"Command: `{rec['command']}`; each run: `{rec['run_command']}` under py-spy at {rec['rate']} samples "
-             "a second (`--nonblocking`), once for the threads holding the GIL, once for the threads on a CPU. "
+             "a second (`--nonblocking`), once for the threads holding the GIL, once for the threads on a CPU "
+             "(or runnable, waiting for a core). "
              "Set-up (models, warm-up, imports) is left out; ms are per frame of the clip.", ""]
     for what, title in (("gil", "holding the GIL"), ("cpu", "on a CPU")):
         r = rec[what]
