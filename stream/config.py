@@ -185,6 +185,13 @@ class RuntimeConfig(_Section):
     """On a GPU: face analysis runs in a thread of its own (on its own CUDA stream) beside the swap
     thread, so one batch's landmarks run while another's faces are swapped. False: both in one
     thread, in turn (the layout before; kept to compare the two in one benchmark run)."""
+    # More than 4 frames ahead only adds memory and latency: the thread has its next frame at 2.
+    analysis_depth: int = Field(1, ge=1, le=4)
+    """Frames of one stream whose analysis may be asked for before the first comes back. At 1 a
+    frame's analysis starts only after the previous frame's faces have come back to the stream
+    (two hand-overs between threads on the way); at 2 the next frame already waits in the analysis
+    thread's queue. Frames stay in order (one thread analyses them, one frame of a stream per
+    batch); it matters when frames queue up (files, a stream behind), not at a live pace."""
     # A stream holds at least three threads of its own plus its decoder's and encoder's: 256 streams
     # is over a thousand threads, past what one process schedules well.
     max_streams: int = Field(32, ge=1, le=256)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the `device` tool), from the repository root:
-#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|run_live|run_ab|run_diag|serve|serve_ab|serve_wait|x264|live|live_bench|live_rtmp|hands|mesh|pending|recheck|face_stack|serve_stack|stack_profile|stack_tests|stack|all|none][,...]
+#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|run_live|run_ab|run_diag|run_profile|serve|serve_ab|serve_wait|x264|live|live_bench|live_rtmp|hands|mesh|pending|recheck|face_stack|serve_stack|stack_profile|stack_tests|stack|all|none][,...]
 #     (default: all; bench = kernels + swap + pipeline; none = install the carried wheels only)
 #   tools/device_check.sh pytest ARGS...    (pytest with ARGS, in the same environment)
 # Installs the carried wheels (.whl/, ignored by git), makes `swapstream` importable from this tree,
@@ -229,21 +229,29 @@ fi
 if want run_diag; then
   # Issue 18: why `swapstream run` on the runtime is slower on a GPU than the loop it replaced
   # (docs/benchmarks/run_gpu_live.md). Needs PyAV installed by an earlier call (`none` with .whl-av),
-  # then .whl-nvc, .whl-spy, .models, .bench and .baseline (`git archive ff84cf7 stream kernels
-  # engines configs | tar -x -C .baseline`). First py-spy's view of each thread's frame (GIL held,
-  # on a CPU), then the figures: this tree, its settings that bear on the hand-overs (the GIL's
-  # switch interval; analysis and swap in one thread), and the old loop, in the same rounds. About
-  # 50 s a `swapstream run` on a GPU (models, graphs, warm-up): the hand-over probe on this host
-  # (about 20 s), 2 profiled runs, then 2 rounds of 4.
+  # then .whl-nvc, .models, .bench and .baseline (`git archive ff84cf7 stream kernels engines
+  # configs | tar -x -C .baseline`). The hand-over probe on this host (about 20 s), then `run` with
+  # encoding excluded as it is, with the settings that bear on the hand-overs (the GIL's switch
+  # interval; analysis and swap in one thread; the next frame asked for while one is analysed),
+  # and the old loop, in the same rounds: about 50 s a `swapstream run` on a GPU (models, graphs,
+  # warm-up), 2 rounds of 5; the record is rewritten after each round. Give the call 600 s.
   timeout -s INT -k 10 30 python3 tools/probe_gil_hops.py --busy 0,1 --intervals-ms 5,1,0.2 --out "$OUT" \
     --name gil_hops_gpu_host 2>&1 | tee "$OUT/probe_gil_hops.log" || rc=1
-  timeout -s INT -k 10 "${RUN_DIAG_PROFILE_S:-120}" python3 tools/profile_run.py --clip .bench/streams_1080p30.mp4 \
-    --synthetic-models --config live --out "$OUT" --name run_gpu_profile 2>&1 | tee "$OUT/profile_run.log" || rc=1
-  timeout -s INT -k 10 "${RUN_DIAG_S:-440}" python3 tools/bench_run.py --clip .bench/streams_1080p30.mp4 \
+  timeout -s INT -k 10 "${RUN_DIAG_S:-540}" python3 tools/bench_run.py --clip .bench/streams_1080p30.mp4 \
     --synthetic-models --only null --config live --out "$OUT" --name run_gpu_live_ab --repeat "${RUN_DIAG_REPEAT:-2}" \
     --variant gil0.2:runtime.switch_interval_ms=0.2 --variant one_thread:runtime.analysis_thread=false \
+    --variant depth2:runtime.analysis_depth=2 \
     --baseline-tree "${BASELINE_TREE:-.baseline}" --baseline-label "${BASELINE_LABEL:-ff84cf7}" 2>&1 \
     | tee "$OUT/bench_run_diag.log" || rc=1
+fi
+if want run_profile; then
+  # py-spy's view of `swapstream run -c live -o null:`'s threads on a GPU: each thread's ms a frame
+  # holding the GIL and on a CPU (tools/profile_run.py, two runs, about 2 minutes). Needs PyAV
+  # installed by an earlier call, then .whl-nvc, .whl-spy, .models and .bench. PROFILE_SETS adds
+  # settings (e.g. "--set runtime.analysis_depth=2").
+  timeout -s INT -k 10 "${RUN_PROFILE_S:-200}" python3 tools/profile_run.py --clip .bench/streams_1080p30.mp4 \
+    --synthetic-models --config live ${PROFILE_SETS:-} --out "$OUT" --name run_gpu_profile 2>&1 \
+    | tee "$OUT/profile_run.log" || rc=1
 fi
 if want face_stack stack; then
   # Issue 23: the occluder, the parser and the four enhancers' architectures (GFPGAN 1.4, CodeFormer,

@@ -15,7 +15,10 @@ What goes into a batch: the request with the earliest deadline decides the backe
 stream waiting on that backend gets one slot in deadline order before any stream gets a second one
 (so a stream with a backlog cannot crowd out a stream with one frame waiting), then the remaining
 room goes by deadline. Batches run one at a time in the GPU's executor thread: one set of backends per
-GPU, never called concurrently.
+GPU, never called concurrently. With `max_in_flight` above 1, the next batch is handed to that
+thread while one runs, so that it starts without a trip back through the loop; with
+`one_per_stream`, a batch takes one request of each stream (the face analysis: a stream's frames are
+tracked one after another, each batch after the last).
 """
 
 from __future__ import annotations
@@ -76,9 +79,12 @@ class DynamicBatcher:
 
     def __init__(self, run: RunBatch, *, max_batch: int = 4, max_wait: float = 0.004,
                  executor: Executor | None = None, observer: BatchObserver | None = None,
-                 name: str = "batcher", sources: Callable[[], Collection[str]] | None = None) -> None:
+                 name: str = "batcher", sources: Callable[[], Collection[str]] | None = None,
+                 max_in_flight: int = 1, one_per_stream: bool = False) -> None:
         if not 1 <= max_batch <= 64:
             raise ValueError(f"max_batch must be 1..64, got {max_batch}")
+        if not 1 <= max_in_flight <= 8:
+            raise ValueError(f"max_in_flight must be 1..8, got {max_in_flight}")
         if max_wait < 0:
             raise ValueError(f"max_wait must be >= 0 seconds, got {max_wait}")
         self._run = run
@@ -89,6 +95,9 @@ class DynamicBatcher:
         self.name = name
         self._sources = sources
         """The ids of the streams that may submit (None: unknown, so a batch waits out `max_wait`)."""
+        self.max_in_flight = max_in_flight
+        self.one_per_stream = one_per_stream
+        self._in_flight: set[asyncio.Task[None]] = set()
         self._pending: list[_Request] = []
         self._seq = itertools.count()
         self._wake: asyncio.Event | None = None
@@ -112,6 +121,9 @@ class DynamicBatcher:
 
     async def close(self) -> None:
         """Stop dispatching; waiting requests fail with CancelledError."""
+        for t in list(self._in_flight):
+            t.cancel()
+        await asyncio.gather(*self._in_flight, return_exceptions=True)
         if self._task is not None:
             self._task.cancel()
             try:
@@ -168,7 +180,7 @@ class DynamicBatcher:
         faces = head.faces
         streams = {head.stream_id}
         # First pass: one slot per waiting stream, by deadline. Second pass: the rest by deadline.
-        for first_pass in (True, False):
+        for first_pass in (True,) if self.one_per_stream else (True, False):
             for r in same:
                 if r in batch or (first_pass and r.stream_id in streams):
                     continue
@@ -186,7 +198,7 @@ class DynamicBatcher:
         loop = asyncio.get_running_loop()
         while True:
             self._pending = [r for r in self._pending if not r.future.done()]  # withdrawn requests
-            if not self._pending:
+            if not self._pending or len(self._in_flight) >= self.max_in_flight:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -200,7 +212,20 @@ class DynamicBatcher:
                     pass
                 continue
             batch = self.select()
-            await self._dispatch(loop, batch)
+            if self.max_in_flight == 1:
+                await self._dispatch(loop, batch)
+                continue
+            # Handed to the executor now, behind the batch that runs (its thread runs them in
+            # turn); the loop comes back here for the next one.
+            task = loop.create_task(self._dispatch(loop, batch), name=f"{self.name}-batch")
+            self._in_flight.add(task)
+            task.add_done_callback(self._landed)
+
+    def _landed(self, task: asyncio.Task[None]) -> None:
+        """A batch in flight came back: room for the next one."""
+        self._in_flight.discard(task)
+        if self._wake is not None:
+            self._wake.set()
 
     async def _dispatch(self, loop: asyncio.AbstractEventLoop, batch: list[_Request]) -> None:
         key = batch[0].key

@@ -195,7 +195,9 @@ class DeviceSlot:
                                                    max_wait=config.runtime.max_wait_ms / 1e3,
                                                    executor=self._analysis_pool, name=f"analysis-{name}",
                                                    observer=self._observed_analysis,
-                                                   sources=lambda: self.streams)
+                                                   sources=lambda: self.streams,
+                                                   max_in_flight=config.runtime.analysis_depth,
+                                                   one_per_stream=True)
 
     def _device(self) -> Any:
         """A context that makes this slot's GPU current in the calling (worker) thread."""

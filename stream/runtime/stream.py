@@ -17,13 +17,14 @@ device (the swap), so a stream that stalls stalls only itself.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import math
 import re
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -694,31 +695,73 @@ class StreamPipeline:
             self._room.release()  # refused (the stream is stopping): its room is free again
 
     async def _analyse(self) -> None:
-        loop = asyncio.get_running_loop()
+        # Frames whose analysis was asked for, oldest first, up to `runtime.analysis_depth`. Past
+        # 1, a frame that arrives while the one before is analysed is asked for at once, so that
+        # the analysis thread goes on to it without a trip through this loop. Every path below runs
+        # in one thread, in the order asked (the device's analysis batcher takes one frame of a
+        # stream per batch), so each frame is tracked after the one before.
+        ahead: deque[tuple[_Work, float, Awaitable[list[Face]]]] = deque()
+        depth = self.cfg.runtime.analysis_depth
+        getter: asyncio.Future[_Work] | None = None
+        """The next frame's `in_q.get()` while an answer is awaited too (depth above 1)."""
+        closed = False
+        done_at = 0.0
         try:
-            while True:
-                w = await self.in_q.get()
+            while ahead or not closed:
+                oldest = ahead[0][2] if ahead else None
+                if oldest is not None and (closed or len(ahead) >= depth or getattr(oldest, "done", bool)()):
+                    w, asked, faces = ahead.popleft()
+                    w.faces = await faces
+                    now = time.monotonic()
+                    # The stage's time for this frame: from when it was asked for, or from the last
+                    # frame's answer if it was asked for before that (the stages' sum stays wall time).
+                    self._observe("analyse", now - max(asked, done_at))
+                    done_at = now
+                    if self.options.lossless:
+                        self.track_ids.update(f.track_id for f in w.faces)
+                    self.swap_q.put(w)
+                    continue
+                try:
+                    if oldest is None and getter is None:
+                        w = await self.in_q.get()
+                    else:
+                        # The next frame or the oldest frame's answer, whichever comes first.
+                        getter = getter or asyncio.ensure_future(self.in_q.get())
+                        await asyncio.wait([f for f in (getter, oldest) if isinstance(f, asyncio.Future)],
+                                           return_when=asyncio.FIRST_COMPLETED)
+                        if not getter.done():
+                            continue
+                        w, getter = getter.result(), None
+                except QueueClosed:
+                    closed, getter = True, None
+                    continue
                 t = time.monotonic()
                 self._observe("queue", t - w.arrived)
-                if self._analyser is None:
-                    w.faces = await self.slot.analyse(self.id, w.frame, self.cfg,
-                                                      w.arrived + self.budget_ms / 1e3)
-                elif self._decode is not None:  # a zoo detector on a GPU (`_start`)
-                    w.faces = await self.slot.call(self.backend_name,
-                                                   lambda _b, f=w.frame: self._analyser.track(f))
-                else:
-                    w.faces = await loop.run_in_executor(self._analyse_pool, self._analyser.track, w.frame)
-                self._observe("analyse", time.monotonic() - t)
-                if self.options.lossless:
-                    self.track_ids.update(f.track_id for f in w.faces)
-                self.swap_q.put(w)
-        except QueueClosed:
-            pass
+                faces = self._ask_faces(w)
+                # Ahead of its turn it must be asked for now (a task); in turn it is awaited next,
+                # in this task, which spares the loop a round.
+                ahead.append((w, t, asyncio.ensure_future(faces) if depth > 1 else faces))
         except Exception as e:
             log.exception("stream %s: analysis failed", self.id)
             self._fail(f"face analysis failed: {e}")
         finally:
+            if getter is not None:
+                getter.cancel()
+            for _w, _t, faces in ahead:  # a failed stream's frames asked for ahead go nowhere
+                if isinstance(faces, asyncio.Future):
+                    faces.cancel()
+                elif inspect.iscoroutine(faces):
+                    faces.close()
             self.swap_q.close()
+
+    def _ask_faces(self, w: _Work) -> Awaitable[list[Face]]:
+        """A frame's faces: from the GPU's analysis batcher, a zoo detector in the swap thread, or
+        this stream's analyser in its thread (asked for at once: a future)."""
+        if self._analyser is None:
+            return self.slot.analyse(self.id, w.frame, self.cfg, w.arrived + self.budget_ms / 1e3)
+        if self._decode is not None:  # a zoo detector on a GPU (`_start`)
+            return self.slot.call(self.backend_name, lambda _b, f=w.frame: self._analyser.track(f))
+        return asyncio.get_running_loop().run_in_executor(self._analyse_pool, self._analyser.track, w.frame)
 
     async def _swap(self) -> None:
         try:

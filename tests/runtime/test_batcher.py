@@ -224,3 +224,36 @@ def test_bad_settings_are_refused_with_the_value() -> None:
         DynamicBatcher(lambda k, p: p, max_batch=0)
     with pytest.raises(ValueError, match="max_wait must be >= 0 seconds, got -1"):
         DynamicBatcher(lambda k, p: p, max_wait=-1)
+    with pytest.raises(ValueError, match="max_in_flight must be 1..8, got 0"):
+        DynamicBatcher(lambda k, p: p, max_in_flight=0)
+
+
+@pytest.mark.parametrize("in_flight", [1, 2])
+def test_the_next_batch_is_handed_over_while_one_runs_one_frame_of_a_stream_each(in_flight: int) -> None:
+    """The analysis batcher (`max_in_flight=2`, `one_per_stream`): a stream's three requests go in
+    three batches, in order; the second is handed to the executor while the first still runs (the
+    worker, held for 0.3 s, finds it queued), which one batch in flight never does."""
+    rec = Recorder()
+    queued_while_running: list[int] = []
+
+    async def main() -> list[Any]:
+        with ThreadPoolExecutor(1) as pool:
+            def runner(key: Hashable, payloads: list[Any]) -> list[Any]:
+                if not rec.calls:  # the first batch: give the loop time to hand over the next
+                    threading.Event().wait(0.3)
+                queued_while_running.append(pool._work_queue.qsize())
+                return rec(key, payloads)
+
+            b = DynamicBatcher(runner, max_batch=4, max_wait=0.0, executor=pool, sources=lambda: ["a"],
+                               max_in_flight=in_flight, one_per_stream=True)
+            b.start()
+            now = asyncio.get_running_loop().time()
+            out = await asyncio.gather(*(b.submit("a", "analyse", 1, now + 1, f"f{i}") for i in range(3)))
+            await b.close()
+        return out
+
+    out = run(main())
+    assert out == [("done", "f0"), ("done", "f1"), ("done", "f2")]
+    assert [p for _k, p in rec.calls] == [["f0"], ["f1"], ["f2"]]
+    # While the first batch ran, the second waited in the executor's queue only with two in flight.
+    assert queued_while_running[0] == (1 if in_flight == 2 else 0), queued_while_running

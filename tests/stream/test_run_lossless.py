@@ -154,3 +154,67 @@ def test_a_failed_swap_fails_the_run(small_clip: Path, tmp_path: Path) -> None:
         job.close()
     assert isinstance(err, SwapStreamError), err
     assert "swapping the faces of frame 0 failed" in str(err) and "ran out of memory" in str(err), err
+
+
+def decoded(path: Path) -> list[np.ndarray]:
+    with av.open(str(path)) as c:
+        return [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_frames_asked_ahead_of_their_analysis_come_out_as_in_turn(depth: int, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """`runtime.analysis_depth=2`: while a frame is analysed the next one is asked for (it waits in
+    the analysis thread's queue), and the output is the same, pixel for pixel, as a run
+    that asks for each frame's faces only once the last frame's have come back (depth 1), which
+    never has one asked ahead. Tracking is deterministic, so any reordering of frames would show."""
+    from swapstream.face.analyser import FaceAnalyser
+    from swapstream.runtime.stream import StreamPipeline
+
+    clip = tmp_path / "clip.mp4"
+    n = write_demo_clip(clip, grace_hopper(), seconds=1.5, fps=20, size=(320, 240))
+    asked = started = 0
+    ahead_at_end: list[int] = []  # frames asked for beyond the one whose analysis ends
+    ask, track = StreamPipeline._ask_faces, FaceAnalyser.track
+
+    def counting_ask(self: StreamPipeline, w: Any) -> Any:
+        nonlocal asked
+        asked += 1
+        return ask(self, w)
+
+    def slow_track(self: FaceAnalyser, frame: Any) -> Any:
+        nonlocal started
+        started += 1
+        time.sleep(0.03)  # slower than the reader and the swap: frames wait for the analysis
+        faces = track(self, frame)
+        ahead_at_end.append(asked - started)
+        return faces
+
+    monkeypatch.setattr(StreamPipeline, "_ask_faces", counting_ask)
+    monkeypatch.setattr(FaceAnalyser, "track", slow_track)
+    outs = {}
+    for d in sorted({1, depth}):
+        asked = started = 0
+        ahead_at_end.clear()
+        # The mark carries a fixed stream id: a random one per run would differ in every frame.
+        job = RunJob(load_config(None, ["device=cpu", f"runtime.analysis_depth={d}", "watermark.stream_id=7"]),
+                     device="cpu")
+        job.set_source_image(astronaut(), "astronaut")
+        outs[d] = tmp_path / f"out{d}.mp4"
+        try:
+            stats = job.run(clip, outs[d])
+        finally:
+            job.close()
+        assert stats.frames == stats.frames_swapped == n, stats
+        assert len(ahead_at_end) == n
+        if d == 1:
+            assert max(ahead_at_end) == 0, ahead_at_end
+        else:
+            assert max(ahead_at_end) == 1, ahead_at_end  # never more than the depth allows
+            # The reader and the swap are faster than the analysis: nearly every frame's successor
+            # was asked for while it was analysed.
+            assert ahead_at_end.count(1) >= n // 2, ahead_at_end
+    frames = {d: decoded(p) for d, p in outs.items()}
+    assert len(frames[depth]) == n
+    for a, b in zip(frames[1], frames[depth]):
+        assert np.array_equal(a, b)
