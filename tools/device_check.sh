@@ -248,7 +248,10 @@ if want run_profile; then
   # py-spy's view of `swapstream run -c live -o null:`'s threads on a GPU: each thread's ms a frame
   # holding the GIL and on a CPU (tools/profile_run.py, two runs, about 2 minutes). Needs PyAV
   # installed by an earlier call, then .whl-nvc, .whl-spy, .models and .bench. PROFILE_SETS adds
-  # settings (e.g. "--set runtime.analysis_depth=2").
+  # settings (e.g. "--set runtime.analysis_depth=2"). First the GPU test of analysis_depth=2 (the
+  # same frames as one at a time), which has not run on a GPU before.
+  timeout -s INT -k 10 120 python3 -m pytest -m gpu -rs -v -p no:cacheprovider tests/stream/test_gpu_job.py \
+    -k asking_ahead 2>&1 | tee "$OUT/pytest_depth.log" || rc=1
   timeout -s INT -k 10 "${RUN_PROFILE_S:-200}" python3 tools/profile_run.py --clip .bench/streams_1080p30.mp4 \
     --synthetic-models --config live ${PROFILE_SETS:-} --out "$OUT" --name run_gpu_profile 2>&1 \
     | tee "$OUT/profile_run.log" || rc=1

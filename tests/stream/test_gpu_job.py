@@ -89,6 +89,24 @@ def test_gpu_job_matches_cpu_job(cp: ModuleType, tmp_path: Path) -> None:
     assert min(psnr(x, y) for x, y in zip(b, src)) < 35.0
 
 
+def test_gpu_job_asking_ahead_for_faces_changes_no_frame(cp: ModuleType, tmp_path: Path) -> None:
+    """`runtime.analysis_depth=2` on the GPU: the next frame goes to the device's analysis batcher
+    while one is analysed (one frame of a stream per batch, the next batch handed to the analysis
+    thread while one runs); every frame comes out as with one frame at a time, in order."""
+    clip = tmp_path / "clip.mp4"
+    write_demo_clip(clip, grace_hopper(), seconds=2.0, fps=10, size=(1280, 720))
+    one = run_job(GPU, clip, tmp_path / "one.mp4")
+    two = run_job(GPU, clip, tmp_path / "two.mp4", overrides=["runtime.analysis_depth=2"])
+    assert one.frames == two.frames == 20 and one.faces_swapped == two.faces_swapped == 20
+    a, pa = decode(tmp_path / "one.mp4")
+    b, pb = decode(tmp_path / "two.mp4")
+    assert pa == pb
+    # The same work on the same frames: equal but for the GPU's own run-to-run rounding (cuDNN may
+    # pick another algorithm per process, a level here and there). A frame swapped with another
+    # frame's faces, or out of order, is far below (the portrait moves in every frame).
+    assert worst_psnr(a, b, "analysis depth 2 vs 1") >= 45.0
+
+
 def test_gpu_job_decodes_on_nvdec_like_pyav(cp: ModuleType, tmp_path: Path) -> None:
     """NVDEC decodes the GPU job's input straight into device memory, with PyAV's demuxer carrying the
     audio beside it: the same frames, timestamps and audio as the job that decodes with PyAV."""
