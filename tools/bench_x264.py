@@ -16,7 +16,7 @@ encodes a moving crop of noise, x264's hard case).
 `serve` worker's do (its event loop, analysis, swap and reader threads): the 720p NV12 frame's
 picture (`VideoFrame.from_ndarray`), its encode, its encode and mux, and the product's live writer
 (`LiveWriter.write_nv12`), each timed alone and beside one thread running a pure-Python loop
-(`median_beside`), at the GIL switch interval the runtime sets (`runtime.priority.SWITCH_INTERVAL_S`)
+(`median_beside`), at the GIL switch interval the runtime sets by default (`runtime.switch_interval_ms`)
 and at Python's default. Each step gives the GIL back around its native work and has to wait for it
 again; the difference is that wait. The frames are a moving crop of a noise picture. Writes
 NAME.json and .md under --out.
@@ -159,10 +159,10 @@ def writer_ms(w: int, h: int, frames: int, step: str, switch: float, beside: boo
 def beside_python(frames: int, out: Path | None, name: str) -> None:
     from benchlib import cpu_name, run_fields
 
-    from swapstream.runtime.priority import SWITCH_INTERVAL_S
+    from swapstream.config import RuntimeConfig
 
     rows: list[dict[str, object]] = []
-    for switch in (SWITCH_INTERVAL_S, 0.005):
+    for switch in (RuntimeConfig().switch_interval_ms / 1e3, 0.005):
         for step in ("picture", "encode", "mux", "writer"):
             timing = writer_ms if step == "writer" else encode_steps_ms
             alone = timing(1280, 720, frames, step, switch, beside=False)

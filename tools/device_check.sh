@@ -235,9 +235,9 @@ if want run_diag; then
   # interval; analysis and swap in one thread; the next frame asked for while one is analysed),
   # and the old loop, in the same rounds: about 50 s a `swapstream run` on a GPU (models, graphs,
   # warm-up), 2 rounds of 5; the record is rewritten after each round. Give the call 600 s.
-  timeout -s INT -k 10 30 python3 tools/probe_gil_hops.py --busy 0,1 --intervals-ms 5,1,0.2 --out "$OUT" \
+  timeout -s INT -k 5 25 python3 tools/probe_gil_hops.py --busy 0,1 --intervals-ms 5,1,0.2 --out "$OUT" \
     --name gil_hops_gpu_host 2>&1 | tee "$OUT/probe_gil_hops.log" || rc=1
-  timeout -s INT -k 10 "${RUN_DIAG_S:-540}" python3 tools/bench_run.py --clip .bench/streams_1080p30.mp4 \
+  timeout -s INT -k 10 "${RUN_DIAG_S:-520}" python3 tools/bench_run.py --clip .bench/streams_1080p30.mp4 \
     --synthetic-models --only null --config live --out "$OUT" --name run_gpu_live_ab --repeat "${RUN_DIAG_REPEAT:-2}" \
     --variant gil0.2:runtime.switch_interval_ms=0.2 --variant one_thread:runtime.analysis_thread=false \
     --variant depth2:runtime.analysis_depth=2 \
@@ -246,11 +246,12 @@ if want run_diag; then
 fi
 if want run_profile; then
   # py-spy's view of `swapstream run -c live -o null:`'s threads on a GPU: each thread's ms a frame
-  # holding the GIL and on a CPU (tools/profile_run.py, two runs, about 2 minutes). Needs PyAV
+  # holding the GIL and on a CPU (tools/profile_run.py, two runs, about 2 minutes; with the test
+  # before it, give the call 500 s). Needs PyAV
   # installed by an earlier call, then .whl-nvc, .whl-spy, .models and .bench. PROFILE_SETS adds
   # settings (e.g. "--set runtime.analysis_depth=2"). First the GPU test of analysis_depth=2 (the
   # same frames as one at a time), which has not run on a GPU before.
-  timeout -s INT -k 10 120 python3 -m pytest -m gpu -rs -v -p no:cacheprovider tests/stream/test_gpu_job.py \
+  timeout -s INT -k 10 240 python3 -m pytest -m gpu -rs -v -p no:cacheprovider tests/stream/test_gpu_job.py \
     -k asking_ahead 2>&1 | tee "$OUT/pytest_depth.log" || rc=1
   timeout -s INT -k 10 "${RUN_PROFILE_S:-200}" python3 tools/profile_run.py --clip .bench/streams_1080p30.mp4 \
     --synthetic-models --config live ${PROFILE_SETS:-} --out "$OUT" --name run_gpu_profile 2>&1 \

@@ -7,7 +7,7 @@
 #   .whl-av   PyAV + the same small set
 #   .whl-litert  LiteRT (the CPU analyser, for the GPU tests that compare against it)
 #   .whl-rtc  aiortc and its needs (it also needs PyAV: carry .whl-av in the same or an earlier call)
-#   .whl-spy  py-spy (3 MB), for tools/profile_run.py (device_check.sh run_diag)
+#   .whl-spy  py-spy (3 MB), for tools/profile_run.py (device_check.sh run_profile)
 # PyAV and LiteRT are apart because .whl-av + .models + .bench + the tree must stay under 64 MiB;
 # .whl-nvc (trimmed, below) fits beside them.
 #   .models   the built-in .tflite files every job needs (`swapstream setup` put them in the cache)

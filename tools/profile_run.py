@@ -36,8 +36,10 @@ sys.path.insert(0, str(TOOLS))
 from bench_run import run_command, run_setup, run_summary  # noqa: E402
 from benchlib import git_sha  # noqa: E402
 
-SETUP = re.compile(r"^(?:_?warm\w*|prepare|build\w*|capture\w*|_find_and_load|load_config|fetch_models) \(")
-"""Functions whose samples are set-up, not a frame's work (a stack through any of them)."""
+SETUP = re.compile(r"^(?:_?warm\w*|build\w*|capture\w*|_find_and_load|load_config|fetch_models) \("
+                   r"|^prepare \([^)]*(?:gpu/analyser|engines/\w+)\.py")
+"""Functions whose samples are set-up, not a frame's work (a stack through any of them); `prepare`
+only where it captures the networks' CUDA graphs (the face stack has a per-frame one)."""
 LOOP = "_run_once ("
 """The event loop's iteration: the main thread's samples within the loop."""
 TOP = 6

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Collection, Hashable, Sequence
 from concurrent.futures import Executor
@@ -121,9 +122,8 @@ class DynamicBatcher:
 
     async def close(self) -> None:
         """Stop dispatching; waiting requests fail with CancelledError."""
-        for t in list(self._in_flight):
-            t.cancel()
-        await asyncio.gather(*self._in_flight, return_exceptions=True)
+        # The dispatching loop first: a batch in flight that is cancelled below wakes it, and it
+        # would send the waiting requests out as a new batch.
         if self._task is not None:
             self._task.cancel()
             try:
@@ -131,6 +131,9 @@ class DynamicBatcher:
             except asyncio.CancelledError:
                 pass
             self._task = None
+        for t in list(self._in_flight):
+            t.cancel()
+        await asyncio.gather(*self._in_flight, return_exceptions=True)
         for r in self._pending:
             r.future.cancel()
         self._pending.clear()
@@ -163,7 +166,9 @@ class DynamicBatcher:
         """Loop time at which a batch must go out (<= now: go now)."""
         head = min(self._pending, key=lambda r: (r.deadline, r.seq))
         same = [r for r in self._pending if r.key == head.key]
-        if sum(r.faces for r in same) >= self.max_batch:
+        # One request of a stream per batch (`one_per_stream`): a stream's later ones do not fill it.
+        fill = {r.stream_id: r.faces for r in same} if self.one_per_stream else {r.seq: r.faces for r in same}
+        if sum(fill.values()) >= self.max_batch:
             return float("-inf")
         if self._sources is not None:
             sources = self._sources()
@@ -224,15 +229,26 @@ class DynamicBatcher:
     def _landed(self, task: asyncio.Task[None]) -> None:
         """A batch in flight came back: room for the next one."""
         self._in_flight.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # `_dispatch` answers its requests with a runner's failure; what gets here is a fault
+            # of the batcher's own, which nobody awaits.
+            log.error("%s: a batch failed outside its runner", self.name, exc_info=task.exception())
         if self._wake is not None:
             self._wake.set()
 
     async def _dispatch(self, loop: asyncio.AbstractEventLoop, batch: list[_Request]) -> None:
         key = batch[0].key
         t0 = loop.time()
+        started: list[float] = []
+
+        def run(payloads: list[Any]) -> Sequence[Any]:
+            # When the executor took it up: a batch handed over while another ran (`max_in_flight`)
+            # waited for that one in the executor's queue, which is not its run time.
+            started.append(time.monotonic())
+            return self._run(key, payloads)
+
         try:
-            results = await loop.run_in_executor(self._executor, self._run, key,
-                                                  [r.payload for r in batch])
+            results = await loop.run_in_executor(self._executor, run, [r.payload for r in batch])
             if len(results) != len(batch):
                 raise RuntimeError(f"batch runner returned {len(results)} results for "
                                    f"{len(batch)} requests")
@@ -244,6 +260,8 @@ class DynamicBatcher:
             log.exception("%s: batch on %s failed", self.name, key)
             results = [e] * len(batch)
         t1 = loop.time()
+        if self.max_in_flight > 1 and started:
+            t0 = max(t0, started[0])  # the loop's clock is time.monotonic() (asyncio's default)
         took = t1 - t0
         prev = self._run_estimate.get(key)
         self._run_estimate[key] = took if prev is None else 0.8 * prev + 0.2 * took

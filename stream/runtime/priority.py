@@ -16,11 +16,11 @@ process answered no faster than the busy one). Two things help, and cost the str
 
 The same wait falls on every hand-over of a frame between threads (reader -> loop -> analysis
 thread -> loop -> swap thread ...) whenever another thread is running Python: measured with
-`tools/probe_gil_hops.py` on 2 cores, one trip through a `DynamicBatcher` and its executor thread
-took 0.06 ms alone, and 2.2-3.4 ms (p50, two runs) beside one thread that runs Python without pause
-at a 1 ms interval (15.6 ms at Python's 5 ms; 0.85-0.95 ms at 0.2 ms). On the CPU path the other
-threads are mostly in native code (LiteRT, FFmpeg, NumPy), and 0.2 ms against 1 ms changed
-`swapstream run`'s speed by less than its run-to-run spread there.
+`tools/probe_gil_hops.py` on 2 cores (docs/benchmarks/gil_hops.md), one trip through a
+`DynamicBatcher` and its executor thread took 0.07 ms alone, and 3.2 ms (p50) beside one thread
+that runs Python without pause at a 1 ms interval (15.7 ms at Python's 5 ms; 0.6 ms at 0.2 ms).
+On the CPU path the other threads are mostly in native code (LiteRT, FFmpeg, NumPy):
+docs/benchmarks/run_cpu_variants.md times `swapstream run` at 0.2 ms against 1 ms.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ def media_thread(nice: int = MEDIA_NICE) -> None:
 class SwitchInterval:
     """Lowers the GIL switch interval while at least one runtime runs, and puts the previous value
     back when the last one closes (tests start many runtimes). The interval is the interpreter's,
-    one for the process: the lowest any running runtime asked for."""
+    one for the process: the lowest that any runtime asked for since the first one started (a
+    runtime that closes while others run leaves it as it is)."""
 
     _lock = threading.Lock()
     _users = 0

@@ -248,7 +248,9 @@ def test_the_next_batch_is_handed_over_while_one_runs_one_frame_of_a_stream_each
                                max_in_flight=in_flight, one_per_stream=True)
             b.start()
             now = asyncio.get_running_loop().time()
-            out = await asyncio.gather(*(b.submit("a", "analyse", 1, now + 1, f"f{i}") for i in range(3)))
+            # Bounded: a batcher that is not woken when a batch lands would hang here.
+            out = await asyncio.wait_for(
+                asyncio.gather(*(b.submit("a", "analyse", 1, now + 1, f"f{i}") for i in range(3))), 10)
             await b.close()
         return out
 
@@ -257,3 +259,35 @@ def test_the_next_batch_is_handed_over_while_one_runs_one_frame_of_a_stream_each
     assert [p for _k, p in rec.calls] == [["f0"], ["f1"], ["f2"]]
     # While the first batch ran, the second waited in the executor's queue only with two in flight.
     assert queued_while_running[0] == (1 if in_flight == 2 else 0), queued_while_running
+
+
+def test_close_sends_nothing_more_with_batches_in_flight() -> None:
+    """Closing while a batch runs and another waits in the executor's queue: the waiting requests
+    are cancelled, and no batch goes out after `close()` (a batch that lands while the in-flight
+    ones are cancelled must not wake a loop that sends the rest)."""
+    gate = threading.Event()
+    ran: list[list[Any]] = []
+
+    def runner(key: Hashable, payloads: list[Any]) -> list[Any]:
+        gate.wait(5)
+        ran.append(list(payloads))
+        return payloads
+
+    async def main() -> tuple[list[Any], int]:
+        with ThreadPoolExecutor(1) as pool:
+            b = DynamicBatcher(runner, max_batch=2, max_wait=0.0, executor=pool, sources=lambda: ["a", "b", "c"],
+                               max_in_flight=2, one_per_stream=True)
+            b.start()
+            now = asyncio.get_running_loop().time()
+            reqs = [asyncio.ensure_future(b.submit(s, "analyse", 1, now + 5, f"{s}{i}"))
+                    for i in range(2) for s in "abc"]
+            await asyncio.sleep(0.1)  # two batches handed over, the first held by the gate
+            await b.close()
+            gate.set()
+            results = await asyncio.gather(*reqs, return_exceptions=True)
+        return results, b.batches
+
+    results, _batches = run(main())
+    # The batch that was running when the batcher closed may finish in the thread; nothing after it.
+    assert len(ran) <= 2, ran
+    assert all(isinstance(r, asyncio.CancelledError) for r in results), results

@@ -59,7 +59,9 @@ thread (7001): MainThread;main (stream/cli.py:806);run (stream/runtime/run.py:21
 thread (7002): analysis-cuda:0_0;_worker (concurrent/futures/thread.py:83);run (concurrent/futures/thread.py:58);warm_analyse (stream/runtime/manager.py:395);track (stream/face/analyser.py:100) 30
 thread (7002): analysis-cuda:0_0;_worker (concurrent/futures/thread.py:83);run (concurrent/futures/thread.py:58);_analyse_batch (stream/runtime/manager.py:330);track (stream/face/analyser.py:100) 20
 thread (7002): analysis-cuda:0_0;_worker (concurrent/futures/thread.py:83);run (concurrent/futures/thread.py:58);_analyse_batch (stream/runtime/manager.py:330);synchronize (cupy/cuda/stream.py:1) 7
+thread (7002): analysis-cuda:0_0;_worker (concurrent/futures/thread.py:83);run (concurrent/futures/thread.py:58);build_analysis (stream/runtime/manager.py:350);prepare (swapstream/gpu/analyser.py:72) 4
 thread (7003): swap-cuda:0_0 3
+thread (7003): swap-cuda:0_0;_run (stream/runtime/manager.py:250);swap (stream/runtime/swappers.py:90);prepare (stream/neural/face_stack.py:110) 2
 """
 
 
@@ -76,14 +78,15 @@ def test_profile_run_reads_threads_and_leaves_set_up_apart(tmp_path: Path) -> No
     # The main thread's imports (before it was named) and its config load are set-up; its loop's
     # callbacks are frame work.
     assert (t["MainThread"]["frames"], t["MainThread"]["setup"]) == (12, 45)
-    # The warm-up's analysis is set-up; the batches' are the frames'.
-    assert (t["analysis-cuda:0"]["frames"], t["analysis-cuda:0"]["setup"]) == (27, 30)
+    # The warm-up's analysis and the graphs' capture are set-up; the batches' are the frames'.
+    assert (t["analysis-cuda:0"]["frames"], t["analysis-cuda:0"]["setup"]) == (27, 34)
     assert t["analysis-cuda:0"]["leaves"].most_common() == [("track (stream/face/analyser.py:100)", 20),
                                                             ("synchronize (cupy/cuda/stream.py:1)", 7)]
-    assert t["swap-cuda:0"]["leaves"] == {"(no Python frame)": 3}
+    # A per-frame `prepare` (the face stack's) is frame work.
+    assert t["swap-cuda:0"]["leaves"] == {"(no Python frame)": 3, "prepare (stream/neural/face_stack.py:110)": 2}
     run = {"summary": {"frames": 100, "fps": 50.0}, "threads": t}
     rows, share = profile_run.table(run, 1000, "gil")
-    # 12 + 27 + 3 frame samples at 1000 a second over a loop of 100 frames at 50 fps (2 s).
-    assert share == pytest.approx(0.021)
+    # 12 + 27 + 5 frame samples at 1000 a second over a loop of 100 frames at 50 fps (2 s).
+    assert share == pytest.approx(0.022)
     assert rows[0] == {"thread": "analysis-cuda:0", "gil_ms_per_frame": 0.27, "setup_s": 0.03,
                        "top": [["track (stream/face/analyser.py:100)", 0.2], ["synchronize (cupy/cuda/stream.py:1)", 0.07]]}

@@ -3,6 +3,7 @@ over a longer run (`-m gpu`)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -89,14 +90,45 @@ def test_gpu_job_matches_cpu_job(cp: ModuleType, tmp_path: Path) -> None:
     assert min(psnr(x, y) for x, y in zip(b, src)) < 35.0
 
 
-def test_gpu_job_asking_ahead_for_faces_changes_no_frame(cp: ModuleType, tmp_path: Path) -> None:
+def test_gpu_job_asking_ahead_for_faces_changes_no_frame(cp: ModuleType, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """`runtime.analysis_depth=2` on the GPU: the next frame goes to the device's analysis batcher
     while one is analysed (one frame of a stream per batch, the next batch handed to the analysis
     thread while one runs); every frame comes out as with one frame at a time, in order."""
+    from swapstream.runtime.gpu_stages import DeviceAnalysis
+    from swapstream.runtime.manager import WARM_ID
+    from swapstream.runtime.stream import StreamPipeline
+
     clip = tmp_path / "clip.mp4"
     write_demo_clip(clip, grace_hopper(), seconds=2.0, fps=10, size=(1280, 720))
+    asked = analysed = 0
+    ahead_at_end: list[int] = []  # frames asked for beyond those analysed, as each batch ends
+    ask, track = StreamPipeline._ask_faces, DeviceAnalysis.track
+
+    def counting_ask(self: StreamPipeline, w: Any) -> Any:
+        nonlocal asked
+        asked += 1
+        return ask(self, w)
+
+    def slow_track(self: DeviceAnalysis, items: list[Any]) -> Any:
+        nonlocal analysed
+        frames = sum(1 for sid, _f, _c in items if sid != WARM_ID)  # not the runtime's warm-up face
+        if not frames:
+            return track(self, items)
+        time.sleep(0.03)  # slower than NVDEC and the swap: frames wait for the analysis
+        found = track(self, items)
+        analysed += frames
+        ahead_at_end.append(asked - analysed)
+        return found
+
+    monkeypatch.setattr(StreamPipeline, "_ask_faces", counting_ask)
+    monkeypatch.setattr(DeviceAnalysis, "track", slow_track)
     one = run_job(GPU, clip, tmp_path / "one.mp4")
+    assert ahead_at_end and max(ahead_at_end) == 0, ahead_at_end  # one frame at a time
+    ahead_at_end.clear()
+    asked = analysed = 0
     two = run_job(GPU, clip, tmp_path / "two.mp4", overrides=["runtime.analysis_depth=2"])
+    assert max(ahead_at_end) == 1 and ahead_at_end.count(1) >= 10, ahead_at_end
     assert one.frames == two.frames == 20 and one.faces_swapped == two.faces_swapped == 20
     a, pa = decode(tmp_path / "one.mp4")
     b, pb = decode(tmp_path / "two.mp4")
