@@ -22,6 +22,7 @@ from swapstream.runtime.manager import default_backend_factory
 from swapstream.runtime.run import RunJob
 
 from ..helpers.backends import slow_backends
+from .measures import psnr
 from .webrtc_peers import fresh_job, looks_swapped
 
 SWAP_S = 0.05
@@ -165,9 +166,9 @@ def decoded(path: Path) -> list[np.ndarray]:
 def test_frames_asked_ahead_of_their_analysis_come_out_as_in_turn(depth: int, tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """`runtime.analysis_depth=2`: while a frame is analysed the next one is asked for (it waits in
-    the analysis thread's queue), and the output is the same, pixel for pixel, as a run
-    that asks for each frame's faces only once the last frame's have come back (depth 1), which
-    never has one asked ahead. Tracking is deterministic, so any reordering of frames would show."""
+    the analysis thread's queue), and the output is that of a run that asks for each frame's faces
+    only once the last frame's have come back (depth 1), which never has one asked ahead. Tracking
+    is deterministic, so any reordering of frames would show."""
     from swapstream.face.analyser import FaceAnalyser
     from swapstream.runtime.stream import StreamPipeline
 
@@ -216,5 +217,10 @@ def test_frames_asked_ahead_of_their_analysis_come_out_as_in_turn(depth: int, tm
             assert ahead_at_end.count(1) >= n // 2, ahead_at_end
     frames = {d: decoded(p) for d, p in outs.items()}
     assert len(frames[depth]) == n
-    for a, b in zip(frames[1], frames[depth]):
-        assert np.array_equal(a, b)
+    # Equal in every run on the development machine but two of about 60; in those (one of them a
+    # depth-1 run against another depth-1 run, under GIL load) the frames from one point on differed
+    # by a few levels, up to 23 in places, for a cause not found (docs/runtime.md). A frame out of
+    # order, or swapped with another frame's faces, is far below 35 dB: two neighbouring frames of
+    # this clip are at most 23.8 dB apart.
+    for i, (a, b) in enumerate(zip(frames[1], frames[depth])):
+        assert psnr(a, b) >= 35.0, i
