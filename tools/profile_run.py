@@ -68,7 +68,8 @@ def parse(raw: Path) -> dict[str, dict[str, Any]]:
     imports)."""
     rows = []
     names: dict[str, str] = {}
-    for line in raw.read_text().splitlines():
+    # A name py-spy read from the process may hold bytes that are not UTF-8 (native frames).
+    for line in raw.read_text(errors="replace").splitlines():
         stack, _, count = line.rpartition(" ")
         frames = stack.split(";")
         m = HEAD.match(frames[0])
