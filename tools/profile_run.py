@@ -13,6 +13,10 @@ summary `time`). Samples of set-up work (models, warm-up, imports: SETUP) are co
 figures are the frames' own. A frame's stage that takes longer than its thread's time on a CPU
 waited: for the GIL, for the GPU, or for the thread before it.
 
+py-spy 0.4.2's GIL view is to be trusted on Python 3.11 (the CPU machine), not on 3.12 (the GPU
+machine): there it found GIL samples in two threads only, none in a swap thread that was on a CPU
+2.3 ms a frame. The on-a-CPU view does not depend on it.
+
 py-spy comes from the carried wheels on the GPU machine (`tools/device_prepare.sh` puts it in
 .whl-spy), or `pip install py-spy` elsewhere. Writes `<out>/<name>.json` and `<out>/<name>.md`.
 """
@@ -36,10 +40,13 @@ sys.path.insert(0, str(TOOLS))
 from bench_run import run_command, run_setup, run_summary  # noqa: E402
 from benchlib import git_sha  # noqa: E402
 
-SETUP = re.compile(r"^(?:_?warm\w*|build\w*|capture\w*|_find_and_load|load_config|fetch_models) \("
+SETUP = re.compile(r"^(?:_?warm\w*|build\w*|capture\w*|_find_and_load|load_config|fetch_models|nvdec_available"
+                   r"|close\w*|nvmlInit\w*) \("
                    r"|^prepare \([^)]*(?:gpu/analyser|engines/\w+)\.py")
-"""Functions whose samples are set-up, not a frame's work (a stack through any of them); `prepare`
-only where it captures the networks' CUDA graphs (the face stack has a per-frame one)."""
+"""Functions whose samples are set-up or shut-down, not a frame's work (a stack through any of them);
+`prepare` only where it captures the networks' CUDA graphs (the face stack has a per-frame one).
+The first GPU run (run_gpu_profile.md) counted `nvdec_available`, `close_backends` and `nvmlInit`
+as frame work, about 0.8 ms a frame, before they were added here."""
 LOOP = "_run_once ("
 """The event loop's iteration: the main thread's samples within the loop."""
 TOP = 6
