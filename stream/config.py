@@ -192,7 +192,8 @@ class RuntimeConfig(_Section):
     (two hand-overs between threads on the way); at 2 the next frame already waits in the analysis
     thread's queue. Frames stay in order (one thread analyses them, one frame of a stream per
     batch); it matters when frames queue up (files, a stream behind), not at a live pace. Frames
-    asked for ahead have left the input queue: a live stream that falls behind cannot drop them."""
+    asked for ahead have left the input queue: a live stream that falls behind cannot drop them.
+    `swapstream run` gained nothing from 2 on the 2-core CPU or on the H200 (docs/runtime.md)."""
     # A stream holds at least three threads of its own plus its decoder's and encoder's: 256 streams
     # is over a thousand threads, past what one process schedules well.
     max_streams: int = Field(32, ge=1, le=256)
