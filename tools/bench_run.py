@@ -38,7 +38,7 @@ from typing import Any
 
 TOOLS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TOOLS))
-from benchlib import git_sha, package_links, set_flags, source_image  # noqa: E402
+from benchlib import device_name, git_sha, package_links, set_flags, source_image  # noqa: E402
 
 
 def run_summary(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> dict[str, Any]:
@@ -143,12 +143,7 @@ def main() -> None:
         base = f"null_{args.baseline_label}"
         modes[base] = f"encoding excluded (-o null:), {args.baseline_label}"
         envs[base], extra[base] = baseline_env(args.baseline_tree, work), []
-    from swapstream.runtime.metrics import GpuMonitor
-
-    gpu = GpuMonitor()
-    samples = gpu.sample()
-    device = samples[0].name if samples else f"CPU ({os.cpu_count()} cores)"
-    gpu.close()
+    device = device_name()
     shown = " ".join(["swapstream run -s astronaut.png -i", args.clip.name, "-o out.mp4|null: -q"]
                      + [o if " " not in o else repr(o) for o in opts]).replace(str(work), "WORK")
     command = "python tools/bench_run.py " + " ".join(sys.argv[1:])

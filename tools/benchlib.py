@@ -39,6 +39,18 @@ def gpu_name() -> str:
         return "unknown GPU"
 
 
+def device_name() -> str:
+    """The device a benchmark of this process ran on: GPU 0's name (NVML), else the CPU's cores."""
+    from swapstream.runtime.metrics import GpuMonitor
+
+    gpu = GpuMonitor()
+    try:
+        samples = gpu.sample()
+    finally:
+        gpu.close()
+    return samples[0].name if samples else f"CPU ({os.cpu_count()} cores)"
+
+
 def run_fields(device: str, command: str) -> dict[str, str]:
     """The fields every benchmark record carries: where, which commit, when, and the command."""
     import datetime as dt

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the `device` tool), from the repository root:
-#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|run_live|run_ab|run_diag|run_profile|serve|serve_ab|serve_wait|x264|live|live_bench|live_rtmp|hands|mesh|pending|recheck|face_stack|serve_stack|stack_profile|stack_tests|stack|all|none][,...]
+#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|run_live|run_diag|run_profile|serve|serve_ab|serve_wait|x264|live|live_bench|live_rtmp|hands|mesh|pending|recheck|face_stack|serve_stack|stack_profile|stack_tests|stack|all|none][,...]
 #     (default: all; bench = kernels + swap + pipeline; none = install the carried wheels only)
 #   tools/device_check.sh pytest ARGS...    (pytest with ARGS, in the same environment)
 # Installs the carried wheels (.whl/, ignored by git), makes `swapstream` importable from this tree,
@@ -217,14 +217,6 @@ if want serve_wait; then
       --set "runtime.max_wait_ms=$a" --set "runtime.swap_max_wait_ms=$s" 2>&1 \
       | tee "$OUT/bench_serve_wait_${a}_${s}.log" || rc=1
   done
-fi
-if want run_ab; then
-  # `swapstream run -c live` with encoding excluded against another revision's, in the same rounds
-  # (BASELINE_TREE: a `git archive` of its stream/, kernels/, engines/ and configs/, carried).
-  timeout -s INT -k 10 "${RUN_AB_S:-150}" python3 tools/bench_run.py --clip .bench/streams_1080p30.mp4 \
-    --synthetic-models --only null --config live --out "$OUT" --name run_gpu_live_ab --repeat "${RUN_AB_REPEAT:-3}" \
-    --baseline-tree "${BASELINE_TREE:-.baseline}" --baseline-label "${BASELINE_LABEL:-baseline}" 2>&1 \
-    | tee "$OUT/bench_run_ab.log" || rc=1
 fi
 if want run_diag; then
   # Issue 18: why `swapstream run` on the runtime is slower on a GPU than the loop it replaced

@@ -24,7 +24,6 @@ py-spy comes from the carried wheels on the GPU machine (`tools/device_prepare.s
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import re
@@ -38,7 +37,7 @@ from typing import Any
 TOOLS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TOOLS))
 from bench_run import run_command, run_setup, run_summary  # noqa: E402
-from benchlib import git_sha  # noqa: E402
+from benchlib import device_name, run_fields  # noqa: E402
 
 SETUP = re.compile(r"^(?:_?warm\w*|build\w*|capture\w*|_find_and_load|load_config|fetch_models|nvdec_available"
                    r"|close\w*|nvmlInit\w*) \("
@@ -144,15 +143,8 @@ def main() -> None:
     source, opts = run_setup(work, config=args.config, swapper=args.swapper, synthetic=args.synthetic_models,
                              sets=args.set)
     cmd = run_command(source, args.clip, "null:", opts)
-    rec: dict[str, Any] = {"commit": git_sha() or "unknown", "date": datetime.date.today().isoformat(),
-                           "command": "python tools/profile_run.py " + " ".join(sys.argv[1:]),
+    rec: dict[str, Any] = {**run_fields(device_name(), "python tools/profile_run.py " + " ".join(sys.argv[1:])),
                            "run_command": " ".join(cmd[1:]).replace(str(work), "WORK"), "rate": args.rate}
-    from swapstream.runtime.metrics import GpuMonitor
-
-    gpu = GpuMonitor()
-    samples = gpu.sample()
-    rec["device"] = samples[0].name if samples else f"CPU ({os.cpu_count()} cores)"
-    gpu.close()
     for what, gil in (("gil", True), ("cpu", False)):
         run = profile(spy, cmd, work / f"{what}.txt", args.rate, gil)
         rows, share = table(run, args.rate, what)

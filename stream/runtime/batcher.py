@@ -167,8 +167,8 @@ class DynamicBatcher:
         head = min(self._pending, key=lambda r: (r.deadline, r.seq))
         same = [r for r in self._pending if r.key == head.key]
         # One request of a stream per batch (`one_per_stream`): a stream's later ones do not fill it.
-        fill = {r.stream_id: r.faces for r in same} if self.one_per_stream else {r.seq: r.faces for r in same}
-        if sum(fill.values()) >= self.max_batch:
+        fill = sum({r.stream_id: r.faces for r in same}.values()) if self.one_per_stream else sum(r.faces for r in same)
+        if fill >= self.max_batch:
             return float("-inf")
         if self._sources is not None:
             sources = self._sources()

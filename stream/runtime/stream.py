@@ -709,7 +709,8 @@ class StreamPipeline:
         try:
             while ahead or not closed:
                 oldest = ahead[0][2] if ahead else None
-                if oldest is not None and (closed or len(ahead) >= depth or getattr(oldest, "done", bool)()):
+                answered = isinstance(oldest, asyncio.Future) and oldest.done()
+                if oldest is not None and (closed or len(ahead) >= depth or answered):
                     w, asked, faces = ahead.popleft()
                     w.faces = await faces
                     now = time.monotonic()
