@@ -98,6 +98,23 @@ class DropOldestQueue(Generic[T]):
                 self._waiter = None
         return self._items.popleft()
 
+    async def wait_for_items(self, n: int, seconds: float) -> None:
+        """Wait until `n` items wait, the queue is closed, or `seconds` have passed (one consumer:
+        the same that calls `get`). Takes nothing: `drain` does."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while len(self._items) < n and not self._closed:
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            self._waiter = loop.create_future()
+            timer = loop.call_later(left, self._wake)
+            try:
+                await self._waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
+
     def drain(self, limit: int) -> list[T]:
         """Up to `limit` waiting items, oldest first, without waiting."""
         out = []

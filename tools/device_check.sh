@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the `device` tool), from the repository root:
-#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|run_live|run_diag|run_profile|serve|serve_ab|serve_wait|x264|live|live_bench|live_rtmp|hands|mesh|pending|recheck|face_stack|serve_stack|stack_profile|stack_tests|stack|all|none][,...]
+#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|run_live|run_diag|run_batch|run_profile|serve|serve_ab|serve_wait|x264|live|live_bench|live_rtmp|hands|mesh|pending|recheck|face_stack|serve_stack|stack_profile|stack_tests|stack|all|none][,...]
 #     (default: all; bench = kernels + swap + pipeline; none = install the carried wheels only)
 #   tools/device_check.sh pytest ARGS...    (pytest with ARGS, in the same environment)
 # Installs the carried wheels (.whl/, ignored by git), makes `swapstream` importable from this tree,
@@ -235,6 +235,20 @@ if want run_diag; then
     --variant depth2:runtime.analysis_depth=2 \
     --baseline-tree "${BASELINE_TREE:-.baseline}" --baseline-label "${BASELINE_LABEL:-ff84cf7}" 2>&1 \
     | tee "$OUT/bench_run_diag.log" || rc=1
+fi
+if want run_batch; then
+  # Issue 18: `swapstream run` with a file's frames swapped neural.max_batch at a time
+  # (runtime.file_batch, on by default) against one at a time (as before it) and the removed loop
+  # ff84cf7, which swapped batches of frames, in the same rounds. Needs what run_diag needs (PyAV from
+  # an earlier call, .whl-nvc, .models, .bench, .baseline). First the GPU test that batched frames
+  # come out as single ones. Give the call 600 s.
+  timeout -s INT -k 10 150 python3 -m pytest -m gpu -rs -v -p no:cacheprovider tests/stream/test_gpu_job.py \
+    -k in_batches 2>&1 | tee "$OUT/pytest_file_batch.log" || rc=1
+  timeout -s INT -k 10 "${RUN_BATCH_S:-420}" python3 tools/bench_run.py --clip .bench/streams_1080p30.mp4 \
+    --synthetic-models --only null --config live --out "$OUT" --name run_gpu_file_batch --repeat "${RUN_BATCH_REPEAT:-2}" \
+    --variant one_by_one:runtime.file_batch=false \
+    --baseline-tree "${BASELINE_TREE:-.baseline}" --baseline-label "${BASELINE_LABEL:-ff84cf7}" 2>&1 \
+    | tee "$OUT/bench_run_batch.log" || rc=1
 fi
 if want run_profile; then
   # py-spy's view of `swapstream run -c live -o null:`'s threads on a GPU: each thread's ms a frame

@@ -58,6 +58,8 @@ LATENCY_WINDOW_S = 10.0
 as the stream's latency now."""
 LATENCY_WINDOW_FRAMES = 1200
 """Output frames kept for that window: 10 s at up to 120 fps."""
+FILE_BATCH_WAIT_S = 0.25
+"""Longest a file's first analysed frame waits for others to fill its swap batch (`runtime.file_batch`)."""
 
 State = Literal["starting", "running", "stopping", "stopped", "ended", "failed"]
 
@@ -768,9 +770,14 @@ class StreamPipeline:
         try:
             while True:
                 first = await self.swap_q.get()
+                more = self.slot.batcher.max_batch - 1
+                if more and self.options.lossless and self.cfg.runtime.file_batch:
+                    # A file's frames are not on a clock: one model call for a batch of them costs
+                    # the host and the GPU less than a call each (`runtime.file_batch`).
+                    await self.swap_q.wait_for_items(more, FILE_BATCH_WAIT_S)
                 # Frames that queued up while the last batch ran go to the batcher together: one
                 # stream alone can then still fill a batch.
-                ws = [first] + self.swap_q.drain(self.slot.batcher.max_batch - 1)
+                ws = [first] + self.swap_q.drain(more)
                 await asyncio.gather(*(self._swap_one(w) for w in ws))
                 for w in ws:
                     self.enc_q.put(w)

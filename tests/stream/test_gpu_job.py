@@ -139,6 +139,46 @@ def test_gpu_job_asking_ahead_for_faces_changes_no_frame(cp: ModuleType, tmp_pat
     assert worst_psnr(a, b, "analysis depth 2 vs 1") >= 45.0
 
 
+def test_gpu_job_swaps_a_files_frames_in_batches_like_one_at_a_time(cp: ModuleType, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """`runtime.file_batch` on the GPU: a file's analysed frames reach the swap `neural.max_batch` at a
+    time (one model call for four frames' faces); every frame comes out as when each frame is swapped
+    on its own, in order."""
+    from swapstream.runtime.gpu_stages import DeviceAnalysis
+    from swapstream.runtime.manager import WARM_ID, DeviceSlot
+
+    clip = tmp_path / "clip.mp4"
+    write_demo_clip(clip, grace_hopper(), seconds=2.0, fps=10, size=(1280, 720))
+    sizes: list[int] = []
+    run, track = DeviceSlot._run, DeviceAnalysis.track
+
+    def counting_run(self: DeviceSlot, key: Any, items: list[Any]) -> Any:
+        if all(it.stream_id != WARM_ID for it in items):
+            sizes.append(len(items))
+        return run(self, key, items)
+
+    def slow_track(self: DeviceAnalysis, items: list[Any]) -> Any:
+        if any(sid != WARM_ID for sid, _f, _c in items):
+            time.sleep(0.02)  # the analysis as the slow stage, as in `run` on the H200
+        return track(self, items)
+
+    monkeypatch.setattr(DeviceSlot, "_run", counting_run)
+    monkeypatch.setattr(DeviceAnalysis, "track", slow_track)
+    single = run_job(GPU, clip, tmp_path / "single.mp4", overrides=["runtime.file_batch=false"])
+    assert sizes.count(1) > len(sizes) // 2, sizes
+    sizes.clear()
+    batched = run_job(GPU, clip, tmp_path / "batched.mp4", overrides=["neural.max_batch=4"])
+    assert sum(sizes) == 20 and sizes.count(4) >= 3, sizes  # 20 frames: five batches of 4 at best
+    assert single.frames == batched.frames == 20 and single.faces_swapped == batched.faces_swapped == 20
+    a, pa = decode(tmp_path / "single.mp4")
+    b, pb = decode(tmp_path / "batched.mp4")
+    assert pa == pb
+    # The same faces through the model at batch 4 instead of 1: cuDNN may pick other kernels for
+    # another batch size (rounding, a level here and there). A frame swapped with another frame's
+    # faces, or out of order, is far below (the portrait moves in every frame).
+    assert worst_psnr(a, b, "file batch vs one frame at a time") >= 40.0
+
+
 def test_gpu_job_decodes_on_nvdec_like_pyav(cp: ModuleType, tmp_path: Path) -> None:
     """NVDEC decodes the GPU job's input straight into device memory, with PyAV's demuxer carrying the
     audio beside it: the same frames, timestamps and audio as the job that decodes with PyAV."""

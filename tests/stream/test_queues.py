@@ -76,3 +76,35 @@ def test_close_lets_the_consumer_finish_what_is_waiting() -> None:
 def test_size_must_be_positive() -> None:
     with pytest.raises(ValueError, match="queue 'in': maxsize must be at least 1, got 0"):
         DropOldestQueue(0, name="in")
+
+
+def test_waiting_for_items_ends_when_enough_wait_when_closed_or_when_time_is_up() -> None:
+    """`wait_for_items` (a file's swap batch): returns once `n` items wait, at a close, or after its
+    time, and takes nothing."""
+
+    async def main() -> list[float]:
+        loop = asyncio.get_running_loop()
+        took = []
+        q: DropOldestQueue[int] = DropOldestQueue(8)
+        for i in range(2):
+            loop.call_later(0.02 * (i + 1), q.put, i)
+        t = loop.time()
+        await q.wait_for_items(2, 5.0)
+        took.append(loop.time() - t)
+        assert q.drain(8) == [0, 1]
+        t = loop.time()
+        await q.wait_for_items(3, 0.1)  # nothing comes: the time is up
+        took.append(loop.time() - t)
+        q.put(5)
+        loop.call_later(0.03, q.close)
+        t = loop.time()
+        await q.wait_for_items(3, 5.0)
+        took.append(loop.time() - t)
+        assert q.drain(8) == [5]
+        with pytest.raises(QueueClosed):
+            await q.get()
+        return took
+
+    took = asyncio.run(main())
+    # Upper bounds with room for a loaded CI machine; each is far below the 5 s the wait allowed.
+    assert 0.03 <= took[0] < 1.0 and 0.09 <= took[1] < 1.0 and 0.02 <= took[2] < 1.0, took

@@ -224,3 +224,56 @@ def test_frames_asked_ahead_of_their_analysis_come_out_as_in_turn(depth: int, tm
     # this clip are at most 23.8 dB apart.
     for i, (a, b) in enumerate(zip(frames[1], frames[depth])):
         assert psnr(a, b) >= 35.0, i
+
+
+def test_a_files_frames_are_swapped_in_batches_and_come_out_as_one_at_a_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`runtime.file_batch` (on by default): a file's analysed frames wait for each other and go to
+    the swap `neural.max_batch` at a time, as the frame loop before the runtime swapped them; the
+    output is that of a run that swaps each frame on its own (file_batch off). Every frame is swapped
+    once, in order."""
+    from swapstream.face.analyser import FaceAnalyser
+    from swapstream.runtime.manager import DeviceSlot
+
+    clip = tmp_path / "clip.mp4"
+    n = write_demo_clip(clip, grace_hopper(), seconds=1.5, fps=20, size=(320, 240))
+    sizes: list[int] = []
+    run, track = DeviceSlot._run, FaceAnalyser.track
+
+    def counting_run(self: DeviceSlot, key: Any, items: list[Any]) -> Any:
+        sizes.append(len(items))
+        return run(self, key, items)
+
+    def slow_track(self: FaceAnalyser, frame: Any) -> Any:
+        # The analysis as the slow stage, as on a GPU (on this CPU the swap is, and frames queue up
+        # for it whatever file_batch says).
+        time.sleep(0.03)
+        return track(self, frame)
+
+    monkeypatch.setattr(DeviceSlot, "_run", counting_run)
+    monkeypatch.setattr(FaceAnalyser, "track", slow_track)
+    outs, batches = {}, {}
+    for on in (True, False):
+        sizes.clear()
+        job = RunJob(load_config(None, ["device=cpu", f"runtime.file_batch={str(on).lower()}",
+                                        "neural.max_batch=4", "watermark.stream_id=7"]), device="cpu")
+        job.set_source_image(astronaut(), "astronaut")
+        outs[on] = tmp_path / f"out{on}.mp4"
+        try:
+            stats = job.run(clip, outs[on])
+        finally:
+            job.close()
+        assert stats.frames == stats.frames_swapped == n, stats
+        batches[on] = list(sizes)
+    assert sum(batches[True]) == sum(batches[False]) == n
+    # Analysing 3 frames of 320x240 takes about 0.1 s here, inside the 0.25 s a batch waits: every
+    # batch is full but the last (n = 30 is not a multiple of 4) and, on a loaded machine, one or two
+    # more. Without file_batch a frame goes as soon as it is analysed: most batches are one frame.
+    assert batches[True].count(4) >= n // 4 - 2, batches[True]
+    assert batches[False].count(1) > len(batches[False]) // 2, batches[False]
+    frames = {on: decoded(p) for on, p in outs.items()}
+    assert len(frames[True]) == len(frames[False]) == n
+    # As in the depth test above: a frame out of order or swapped with another's faces is far below
+    # 35 dB (neighbouring frames of this clip are at most 23.8 dB apart).
+    for i, (a, b) in enumerate(zip(frames[False], frames[True])):
+        assert psnr(a, b) >= 35.0, i
