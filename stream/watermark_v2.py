@@ -29,9 +29,9 @@ Design (the smallest one from the literature that covers those attacks):
   (high-pass, divided by its local spread); the window's residuals are summed (the mark adds up,
   moving content does not); candidate lattices come from the autocorrelation of the sum, each is
   folded onto one tile and matched to the synchronisation pattern (both mirror images), the best
-  two are refined in scale and angle on that match, and the 140 soft values of the winner are
-  decoded as v1's (Viterbi, CRC-16, `watermark.MIN_SCORE`). A 2 s window decides where single
-  frames do not.
+  two are refined in scale and angle on that match, and the 140 soft values of the folds with the
+  highest sync peaks (up to `LIST_DECODE`, best first, until one passes) are decoded as v1's
+  (Viterbi, CRC-16, `watermark.MIN_SCORE`). A 2 s window decides where single frames do not.
 - Moving camera (`WindowDetector`, second try): on a pan the window sum does not average the
   picture out (the same texture passes by again and again), and an encoder's motion compensation
   drags the static mark along with the picture in its predicted frames, so the mark that stays put
