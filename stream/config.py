@@ -197,9 +197,10 @@ class RuntimeConfig(_Section):
     # Waits 0.25 s at most (runtime.stream.FILE_BATCH_WAIT_S): a file's next frames are analysed in
     # milliseconds; a source that stalls longer (a network input to `run`) is not held up for it.
     file_batch: bool = True
-    """A file (`swapstream run`: lossless) waits for up to `neural.max_batch` analysed frames and
-    swaps them in one call, as the frame loop before the runtime did; off, each frame goes to the
-    swap as soon as it is analysed (what a live stream does: its frames are not held for others)."""
+    """A file (`swapstream run`: lossless) waits for analysed frames with up to `neural.max_batch`
+    faces and swaps them in one call, as the frame loop before the runtime did; off, each frame goes
+    to the swap as soon as it is analysed (what a live stream does: its frames are not held for
+    others)."""
     # A stream holds at least three threads of its own plus its decoder's and encoder's: 256 streams
     # is over a thousand threads, past what one process schedules well.
     max_streams: int = Field(32, ge=1, le=256)

@@ -98,12 +98,12 @@ class DropOldestQueue(Generic[T]):
                 self._waiter = None
         return self._items.popleft()
 
-    async def wait_for_items(self, n: int, seconds: float) -> None:
-        """Wait until `n` items wait, the queue is closed, or `seconds` have passed (one consumer:
-        the same that calls `get`). Takes nothing: `drain` does."""
+    async def wait_for_items(self, n: int, seconds: float, weight: Callable[[T], int] | None = None) -> None:
+        """Wait until `n` items wait (or items of `n` in `weight` together), the queue is closed, or
+        `seconds` have passed (one consumer: the same that calls `get`). Takes nothing: `drain` does."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
-        while len(self._items) < n and not self._closed:
+        while self._weight(weight) < n and not self._closed:
             left = deadline - loop.time()
             if left <= 0:
                 return
@@ -115,11 +115,20 @@ class DropOldestQueue(Generic[T]):
                 timer.cancel()
                 self._waiter = None
 
-    def drain(self, limit: int) -> list[T]:
-        """Up to `limit` waiting items, oldest first, without waiting."""
-        out = []
-        while self._items and len(out) < limit:
+    def _weight(self, weight: Callable[[T], int] | None) -> int:
+        return len(self._items) if weight is None else sum(weight(i) for i in self._items)
+
+    def drain(self, limit: int, weight: Callable[[T], int] | None = None) -> list[T]:
+        """Waiting items, oldest first, without waiting: up to `limit` of them, or (with `weight`)
+        those that fit in `limit` together, up to the first that does not."""
+        out: list[T] = []
+        used = 0
+        while self._items:
+            w = 1 if weight is None else weight(self._items[0])
+            if used + w > limit:
+                break
             out.append(self._items.popleft())
+            used += w
         return out
 
     def close(self) -> None:

@@ -488,7 +488,7 @@ gate a window is "no sync": cheaper (no refinement), and one more condition a fa
 REFINE = 2
 """Candidate lattices refined on the sync pattern per window."""
 LIST_DECODE = 4
-"""Folds decoded per window at most, highest sync peak first, until one passes (`_decode_sum`)."""
+"""Distinct folds decoded per sum at most, highest sync peak first, until one passes (`_decode_sum`)."""
 
 
 def _scaled(lat: Lattice, factor: float, degrees: float) -> Lattice:
@@ -737,18 +737,28 @@ class WindowDetector:
             seen.extend(self._refine(total, *t))
         # A window at the edge of decoding reads the same mark through lattices a fraction of a pixel
         # apart, and which of them the CRC accepts is close to chance (pan clip, 0.5x, a keyframe-less
-        # window of stream id 0x8a21412f: the highest sync peak's fold failed, the next two passed).
-        # Each of the LIST_DECODE best folds is decoded in turn; every try must pass the sync gate,
-        # the CRC and MIN_SCORE, so a false mark stays about LIST_DECODE times as rare as with one.
+        # window of stream id 0x8a21412f: the folds with the two highest sync peaks failed, the third
+        # passed, all within 0.6% in scale and 0.06 in sync peak). The LIST_DECODE best distinct folds are decoded in turn (the refinement tries a
+        # lattice again when it steps back, and two refinements can meet); every try must pass the
+        # sync gate, the CRC and MIN_SCORE, so false marks are at most LIST_DECODE times as common as
+        # with one try, where each already needs a sync peak no unmarked window has reached.
         ranked = sorted(seen, key=lambda t: -t[1].peak)
         first: DetectionV2 | None = None
-        for lat, al, tile in ranked[:LIST_DECODE]:
-            if al.peak < SYNC_GATE:
+        tried: set[tuple[float, ...]] = set()
+        for lat, al, tile in ranked:
+            if al.peak < SYNC_GATE or len(tried) == LIST_DECODE:
                 break
+            # 0.01 px: the same lattice (a scale step and its way back land 1e-3 px apart; distinct
+            # neighbours are 0.2 px apart, a refinement's smallest step at this tile size).
+            key = tuple(round(v, 2) for v in (*lat.v1, *lat.v2))
+            if key in tried:
+                continue
+            tried.add(key)
             got = DetectionV2(decode_soft(soft_from_tile(tile, al)), lat, al, self.frames)
             if got.found:
                 return got
-            first = first or got
+            if first is None:
+                first = got
         assert first is not None  # ranked[0] is scored[0] or better, which passed the gate
         return first
 

@@ -242,9 +242,9 @@ if want run_batch; then
   # ff84cf7, which swapped batches of frames, in the same rounds. Needs what run_diag needs (PyAV from
   # an earlier call, .whl-nvc, .models, .bench, .baseline). First the GPU test that batched frames
   # come out as single ones. Give the call 600 s.
-  timeout -s INT -k 10 150 python3 -m pytest -m gpu -rs -v -p no:cacheprovider tests/stream/test_gpu_job.py \
+  timeout -s INT -k 10 240 python3 -m pytest -m gpu -rs -v -p no:cacheprovider tests/stream/test_gpu_job.py \
     -k in_batches 2>&1 | tee "$OUT/pytest_file_batch.log" || rc=1
-  timeout -s INT -k 10 "${RUN_BATCH_S:-420}" python3 tools/bench_run.py --clip .bench/streams_1080p30.mp4 \
+  timeout -s INT -k 10 "${RUN_BATCH_S:-330}" python3 tools/bench_run.py --clip .bench/streams_1080p30.mp4 \
     --synthetic-models --only null --config live --out "$OUT" --name run_gpu_file_batch --repeat "${RUN_BATCH_REPEAT:-2}" \
     --variant one_by_one:runtime.file_batch=false \
     --baseline-tree "${BASELINE_TREE:-.baseline}" --baseline-label "${BASELINE_LABEL:-ff84cf7}" 2>&1 \

@@ -672,26 +672,33 @@ whatever its duration (measured: 8 frames at 30 fps or at 2 fps play, 7 do not);
 falls behind delivers 2-7 frames a second, so one-second segments were unplayable there."""
 
 
+OUTAGE_FACTOR = 8
+"""A gap between output frames longer than this many times the mean of the others is an outage
+(`delivered_rate`): twice the longest batch of frames a swap hands out together."""
+
+
 def delivered_rate(times: Iterable[Fraction]) -> Fraction | None:
     """The frame rate a series of output times (seconds, increasing) delivers: frames per second
-    over its intervals, leaving out gaps over 4 times the mean of the others (an outage, or an input
-    that dropped, is not the rate); None with fewer than two frames or no time between them.
+    over its intervals, leaving out each gap over OUTAGE_FACTOR times the mean of the other gaps (an
+    outage, or an input that dropped, is not the rate), in rounds until none is left out; None with
+    fewer than two frames or no time between them.
 
-    The mean, not the median: a slow swap hands out its frames in bursts (the frames that queued
-    while one batch ran are swapped together), so most gaps can be a burst's milliseconds and the
-    rest a batch's time; a median then fell on the short ones and left the long ones out (CI: 22 fps
-    declared for 7 delivered). A burst of up to 4 (`neural.max_batch`) keeps its long gap within 4
-    means. An outage is left out over as many rounds as it takes: each round's mean is of what the
-    last one kept, and the shortest gap is never above the mean, so something is always kept."""
+    The mean of the others, not the median of all: a slow swap hands out its frames in bursts (the
+    frames that queued while one batch ran are swapped together), so most gaps can be a burst's
+    milliseconds and the rest a batch's time; a median then fell on the short ones and left the
+    long ones out (CI: 22 fps declared for 7 delivered). A batch's gap is at most `neural.max_batch`
+    (4) frame periods, within the factor of 8 wherever the window starts and ends. Not handled: an
+    output that fails so often that outages are a large share of its gaps (each then counts as part
+    of the rate). The shortest gap is never above the others' mean, so something is always kept."""
     t = list(times)
     kept = [b - a for a, b in zip(t, t[1:]) if b > a]
     if not kept:
         return None
     while True:
-        limit = 4 * sum(kept, Fraction(0)) / len(kept)
-        inside = [g for g in kept if g <= limit]
-        if len(inside) == len(kept):
-            return Fraction(len(kept)) / sum(kept, Fraction(0))
+        total, n = sum(kept, Fraction(0)), len(kept)
+        inside = [g for g in kept if g * (n - 1) <= OUTAGE_FACTOR * (total - g)]
+        if len(inside) == n:
+            return Fraction(n) / total
         kept = inside
 
 

@@ -201,6 +201,13 @@ class _Work:
     arrived: float
     faces: list[Face] = field(default_factory=list)
     swapped: int = 0
+    analysed: float = 0.0
+    """time.monotonic() when its faces came back and it went to the swap stage."""
+
+
+def _batch_weight(w: _Work) -> int:
+    """A frame's share of a swap batch: its faces, and 1 for a frame without any (the batcher's count)."""
+    return max(1, len(w.faces))
 
 
 class StreamPipeline:
@@ -722,6 +729,7 @@ class StreamPipeline:
                     done_at = now
                     if self.options.lossless:
                         self.track_ids.update(f.track_id for f in w.faces)
+                    w.analysed = now
                     self.swap_q.put(w)
                     continue
                 try:
@@ -770,14 +778,18 @@ class StreamPipeline:
         try:
             while True:
                 first = await self.swap_q.get()
-                more = self.slot.batcher.max_batch - 1
-                if more and self.options.lossless and self.cfg.runtime.file_batch:
+                if self.options.lossless and self.cfg.runtime.file_batch:
                     # A file's frames are not on a clock: one model call for a batch of them costs
-                    # the host and the GPU less than a call each (`runtime.file_batch`).
-                    await self.swap_q.wait_for_items(more, FILE_BATCH_WAIT_S)
-                # Frames that queued up while the last batch ran go to the batcher together: one
-                # stream alone can then still fill a batch.
-                ws = [first] + self.swap_q.drain(more)
+                    # the host and the GPU less than a call each (`runtime.file_batch`). A batch is
+                    # counted in faces, as the batcher counts it.
+                    room = self.slot.batcher.max_batch - _batch_weight(first)
+                    if room > 0:
+                        await self.swap_q.wait_for_items(room, FILE_BATCH_WAIT_S, _batch_weight)
+                    ws = [first] + self.swap_q.drain(room, _batch_weight)
+                else:
+                    # Frames that queued up while the last batch ran go to the batcher together:
+                    # one stream alone can then still fill a batch.
+                    ws = [first] + self.swap_q.drain(self.slot.batcher.max_batch - 1)
                 await asyncio.gather(*(self._swap_one(w) for w in ws))
                 for w in ws:
                     self.enc_q.put(w)
@@ -812,7 +824,9 @@ class StreamPipeline:
             self.frames_swap_failed += 1
             w.swapped = 0
         if item.ended:
-            self._observe("swap_wait", max(0.0, item.started - submitted))
+            # From the end of its analysis: its wait in the swap queue (behind the last batch, or
+            # for a file's batch to fill) and then in the batcher.
+            self._observe("swap_wait", max(0.0, item.started - (w.analysed or submitted)))
             self.metrics.observe_stage(self.id, "swap", item.ended - item.started)
             self.stage_seconds["swap"] += item.share  # a batch of n frames is not n frames' work
 

@@ -108,3 +108,24 @@ def test_waiting_for_items_ends_when_enough_wait_when_closed_or_when_time_is_up(
     took = asyncio.run(main())
     # Upper bounds with room for a loaded CI machine; each is far below the 5 s the wait allowed.
     assert 0.03 <= took[0] < 1.0 and 0.09 <= took[1] < 1.0 and 0.02 <= took[2] < 1.0, took
+
+
+def test_weighted_waiting_and_draining_count_what_each_item_weighs() -> None:
+    """With a weight (a frame's faces, for a file's swap batch): the wait ends once the items weigh
+    enough together, and `drain` takes them in order up to the first that does not fit."""
+
+    async def main() -> list[list[int]]:
+        loop = asyncio.get_running_loop()
+        q: DropOldestQueue[int] = DropOldestQueue(8)
+        q.put(2)
+        loop.call_later(0.02, q.put, 1)
+        loop.call_later(0.5, q.put, 3)
+        await q.wait_for_items(3, 5.0, weight=lambda x: x)  # 2, then 2 + 1: enough at the second
+        assert q.qsize() == 2  # it did not wait for the third item
+        got = [q.drain(3, weight=lambda x: x)]  # 2 + 1 fit in 3
+        await q.wait_for_items(1, 5.0, weight=lambda x: x)
+        got.append(q.drain(2, weight=lambda x: x))  # 3 does not fit in 2: nothing, it stays
+        got.append(q.drain(3, weight=lambda x: x))
+        return got
+
+    assert asyncio.run(main()) == [[2, 1], [], [3]]

@@ -235,8 +235,8 @@ def test_found_on_a_pan_at_half_size_in_a_window_without_an_intra_frame(stream_i
     picture), and the plain sum finds no sync; the motion path must decode it. With the texture mask
     at full scale from 6 levels instead of 2.5 no such window decoded over 6 stream ids
     (docs/benchmarks/watermark_payload_sweep.md). A fresh random stream id, and 0x8a21412f: its
-    window failed in CI when only the fold with the highest sync peak was decoded (the next two
-    passed; `WindowDetector` now decodes up to `LIST_DECODE` of them)."""
+    window failed in CI when only the fold with the highest sync peak was decoded (the third passed;
+    `WindowDetector` now decodes up to `LIST_DECODE` distinct folds)."""
     if stream_id is not None:
         payload = Payload(PRODUCT_SWAPSTREAM, stream_id)
     pytest.importorskip("av")
