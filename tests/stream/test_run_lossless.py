@@ -157,6 +157,17 @@ def test_a_failed_swap_fails_the_run(small_clip: Path, tmp_path: Path) -> None:
     assert "swapping the faces of frame 0 failed" in str(err) and "ran out of memory" in str(err), err
 
 
+def cpu_run(clip: Path, out: Path, sets: list[str]) -> Any:
+    """`run` on the CPU with the astronaut's face and `sets`; its stats."""
+    # The mark carries a fixed stream id: a random one per run would differ in every frame.
+    job = RunJob(load_config(None, ["device=cpu", "watermark.stream_id=7", *sets]), device="cpu")
+    job.set_source_image(astronaut(), "astronaut")
+    try:
+        return job.run(clip, out)
+    finally:
+        job.close()
+
+
 def decoded(path: Path) -> list[np.ndarray]:
     with av.open(str(path)) as c:
         return [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
@@ -197,15 +208,8 @@ def test_frames_asked_ahead_of_their_analysis_come_out_as_in_turn(depth: int, tm
     for d in sorted({1, depth}):
         asked = started = 0
         ahead_at_end.clear()
-        # The mark carries a fixed stream id: a random one per run would differ in every frame.
-        job = RunJob(load_config(None, ["device=cpu", f"runtime.analysis_depth={d}", "watermark.stream_id=7"]),
-                     device="cpu")
-        job.set_source_image(astronaut(), "astronaut")
         outs[d] = tmp_path / f"out{d}.mp4"
-        try:
-            stats = job.run(clip, outs[d])
-        finally:
-            job.close()
+        stats = cpu_run(clip, outs[d], [f"runtime.analysis_depth={d}"])
         assert stats.frames == stats.frames_swapped == n, stats
         assert len(ahead_at_end) == n
         if d == 1:
@@ -255,14 +259,8 @@ def test_a_files_frames_are_swapped_in_batches_and_come_out_as_one_at_a_time(
     outs, batches = {}, {}
     for on in (True, False):
         sizes.clear()
-        job = RunJob(load_config(None, ["device=cpu", f"runtime.file_batch={str(on).lower()}",
-                                        "neural.max_batch=4", "watermark.stream_id=7"]), device="cpu")
-        job.set_source_image(astronaut(), "astronaut")
         outs[on] = tmp_path / f"out{on}.mp4"
-        try:
-            stats = job.run(clip, outs[on])
-        finally:
-            job.close()
+        stats = cpu_run(clip, outs[on], [f"runtime.file_batch={str(on).lower()}", "neural.max_batch=4"])
         assert stats.frames == stats.frames_swapped == n, stats
         batches[on] = list(sizes)
     assert sum(batches[True]) == sum(batches[False]) == n
