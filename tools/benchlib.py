@@ -40,7 +40,7 @@ def gpu_name() -> str:
 
 
 def device_name() -> str:
-    """The device a benchmark of this process ran on: GPU 0's name (NVML), else the CPU's cores."""
+    """The device a benchmark of this process ran on: GPU 0's name (NVML), else `cpu_name()`."""
     from swapstream.runtime.metrics import GpuMonitor
 
     gpu = GpuMonitor()
@@ -48,7 +48,7 @@ def device_name() -> str:
         samples = gpu.sample()
     finally:
         gpu.close()
-    return samples[0].name if samples else f"CPU ({os.cpu_count()} cores)"
+    return samples[0].name if samples else cpu_name()
 
 
 def run_fields(device: str, command: str) -> dict[str, str]:

@@ -778,18 +778,14 @@ class StreamPipeline:
         try:
             while True:
                 first = await self.swap_q.get()
-                if self.options.lossless and self.cfg.runtime.file_batch:
+                # Frames that queued up while the last batch ran go to the batcher together (one
+                # stream alone can then still fill a batch), counted in faces as the batcher counts.
+                room = self.slot.batcher.max_batch - _batch_weight(first)
+                if room > 0 and self.options.lossless and self.cfg.runtime.file_batch:
                     # A file's frames are not on a clock: one model call for a batch of them costs
-                    # the host and the GPU less than a call each (`runtime.file_batch`). A batch is
-                    # counted in faces, as the batcher counts it.
-                    room = self.slot.batcher.max_batch - _batch_weight(first)
-                    if room > 0:
-                        await self.swap_q.wait_for_items(room, FILE_BATCH_WAIT_S, _batch_weight)
-                    ws = [first] + self.swap_q.drain(room, _batch_weight)
-                else:
-                    # Frames that queued up while the last batch ran go to the batcher together:
-                    # one stream alone can then still fill a batch.
-                    ws = [first] + self.swap_q.drain(self.slot.batcher.max_batch - 1)
+                    # the host and the GPU less than a call each (`runtime.file_batch`).
+                    await self.swap_q.wait_for_items(room, FILE_BATCH_WAIT_S, _batch_weight)
+                ws = [first] + self.swap_q.drain(room, _batch_weight)
                 await asyncio.gather(*(self._swap_one(w) for w in ws))
                 for w in ws:
                     self.enc_q.put(w)
@@ -812,7 +808,6 @@ class StreamPipeline:
             return
         item = SwapItem(w.frame.data, w.faces, identity, self.scale, region=self.region,
                         enhance=self.enhance, stream_id=self.id)
-        submitted = time.monotonic()
         try:
             w.swapped = await self.slot.batcher.submit(self.id, backend, len(w.faces),
                                                        w.arrived + self.budget_ms / 1e3, item)
@@ -826,7 +821,7 @@ class StreamPipeline:
         if item.ended:
             # From the end of its analysis: its wait in the swap queue (behind the last batch, or
             # for a file's batch to fill) and then in the batcher.
-            self._observe("swap_wait", max(0.0, item.started - (w.analysed or submitted)))
+            self._observe("swap_wait", max(0.0, item.started - w.analysed))
             self.metrics.observe_stage(self.id, "swap", item.ended - item.started)
             self.stage_seconds["swap"] += item.share  # a batch of n frames is not n frames' work
 
