@@ -194,6 +194,11 @@ class RuntimeConfig(_Section):
     batch); it matters when frames queue up (files, a stream behind), not at a live pace. Frames
     asked for ahead have left the input queue: a live stream that falls behind cannot drop them.
     `swapstream run` gained nothing from 2 on the 2-core CPU or on the H200 (docs/runtime.md)."""
+    analysis_priority: bool = False
+    """On a GPU: the analysis thread's CUDA stream gets the device's highest scheduling priority, so
+    its small kernels go ahead of the waiting blocks of a swap batch that runs beside them. For a
+    file, whose analysis is the slowest stage on a GPU (docs/runtime.md). Off by default until a GPU
+    benchmark shows what it does (`tools/device_check.sh run_priority`)."""
     # Waits 0.25 s at most (runtime.stream.FILE_BATCH_WAIT_S): a file's next frames are analysed in
     # milliseconds; a source that stalls longer (a network input to `run`) is not held up for it.
     file_batch: bool = True

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the `device` tool), from the repository root:
-#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|run_live|run_diag|run_batch|run_profile|serve|serve_ab|serve_wait|x264|live|live_bench|live_rtmp|hands|mesh|pending|recheck|face_stack|serve_stack|stack_profile|stack_tests|stack|all|none][,...]
+#   tools/device_check.sh [tests|engines|bench|kernels|swap|pipeline|streams|run|run_live|run_diag|run_batch|run_priority|run_profile|serve|serve_ab|serve_wait|x264|live|live_bench|live_rtmp|hands|mesh|pending|recheck|face_stack|serve_stack|stack_profile|stack_tests|stack|all|none][,...]
 #     (default: all; bench = kernels + swap + pipeline; none = install the carried wheels only)
 #   tools/device_check.sh pytest ARGS...    (pytest with ARGS, in the same environment)
 # Installs the carried wheels (.whl/, ignored by git), makes `swapstream` importable from this tree,
@@ -249,6 +249,20 @@ if want run_batch; then
     --variant one_by_one:runtime.file_batch=false \
     --baseline-tree "${BASELINE_TREE:-.baseline}" --baseline-label "${BASELINE_LABEL:-ff84cf7}" 2>&1 \
     | tee "$OUT/bench_run_batch.log" || rc=1
+fi
+if want run_priority; then
+  # `runtime.analysis_priority` (the analysis stream at the device's highest CUDA priority, so its
+  # kernels go ahead of a swap batch's): first its GPU test (the same frames as without), then
+  # `swapstream run -c live -o null:` as it is, with it, with it and analysis_depth=2, and the
+  # removed loop ff84cf7, in the same rounds. Needs what run_batch needs. Give the call 600 s.
+  timeout -s INT -k 10 240 python3 -m pytest -m gpu -rs -v -p no:cacheprovider tests/stream/test_gpu_job.py \
+    -k analysis_stream_first 2>&1 | tee "$OUT/pytest_priority.log" || rc=1
+  timeout -s INT -k 10 "${RUN_PRIORITY_S:-420}" python3 tools/bench_run.py --clip .bench/streams_1080p30.mp4 \
+    --synthetic-models --only null --config live --out "$OUT" --name run_gpu_analysis_priority --repeat "${RUN_PRIORITY_REPEAT:-3}" \
+    --variant first:runtime.analysis_priority=true \
+    --variant first_depth2:runtime.analysis_priority=true,runtime.analysis_depth=2 \
+    --baseline-tree "${BASELINE_TREE:-.baseline}" --baseline-label "${BASELINE_LABEL:-ff84cf7}" 2>&1 \
+    | tee "$OUT/bench_run_priority.log" || rc=1
 fi
 if want run_profile; then
   # py-spy's view of `swapstream run -c live -o null:`'s threads on a GPU: each thread's ms a frame

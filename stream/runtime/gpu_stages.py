@@ -44,6 +44,9 @@ PINNED_FRAMES = 3
 """Host NV12 buffers per stream: the encoder copies each into x264's frame before the next comes."""
 PREVIEW_EVERY_S = 1.0
 """How often a GPU stream copies its output picture to the host for the API's preview."""
+HIGHEST_PRIORITY = -1000
+"""A CUDA stream priority past any device's range (lower numbers are higher priorities), which CUDA
+clamps to the device's highest (`runtime.analysis_priority`)."""
 
 
 class GpuDecode:
@@ -173,7 +176,10 @@ class DeviceAnalysis:
 
         from ..gpu.analyser import GpuFaceAnalyser
 
-        self.stream = cupy.cuda.Stream(non_blocking=True)
+        # CUDA clamps a priority past the device's range to its end: this is the highest there is.
+        # The landmark graphs are captured on this stream and replayed on it.
+        self.stream = cupy.cuda.Stream(non_blocking=True,
+                                       priority=HIGHEST_PRIORITY if config.runtime.analysis_priority else None)
         with self.stream:
             # Landmark batches as large as an analysis batch of one-face frames (manager.ANALYSIS_BATCH).
             self.analyser = GpuFaceAnalyser(config, mesh_batch=8)

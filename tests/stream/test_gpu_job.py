@@ -179,6 +179,38 @@ def test_gpu_job_swaps_a_files_frames_in_batches_like_one_at_a_time(cp: ModuleTy
     assert worst_psnr(a, b, "file batch vs one frame at a time") >= 40.0
 
 
+def test_gpu_job_with_the_analysis_stream_first_changes_no_frame(cp: ModuleType, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """`runtime.analysis_priority`: the analysis thread's CUDA stream has the device's highest priority
+    (off: the default one), and every frame comes out as without it, in order."""
+    import torch
+
+    from swapstream.runtime.gpu_stages import DeviceAnalysis
+
+    clip = tmp_path / "clip.mp4"
+    write_demo_clip(clip, grace_hopper(), seconds=2.0, fps=10, size=(1280, 720))
+    priorities: list[int] = []
+    init = DeviceAnalysis.__init__
+
+    def recording_init(self: DeviceAnalysis, config: Any) -> None:
+        init(self, config)
+        priorities.append(torch.cuda.ExternalStream(self.stream.ptr).priority)
+
+    monkeypatch.setattr(DeviceAnalysis, "__init__", recording_init)
+    plain = run_job(GPU, clip, tmp_path / "plain.mp4")
+    first = run_job(GPU, clip, tmp_path / "first.mp4", overrides=["runtime.analysis_priority=true"])
+    least, greatest = torch.cuda.Stream.priority_range()
+    assert greatest < least and priorities[0] == least and priorities[-1] == greatest, (priorities, least, greatest)
+    assert plain.frames == first.frames == 20 and plain.faces_swapped == first.faces_swapped == 20
+    a, pa = decode(tmp_path / "plain.mp4")
+    b, pb = decode(tmp_path / "first.mp4")
+    assert pa == pb
+    # The same kernels in another order on the GPU: equal but for cuDNN's per-process choice of
+    # algorithm (a level here and there, as in the depth test). A frame swapped with another
+    # frame's faces, or out of order, is far below (the portrait moves in every frame).
+    assert worst_psnr(a, b, "analysis stream first vs default") >= 45.0
+
+
 def test_gpu_job_decodes_on_nvdec_like_pyav(cp: ModuleType, tmp_path: Path) -> None:
     """NVDEC decodes the GPU job's input straight into device memory, with PyAV's demuxer carrying the
     audio beside it: the same frames, timestamps and audio as the job that decodes with PyAV."""
