@@ -253,14 +253,15 @@ fi
 if want run_priority; then
   # `runtime.analysis_priority` (the analysis stream at the device's highest CUDA priority, so its
   # kernels go ahead of a swap batch's): first its GPU test (the same frames as without), then
-  # `swapstream run -c live -o null:` as it is, with it, with it and analysis_depth=2, and the
-  # removed loop ff84cf7, in the same rounds. Needs what run_batch needs. Give the call 600 s.
+  # `swapstream run -c live -o null:` as it is, with it, with it and a 0.2 ms GIL switch interval
+  # (frames that wait for the GIL rather than the GPU), and the removed loop ff84cf7, in the same
+  # rounds (about 3 minutes a round). Needs what run_batch needs. Give the call 600 s.
   timeout -s INT -k 10 240 python3 -m pytest -m gpu -rs -v -p no:cacheprovider tests/stream/test_gpu_job.py \
     -k analysis_stream_first 2>&1 | tee "$OUT/pytest_priority.log" || rc=1
   timeout -s INT -k 10 "${RUN_PRIORITY_S:-420}" python3 tools/bench_run.py --clip .bench/streams_1080p30.mp4 \
-    --synthetic-models --only null --config live --out "$OUT" --name run_gpu_analysis_priority --repeat "${RUN_PRIORITY_REPEAT:-3}" \
+    --synthetic-models --only null --config live --out "$OUT" --name run_gpu_analysis_priority --repeat "${RUN_PRIORITY_REPEAT:-2}" \
     --variant first:runtime.analysis_priority=true \
-    --variant first_depth2:runtime.analysis_priority=true,runtime.analysis_depth=2 \
+    --variant first_gil0.2:runtime.analysis_priority=true,runtime.switch_interval_ms=0.2 \
     --baseline-tree "${BASELINE_TREE:-.baseline}" --baseline-label "${BASELINE_LABEL:-ff84cf7}" 2>&1 \
     | tee "$OUT/bench_run_priority.log" || rc=1
 fi
