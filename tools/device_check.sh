@@ -66,6 +66,25 @@ SERVE_SETUP="--workers 8 --source file --sink null --seconds 8 --settle 6 --swap
 SERVE_CLIPS=()
 for r in 720p 1080p; do [[ -f ".bench/streams_${r}30.mp4" ]] && SERVE_CLIPS+=(--clip "$r=.bench/streams_${r}30.mp4"); done
 
+# `swapstream run -c live -o null:` on the 1080p clip against the removed loop (ff84cf7, in
+# .baseline), in the same rounds, with `--variant`s: run_ab NAME SECONDS REPEAT VARIANT... Its
+# record is rewritten after each round, so a call stopped by its time limit keeps the rounds it ran.
+run_ab() {
+  local name=$1 secs=$2 repeat=$3 v
+  shift 3
+  local variants=()
+  for v in "$@"; do variants+=(--variant "$v"); done
+  timeout -s INT -k 10 "$secs" python3 tools/bench_run.py --clip .bench/streams_1080p30.mp4 \
+    --synthetic-models --only null --config live --out "$OUT" --name "$name" --repeat "$repeat" "${variants[@]}" \
+    --baseline-tree "${BASELINE_TREE:-.baseline}" --baseline-label "${BASELINE_LABEL:-ff84cf7}" 2>&1 \
+    | tee "$OUT/bench_$name.log" || rc=1
+}
+# The GPU job tests whose names match a pytest -k expression: gpu_job_test EXPR LOG
+gpu_job_test() {
+  timeout -s INT -k 10 240 python3 -m pytest -m gpu -rs -v -p no:cacheprovider tests/stream/test_gpu_job.py \
+    -k "$1" 2>&1 | tee "$OUT/$2" || rc=1
+}
+
 rc=0
 if want pytest; then
   python3 -m pytest -p no:cacheprovider "$@" 2>&1 | tee "$OUT/pytest_args.log"
@@ -229,12 +248,8 @@ if want run_diag; then
   # warm-up), 2 rounds of 5; the record is rewritten after each round. Give the call 600 s.
   timeout -s INT -k 5 25 python3 tools/probe_gil_hops.py --busy 0,1 --intervals-ms 5,1,0.2 --out "$OUT" \
     --name gil_hops_gpu_host 2>&1 | tee "$OUT/probe_gil_hops.log" || rc=1
-  timeout -s INT -k 10 "${RUN_DIAG_S:-520}" python3 tools/bench_run.py --clip .bench/streams_1080p30.mp4 \
-    --synthetic-models --only null --config live --out "$OUT" --name run_gpu_live_ab --repeat "${RUN_DIAG_REPEAT:-2}" \
-    --variant gil0.2:runtime.switch_interval_ms=0.2 --variant one_thread:runtime.analysis_thread=false \
-    --variant depth2:runtime.analysis_depth=2 \
-    --baseline-tree "${BASELINE_TREE:-.baseline}" --baseline-label "${BASELINE_LABEL:-ff84cf7}" 2>&1 \
-    | tee "$OUT/bench_run_diag.log" || rc=1
+  run_ab run_gpu_live_ab "${RUN_DIAG_S:-520}" "${RUN_DIAG_REPEAT:-2}" gil0.2:runtime.switch_interval_ms=0.2 \
+    one_thread:runtime.analysis_thread=false depth2:runtime.analysis_depth=2
 fi
 if want run_batch; then
   # Issue 18: `swapstream run` with a file's frames swapped neural.max_batch at a time
@@ -242,13 +257,8 @@ if want run_batch; then
   # ff84cf7, which swapped batches of frames, in the same rounds. Needs what run_diag needs (PyAV from
   # an earlier call, .whl-nvc, .models, .bench, .baseline). First the GPU test that batched frames
   # come out as single ones. Give the call 600 s.
-  timeout -s INT -k 10 240 python3 -m pytest -m gpu -rs -v -p no:cacheprovider tests/stream/test_gpu_job.py \
-    -k in_batches 2>&1 | tee "$OUT/pytest_file_batch.log" || rc=1
-  timeout -s INT -k 10 "${RUN_BATCH_S:-330}" python3 tools/bench_run.py --clip .bench/streams_1080p30.mp4 \
-    --synthetic-models --only null --config live --out "$OUT" --name run_gpu_file_batch --repeat "${RUN_BATCH_REPEAT:-2}" \
-    --variant one_by_one:runtime.file_batch=false \
-    --baseline-tree "${BASELINE_TREE:-.baseline}" --baseline-label "${BASELINE_LABEL:-ff84cf7}" 2>&1 \
-    | tee "$OUT/bench_run_batch.log" || rc=1
+  gpu_job_test in_batches pytest_file_batch.log
+  run_ab run_gpu_file_batch "${RUN_BATCH_S:-330}" "${RUN_BATCH_REPEAT:-2}" one_by_one:runtime.file_batch=false
 fi
 if want run_priority; then
   # `runtime.analysis_priority` (the analysis stream at the device's highest CUDA priority, so its
@@ -256,14 +266,9 @@ if want run_priority; then
   # `swapstream run -c live -o null:` as it is, with it, with it and a 0.2 ms GIL switch interval
   # (frames that wait for the GIL rather than the GPU), and the removed loop ff84cf7, in the same
   # rounds (about 3 minutes a round). Needs what run_batch needs. Give the call 600 s.
-  timeout -s INT -k 10 240 python3 -m pytest -m gpu -rs -v -p no:cacheprovider tests/stream/test_gpu_job.py \
-    -k analysis_stream_first 2>&1 | tee "$OUT/pytest_priority.log" || rc=1
-  timeout -s INT -k 10 "${RUN_PRIORITY_S:-420}" python3 tools/bench_run.py --clip .bench/streams_1080p30.mp4 \
-    --synthetic-models --only null --config live --out "$OUT" --name run_gpu_analysis_priority --repeat "${RUN_PRIORITY_REPEAT:-2}" \
-    --variant first:runtime.analysis_priority=true \
-    --variant first_gil0.2:runtime.analysis_priority=true,runtime.switch_interval_ms=0.2 \
-    --baseline-tree "${BASELINE_TREE:-.baseline}" --baseline-label "${BASELINE_LABEL:-ff84cf7}" 2>&1 \
-    | tee "$OUT/bench_run_priority.log" || rc=1
+  gpu_job_test analysis_stream_first pytest_priority.log
+  run_ab run_gpu_analysis_priority "${RUN_PRIORITY_S:-420}" "${RUN_PRIORITY_REPEAT:-2}" first:runtime.analysis_priority=true \
+    first_gil0.2:runtime.analysis_priority=true,runtime.switch_interval_ms=0.2
 fi
 if want run_profile; then
   # py-spy's view of `swapstream run -c live -o null:`'s threads on a GPU: each thread's ms a frame
@@ -272,8 +277,7 @@ if want run_profile; then
   # installed by an earlier call, then .whl-nvc, .whl-spy, .models and .bench. PROFILE_SETS adds
   # settings (e.g. "--set runtime.analysis_depth=2"). First the GPU test of analysis_depth=2 (the
   # same frames as one at a time), which has not run on a GPU before.
-  timeout -s INT -k 10 240 python3 -m pytest -m gpu -rs -v -p no:cacheprovider tests/stream/test_gpu_job.py \
-    -k asking_ahead 2>&1 | tee "$OUT/pytest_depth.log" || rc=1
+  gpu_job_test asking_ahead pytest_depth.log
   timeout -s INT -k 10 "${RUN_PROFILE_S:-200}" python3 tools/profile_run.py --clip .bench/streams_1080p30.mp4 \
     --synthetic-models --config live ${PROFILE_SETS:-} --out "$OUT" --name run_gpu_profile 2>&1 \
     | tee "$OUT/profile_run.log" || rc=1
