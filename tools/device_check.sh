@@ -265,9 +265,10 @@ if want run_priority; then
   # kernels go ahead of a swap batch's): first its GPU test (the same frames as without), then
   # `swapstream run -c live -o null:` as it is, with it, with it and a 0.2 ms GIL switch interval
   # (frames that wait for the GIL rather than the GPU), and the removed loop ff84cf7, in the same
-  # rounds (about 3 minutes a round). Needs what run_batch needs. Give the call 600 s.
+  # rounds (about 3 minutes a round; the test takes about 105 s). Needs what run_batch needs. Give
+  # the call 600 s.
   gpu_job_test analysis_stream_first pytest_priority.log
-  run_ab run_gpu_analysis_priority "${RUN_PRIORITY_S:-420}" "${RUN_PRIORITY_REPEAT:-2}" first:runtime.analysis_priority=true \
+  run_ab run_gpu_analysis_priority "${RUN_PRIORITY_S:-330}" "${RUN_PRIORITY_REPEAT:-2}" first:runtime.analysis_priority=true \
     first_gil0.2:runtime.analysis_priority=true,runtime.switch_interval_ms=0.2
 fi
 if want run_profile; then

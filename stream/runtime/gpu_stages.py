@@ -177,7 +177,7 @@ class DeviceAnalysis:
         from ..gpu.analyser import GpuFaceAnalyser
 
         # CUDA clamps a priority past the device's range to its end: this is the highest there is.
-        # The landmark graphs are captured on this stream and replayed on it.
+        # The landmark graphs are replayed on this stream, so they run at its priority.
         self.stream = cupy.cuda.Stream(non_blocking=True,
                                        priority=HIGHEST_PRIORITY if config.runtime.analysis_priority else None)
         with self.stream:
