@@ -3,6 +3,7 @@
     python tools/bench_run.py --clip .bench/streams_1080p30.mp4 [--repeat 3] [--swapper inswapper_128]
         [--synthetic-models] [--config PRESET] [--set key=value ...] [--out docs/benchmarks] [--name run_gpu]
         [--only file|null] [--baseline-tree DIR --baseline-label REV] [--variant LABEL:key=value[,key=value]]
+        [--append]
 
 Each run is one `swapstream run -s SOURCE -i CLIP -o OUT -q` process (the built-in astronaut as
 the source face). Each round runs it twice: `-o OUT.mp4`, encoding included (the command writes its
@@ -16,7 +17,11 @@ with random weights (speed is the real model's; the output is not a likeness). W
 stream kernels engines configs` unpacked) runs in each round too, with encoding excluded, so that a
 change in speed can be told from a change in the machine. Each `--variant` is this tree's run with
 encoding excluded and further settings (e.g. `--variant gil0.2:runtime.switch_interval_ms=0.2`),
-in the same rounds: settings compared on one machine state.
+in the same rounds: settings compared on one machine state. With a baseline, the record gives each
+round's figure over the baseline's in that round (the machine's drift cancels there). `--append`
+adds this call's rounds to the record an earlier call of the same benchmark wrote (same clip,
+preset, outputs, commit and device), so that several device calls, each within its time limit, make
+one record of all their rounds.
 Writes `<out>/<name>.json` and `<out>/<name>.md`.
 """
 
@@ -32,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +120,8 @@ def main() -> None:
     ap.add_argument("--baseline-label", default="baseline", help="what the record calls that revision")
     ap.add_argument("--variant", action="append", default=[], metavar="LABEL:key=value[,key=value]",
                     help="also time this tree with encoding excluded and these settings, in the same rounds")
+    ap.add_argument("--append", action="store_true",
+                    help="add this call's rounds to the record an earlier call of the same benchmark wrote")
     args = ap.parse_args()
     variants = parse_variants(args.variant)
     if args.baseline_tree is not None and args.baseline_label in variants:
@@ -150,6 +157,10 @@ def main() -> None:
     date = datetime.date.today().isoformat()
     info = RecordInfo(git_sha(), device, shown, command, date, clip_frames, modes)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    if args.append:
+        runs, info = earlier_rounds(args, info)
+    done = len(runs[next(iter(modes))])
+    call = 1 + max((r["call"] for rs in runs.values() for r in rs), default=0)
     for i in range(args.repeat):
         for mode in modes:
             out = work / f"out{i}.mp4"
@@ -162,15 +173,59 @@ def main() -> None:
                 out.unlink()
             else:
                 r["frames_written"] = 0
-            r["mode"] = mode
+            r["mode"], r["call"] = mode, call
             # The process's whole time (start, models, warm-up, the clip, exit): what a device call
             # must budget for each run.
             r["process_s"] = round(time.monotonic() - t0, 1)
             print(json.dumps({k: v for k, v in r.items() if k != "summary"}), flush=True)
             runs[mode].append(r)
         # After every round: a call stopped by its time limit still leaves the rounds it finished.
-        write_record(args, runs, i + 1, info)
+        write_record(args, runs, done + i + 1, done + args.repeat, info)
     print((args.out / f"{args.name}.md").read_text())
+
+
+RUN_FIELDS = {"fps": "runs_fps", "frames": "frames", "frames_written": "frames_written",
+              "frames_swapped": "frames_swapped", "loop_ms": "loop_ms_per_frame", "latency_ms": "latency_ms",
+              "slowest": "slowest_step", "process_s": "process_s", "call": "calls"}
+"""A run's figures -> the record's list of them, one entry a run."""
+
+
+def earlier_rounds(args: argparse.Namespace, info: RecordInfo) -> tuple[dict[str, list[dict[str, Any]]], RecordInfo]:
+    """`--append`: the runs of the record at `<out>/<name>.json`, by output, and the record's info
+    with its commands before this one (exits if there is none, or it is of another benchmark)."""
+    path = args.out / f"{args.name}.json"
+    if not path.is_file():
+        sys.exit(f"error: --append: no record at '{path}' to add rounds to; run once without --append first")
+    try:
+        recs = json.loads(path.read_text())
+        by_output = {r["config"]["output"]: r for r in recs}
+        first = recs[0]
+    except (ValueError, KeyError, IndexError, TypeError) as e:
+        sys.exit(f"error: --append: '{path}' is not a record of tools/bench_run.py ({e}); move it away or "
+                 f"give another --name")
+    theirs = {"outputs": sorted(by_output), "clip": first["config"]["clip"], "preset": first["config"]["preset"],
+              "commit": first["commit"], "device": first["device"]}
+    ours = {"outputs": sorted(info.modes.values()), "clip": args.clip.name, "preset": args.config or "default",
+            "commit": info.commit or "unknown", "device": info.device}
+    differ = [f"{k} {theirs[k]} against {ours[k]}" for k in theirs if theirs[k] != ours[k]]
+    if differ:
+        sys.exit(f"error: --append: the record at '{path}' is of another benchmark ({'; '.join(differ)}): its "
+                 f"rounds cannot be counted with this call's; give another --name")
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for mode, text in info.modes.items():
+        c = by_output[text]["config"]
+        n = len(c["runs_fps"])
+        columns = {k: c[key] if key in c else [1] * n for k, key in RUN_FIELDS.items()}  # `calls`: since --append
+        runs[mode] = [{k: col[i] for k, col in columns.items()}
+                      | {"decode": "/".join(c["decode"]), "mode": mode, "summary": []} for i in range(n)]
+    return runs, replace(info, command=f"{first['command']}; then {info.command}", date=first["date"])
+
+
+def baseline_ratios(runs: dict[str, list[dict[str, Any]]], mode: str, base: str | None) -> list[float]:
+    """Each round's fps of `mode` over the baseline's in the same round (empty without a baseline)."""
+    if base is None or mode == base:
+        return []
+    return [round(a["fps"] / b["fps"], 3) for a, b in zip(runs[mode], runs[base])]
 
 
 def parse_variants(specs: list[str]) -> dict[str, list[str]]:
@@ -203,16 +258,18 @@ class RecordInfo:
     """Output mode -> how the record describes it."""
 
 
-def write_record(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], rounds: int,
+def write_record(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], rounds: int, asked: int,
                  info: RecordInfo) -> None:
-    """Write `<out>/<name>.json` and `.md` from the runs of the rounds finished so far."""
+    """Write `<out>/<name>.json` and `.md` from the runs of the rounds finished so far (`asked`: the
+    rounds this record's calls asked for)."""
     commit, device, shown, command = info.commit, info.device, info.shown, info.command
     date, clip_frames, modes = info.date, info.clip_frames, info.modes
     fps = {m: statistics.median(r["fps"] for r in rs) for m, rs in runs.items()}
+    base = f"null_{args.baseline_label}" if f"null_{args.baseline_label}" in modes and args.baseline_tree else None
     rec = [{"metric": f"{args.name}_fps" + {"file": "", "null": "_no_encode"}.get(m, f"_no_encode_{m[len('null_'):]}"),
             "value": fps[m], "unit": "fps",
-            "stat": "median" if rounds == args.repeat else f"median of the {rounds} rounds finished (of {args.repeat})",
-            "config": {"preset": args.config or "default", "clip": args.clip.name, "clip_frames": clip_frames, "repeat": args.repeat, "rounds_completed": rounds, "output": modes[m],
+            "stat": "median" if rounds == asked else f"median of the {rounds} rounds finished (of {asked})",
+            "config": {"preset": args.config or "default", "clip": args.clip.name, "clip_frames": clip_frames, "repeat": asked, "rounds_completed": rounds, "output": modes[m],
                        "decode": sorted({r["decode"] for r in runs[m]}),
                        "runs_fps": [r["fps"] for r in runs[m]],
                        "frames": [r["frames"] for r in runs[m]],
@@ -221,7 +278,9 @@ def write_record(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]
                        "loop_ms_per_frame": [r["loop_ms"] for r in runs[m]],
                        "latency_ms": [r["latency_ms"] for r in runs[m]],
                        "slowest_step": [r["slowest"] for r in runs[m]],
-                       "process_s": [r["process_s"] for r in runs[m]], "run_command": shown},
+                       "process_s": [r["process_s"] for r in runs[m]],
+                       "calls": [r["call"] for r in runs[m]],
+                       "over_baseline_per_round": baseline_ratios(runs, m, base), "run_command": shown},
             "device": device, "commit": commit or "unknown", "date": date, "command": command}
            for m in modes]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -231,8 +290,8 @@ def write_record(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]
              "alternate, one of each per round, in one process tree on one machine.", "",
              "| output | decode | runs (fps, each run's summary) | median | frames | frames written | frames swapped |",
              "|---|---|---|---|---|---|---|"]
-    if rounds < args.repeat:
-        lines[2:2] = [f"**{rounds} of the {args.repeat} rounds asked for finished** (the record is rewritten after "
+    if rounds < asked:
+        lines[2:2] = [f"**{rounds} of the {asked} rounds asked for finished** (the record is rewritten after "
                       "each round; this one was stopped before the rest).", ""]
     for m, text in modes.items():
         rs = runs[m]
@@ -251,6 +310,16 @@ def write_record(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]
                 for r in runs[m] if r["slowest"]]
         if slow:
             lines.append(f"  - the longest single step of each run: {'; '.join(slow)}")
+    if base is not None:
+        lines += ["", f"Each round's figure over {args.baseline_label}'s in the same round (the machine's drift "
+                      "between rounds cancels here):", ""]
+        for m, text in modes.items():
+            if m != base:
+                ratios = baseline_ratios(runs, m, base)
+                lines.append(f"- {text}: {', '.join(f'{r:.2f}' for r in ratios)} "
+                             f"(median {statistics.median(ratios):.2f})")
+    if len({r["call"] for rs in runs.values() for r in rs}) > 1:
+        lines += ["", "The rounds came from more than one call (`--append`); each run's call is in the JSON (`calls`)."]
     lines += ["", "The last run's summary:", "", "```", *runs[list(modes)[0]][-1]["summary"], "```", ""]
     (args.out / f"{args.name}.md").write_text("\n".join(lines))
 

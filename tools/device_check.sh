@@ -69,18 +69,27 @@ for r in 720p 1080p; do [[ -f ".bench/streams_${r}30.mp4" ]] && SERVE_CLIPS+=(--
 # `swapstream run -c live -o null:` on the 1080p clip against the removed loop (ff84cf7, in
 # .baseline), in the same rounds, with `--variant`s: run_ab NAME SECONDS REPEAT VARIANT... Its
 # record is rewritten after each round, so a call stopped by its time limit keeps the rounds it ran.
+# APPEND_FROM=DIR adds the rounds to DIR/NAME.json, the record an earlier call brought back (carry
+# DIR in the tree): it is copied into $OUT and bench_run adds to it (--append), so that the rounds
+# of several calls, each within its time limit, make one record.
 run_ab() {
   local name=$1 secs=$2 repeat=$3 v
   shift 3
   local variants=()
   for v in "$@"; do variants+=(--variant "$v"); done
+  if [[ -n "${APPEND_FROM:-}" ]]; then
+    cp "$APPEND_FROM/$name.json" "$OUT/" || { echo "APPEND_FROM: no $APPEND_FROM/$name.json"; rc=1; return; }
+    variants+=(--append)
+  fi
   timeout -s INT -k 10 "$secs" python3 tools/bench_run.py --clip .bench/streams_1080p30.mp4 \
     --synthetic-models --only null --config live --out "$OUT" --name "$name" --repeat "$repeat" "${variants[@]}" \
     --baseline-tree "${BASELINE_TREE:-.baseline}" --baseline-label "${BASELINE_LABEL:-ff84cf7}" 2>&1 \
     | tee "$OUT/bench_$name.log" || rc=1
 }
-# The GPU job tests whose names match a pytest -k expression: gpu_job_test EXPR LOG
+# The GPU job tests whose names match a pytest -k expression: gpu_job_test EXPR LOG (GPU_TEST=0
+# skips them, e.g. in a call that adds rounds to a record after a call that ran them).
 gpu_job_test() {
+  [[ "${GPU_TEST:-1}" == 0 ]] && return
   timeout -s INT -k 10 240 python3 -m pytest -m gpu -rs -v -p no:cacheprovider tests/stream/test_gpu_job.py \
     -k "$1" 2>&1 | tee "$OUT/$2" || rc=1
 }

@@ -52,6 +52,35 @@ def test_a_variants_settings_reach_the_command_and_a_bad_variant_is_refused(
         assert res.returncode == 1 and f"--variant '{bad}'" in res.stderr and "Traceback" not in res.stderr
 
 
+def test_appended_calls_make_one_record_of_all_rounds_with_each_over_the_baseline(
+        clip: tuple[Path, list[np.ndarray]], tmp_path: Path) -> None:
+    path, frames = clip
+    # This tree as its own baseline: a real second `swapstream` tree through the same links.
+    base = ["--baseline-tree", str(TOOLS.parent), "--baseline-label", "again"]
+    res = bench_run(path, tmp_path, "--append", *base)
+    assert res.returncode == 1 and "no record at" in res.stderr and "Traceback" not in res.stderr
+    for extra in ([], ["--append"]):
+        res = bench_run(path, tmp_path, *base, *extra)
+        assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
+    recs = {r["metric"]: r for r in json.loads((tmp_path / "ab.json").read_text())}
+    assert set(recs) == {"ab_fps_no_encode", "ab_fps_no_encode_again"}
+    ours, theirs = recs["ab_fps_no_encode"]["config"], recs["ab_fps_no_encode_again"]["config"]
+    for c in (ours, theirs):
+        # Both calls' rounds, each run's call named, every frame of the clip swapped in each.
+        assert c["calls"] == [1, 2] and c["rounds_completed"] == c["repeat"] == 2
+        assert c["frames"] == c["frames_swapped"] == [len(frames)] * 2
+    assert recs["ab_fps_no_encode"]["value"] == (ours["runs_fps"][0] + ours["runs_fps"][1]) / 2
+    assert ours["over_baseline_per_round"] == [round(a / b, 3) for a, b in zip(ours["runs_fps"], theirs["runs_fps"])]
+    assert theirs["over_baseline_per_round"] == []
+    md = (tmp_path / "ab.md").read_text()
+    assert "then python tools/bench_run.py" in md and "over again's in the same round" in md
+    # Another benchmark's rounds are not counted with these: refused by name, the record kept.
+    before = (tmp_path / "ab.json").read_text()
+    res = bench_run(path, tmp_path, "--append", *base, "--variant", "gil0.2:runtime.switch_interval_ms=0.2")
+    assert res.returncode == 1 and "another benchmark (outputs" in res.stderr and "Traceback" not in res.stderr
+    assert (tmp_path / "ab.json").read_text() == before
+
+
 RAW = """\
 thread (7001);_run_module_as_main (<frozen runpy>:189);_find_and_load (<frozen importlib._bootstrap>:1176) 40
 thread (7001): MainThread;main (stream/cli.py:806);run_until_complete (asyncio/base_events.py:641);_run_once (asyncio/base_events.py:1906);_run (asyncio/events.py:80) 12
