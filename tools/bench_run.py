@@ -261,7 +261,7 @@ class RecordInfo:
 def write_record(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], rounds: int, asked: int,
                  info: RecordInfo) -> None:
     """Write `<out>/<name>.json` and `.md` from the runs of the rounds finished so far (`asked`: the
-    rounds this record's calls asked for)."""
+    rounds earlier calls finished, `--append`, and the rounds this call asks for)."""
     commit, device, shown, command = info.commit, info.device, info.shown, info.command
     date, clip_frames, modes = info.date, info.clip_frames, info.modes
     fps = {m: statistics.median(r["fps"] for r in rs) for m, rs in runs.items()}
