@@ -193,7 +193,8 @@ class RuntimeConfig(_Section):
     thread's queue. Frames stay in order (one thread analyses them, one frame of a stream per
     batch); it matters when frames queue up (files, a stream behind), not at a live pace. Frames
     asked for ahead have left the input queue: a live stream that falls behind cannot drop them.
-    `swapstream run` gained nothing from 2 on the 2-core CPU or on the H200 (docs/runtime.md)."""
+    `swapstream run` gained nothing from 2 on the 2-core CPU, on the H200, or on an H100 with
+    `file_batch` (docs/runtime.md)."""
     analysis_priority: bool = False
     """On a GPU: the analysis thread's CUDA stream gets the device's highest scheduling priority, so
     its small kernels go ahead of the waiting blocks of a swap batch that runs beside them. For a
