@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 from rich.table import Table
@@ -182,6 +183,10 @@ def _run_job(cfg: Config, source: Path | None, input_path: Path, output: Path, q
     return stats
 
 
+SUMMARY_WIDTH = 240
+"""Columns the summary may use when it does not go to a terminal: wider than any of its rows."""
+
+
 def _summary(stats: "object", output: Path) -> None:
     from .runtime.run import JobStats
 
@@ -204,7 +209,11 @@ def _summary(stats: "object", output: Path) -> None:
         lat = stats.latency
         t.add_row("latency ms", " ".join(f"{k} {lat.percentile_ms(q):.2f}" for k, q in
                                          (("p50", 50), ("p99", 99), ("max", 100))))
-    out.print(t)
+    # Into a pipe or a log (rich then assumes 80 columns, and print's own width cannot exceed the
+    # console's) each row stays on one line, so that what reads it (a benchmark, grep) finds a row
+    # whole; a terminal wraps at its own width.
+    console = out if out.is_terminal else Console(highlight=False, width=SUMMARY_WIDTH, file=out.file)
+    console.print(t)
 
 
 @app.command()

@@ -159,6 +159,24 @@ def test_run_swaps_a_clip(assets: Assets, tmp_path: Path) -> None:
         assert "AI-modified" in c.metadata.get("comment", "")
 
 
+def test_the_summary_keeps_each_row_on_one_line_into_a_pipe(capsys: pytest.CaptureFixture[str]) -> None:
+    """Long rows (a file's batch waits past 100 ms a frame) are not wrapped at rich's 80 columns when
+    the summary goes to a pipe: a benchmark reads each row whole."""
+    from swapstream.cli import _summary
+    from swapstream.runtime.run import JobStats
+
+    stats = JobStats(frames=10, frames_swapped=10, faces_swapped=10, seconds=0.41, device="cpu",
+                     steps={"queue": 0.4756, "analyse": 0.1379, "swap_wait": 1.5517, "swap": 0.3374,
+                            "encode": 0.0043})
+    for s in (0.35, 0.38, 123.456):
+        stats.latency.add(s)
+    _summary(stats, Path("null:"))
+    lines = [line.rstrip() for line in capsys.readouterr().out.splitlines()]
+    row = "stage ms/frame  queue 47.56 analyse 13.79 swap-wait 155.17 swap 33.74 encode 0.43"
+    assert row in lines and len(row) > 80, lines
+    assert any(re.fullmatch(r"latency ms\s+p50 \d+\.\d\d p99 \d+\.\d\d max \d+\.\d\d", line) for line in lines), lines
+
+
 def test_run_to_the_null_output(assets: Assets, tmp_path: Path) -> None:
     """`-o null:` runs the whole job (decode, analyse, swap, label and mark) and writes nothing: the
     run without its encoder that the GPU benchmark times."""

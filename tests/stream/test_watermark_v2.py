@@ -135,14 +135,17 @@ def test_unmarked_frames_give_nothing(clip: list[np.ndarray]) -> None:
 
 
 def test_a_window_decides_what_single_frames_do_not(clip: list[np.ndarray], payload: Payload) -> None:
-    """Noise (sigma 8 levels) that hides the mark in most single frames: the 8-frame window finds it."""
+    """Noise (sigma 14 levels) that hides the mark in most single frames: the 8-frame window finds it."""
     rng = np.random.default_rng()
     marked = _mark(clip, payload)
-    noisy = [np.clip(f.astype(np.float32) + rng.normal(0, 8, f.shape[:2])[..., None], 0, 255).astype(np.uint8)
+    # Sigma 14, measured over 30 random stream ids and noises: 0-3 of the 8 single frames decoded,
+    # and the window decoded all 30; at sigma 20 the window missed 4 of 20. Sigma 8 hid the mark
+    # before the stronger texture mask (2.5 levels); since, up to all 8 single frames decoded.
+    noisy = [np.clip(f.astype(np.float32) + rng.normal(0, 14, f.shape[:2])[..., None], 0, 255).astype(np.uint8)
              for f in marked]
     lumas = [luma_of(f) for f in noisy]
     singles = [detect_v2(y) for y in lumas]
-    assert sum(s.found for s in singles) < len(singles)
+    assert sum(s.found for s in singles) <= len(singles) // 2, singles
     d = detect_v2(lumas)
     assert d.found and d.detection.payload == payload, d
 
