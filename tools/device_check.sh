@@ -257,7 +257,7 @@ if want run_diag; then
   # warm-up), 2 rounds of 5; the record is rewritten after each round. Give the call 600 s.
   timeout -s INT -k 5 25 python3 tools/probe_gil_hops.py --busy 0,1 --intervals-ms 5,1,0.2 --out "$OUT" \
     --name gil_hops_gpu_host 2>&1 | tee "$OUT/probe_gil_hops.log" || rc=1
-  run_ab run_gpu_live_ab "${RUN_DIAG_S:-520}" "${RUN_DIAG_REPEAT:-2}" gil0.2:runtime.switch_interval_ms=0.2 \
+  run_ab run_gpu_live "${RUN_DIAG_S:-520}" "${RUN_DIAG_REPEAT:-2}" gil0.2:runtime.switch_interval_ms=0.2 \
     one_thread:runtime.analysis_thread=false depth2:runtime.analysis_depth=2
 fi
 if want run_batch; then
@@ -267,7 +267,7 @@ if want run_batch; then
   # an earlier call, .whl-nvc, .models, .bench, .baseline). First the GPU test that batched frames
   # come out as single ones. Give the call 600 s.
   gpu_job_test in_batches pytest_file_batch.log
-  run_ab run_gpu_file_batch "${RUN_BATCH_S:-330}" "${RUN_BATCH_REPEAT:-2}" one_by_one:runtime.file_batch=false
+  run_ab run_gpu_live "${RUN_BATCH_S:-330}" "${RUN_BATCH_REPEAT:-2}" one_by_one:runtime.file_batch=false
 fi
 if want run_priority; then
   # `runtime.analysis_priority` (the analysis stream at the device's highest CUDA priority, so its
@@ -277,7 +277,7 @@ if want run_priority; then
   # rounds (about 3 minutes a round; the test takes about 105 s). Needs what run_batch needs. Give
   # the call 600 s.
   gpu_job_test analysis_stream_first pytest_priority.log
-  run_ab run_gpu_analysis_priority "${RUN_PRIORITY_S:-330}" "${RUN_PRIORITY_REPEAT:-2}" first:runtime.analysis_priority=true \
+  run_ab run_gpu_live "${RUN_PRIORITY_S:-330}" "${RUN_PRIORITY_REPEAT:-2}" first:runtime.analysis_priority=true \
     first_gil0.2:runtime.analysis_priority=true,runtime.switch_interval_ms=0.2
 fi
 if want run_profile; then
