@@ -63,6 +63,12 @@ class BatchRecord:
     """Requests whose deadline had passed when the batch finished."""
 
 
+def batch_weight(faces: int) -> int:
+    """A frame's share of a swap batch: its faces, and 1 for a frame without any (it still takes a
+    slot of the batch). The one count of the batcher, the swap thread's shares and a stream's drain."""
+    return max(1, faces)
+
+
 @dataclass
 class _Request:
     stream_id: str
@@ -154,7 +160,7 @@ class DynamicBatcher:
         if self._task is None or self._wake is None:
             raise RuntimeError("DynamicBatcher.submit before start()")
         loop = asyncio.get_running_loop()
-        req = _Request(stream_id, key, max(1, faces), deadline, payload, loop.time(),
+        req = _Request(stream_id, key, batch_weight(faces), deadline, payload, loop.time(),
                        next(self._seq), loop.create_future())
         self._pending.append(req)
         self._wake.set()

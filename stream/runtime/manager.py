@@ -32,7 +32,7 @@ import numpy as np
 from ..config import Config, load_config
 from ..errors import ConfigError, SwapStreamError
 from ..redact import RedactingFilter
-from .batcher import BatchRecord, DynamicBatcher
+from .batcher import BatchRecord, DynamicBatcher, batch_weight
 from .controller import ControllerSettings, DegradationController
 from .metrics import GpuMonitor, RuntimeMetrics, RuntimeSnapshot
 from .priority import SwitchInterval, media_thread
@@ -288,7 +288,7 @@ class DeviceSlot:
                 log.exception("%s: a batch on %s failed; its %d frame(s) go on unswapped (%d so far)",
                               self.name, key, len(items), self.failed_frames)
         t1 = time.monotonic()
-        weights = [max(1, len(it.faces)) for it in items]
+        weights = [batch_weight(len(it.faces)) for it in items]
         per_face = (t1 - t0) / sum(weights)
         for it, k in zip(items, weights):
             it.ended = t1

@@ -21,7 +21,7 @@ thread -> loop -> swap thread ...) whenever another thread is running Python: me
 that runs Python without pause at a 1 ms interval (15.7 ms at Python's 5 ms; 0.6 ms at 0.2 ms).
 On the CPU path the other threads are mostly in native code (LiteRT, FFmpeg, NumPy):
 docs/benchmarks/run_cpu_variants.md times `swapstream run` at 0.2 ms against 1 ms, and
-docs/benchmarks/run_gpu_live_ab.md on the H200 (167.5 against 142.6 fps, within the runs' spread).
+docs/benchmarks/run_gpu_live.md on the H200 (167.5 against 142.6 fps, within the runs' spread).
 """
 
 from __future__ import annotations

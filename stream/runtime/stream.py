@@ -44,6 +44,7 @@ from .controller import (DETECT_LESS, ENHANCER_OFF, LOW_RES, MESH, REGION_OFF, S
                          ladder)
 from .metrics import StreamSnapshot
 from .priority import media_thread
+from .batcher import batch_weight
 from .swappers import SwapFailed, SwapItem
 
 if TYPE_CHECKING:
@@ -206,8 +207,8 @@ class _Work:
 
 
 def _batch_weight(w: _Work) -> int:
-    """A frame's share of a swap batch: its faces, and 1 for a frame without any (the batcher's count)."""
-    return max(1, len(w.faces))
+    """A queued frame's share of a swap batch, as the batcher counts it."""
+    return batch_weight(len(w.faces))
 
 
 class StreamPipeline:

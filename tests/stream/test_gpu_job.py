@@ -71,6 +71,18 @@ def worst_psnr(a: list[np.ndarray], b: list[np.ndarray], what: str) -> float:
           f"{int(diff.max())}, pixels off by more than 8: {where}")
     return values[i]
 
+
+def assert_same_frames(x: Any, y: Any, paths: tuple[Path, Path], what: str, min_db: float) -> None:
+    """Two runs of the 20-frame demo clip (their summaries `x`, `y` and outputs `paths`): every
+    frame's face swapped in both, the same timestamps in order, and each frame at `min_db` or more
+    of the other's (the caller says why that tolerance)."""
+    assert x.frames == y.frames == 20 and x.faces_swapped == y.faces_swapped == 20
+    a, pa = decode(paths[0])
+    b, pb = decode(paths[1])
+    assert pa == pb
+    assert worst_psnr(a, b, what) >= min_db
+
+
 def test_gpu_job_matches_cpu_job(cp: ModuleType, tmp_path: Path) -> None:
     clip = tmp_path / "clip.mp4"
     write_demo_clip(clip, grace_hopper(), seconds=2.0, fps=10, size=(1280, 720))
@@ -129,14 +141,10 @@ def test_gpu_job_asking_ahead_for_faces_changes_no_frame(cp: ModuleType, tmp_pat
     asked = analysed = 0
     two = run_job(GPU, clip, tmp_path / "two.mp4", overrides=["runtime.analysis_depth=2"])
     assert max(ahead_at_end) == 1 and ahead_at_end.count(1) >= 10, ahead_at_end
-    assert one.frames == two.frames == 20 and one.faces_swapped == two.faces_swapped == 20
-    a, pa = decode(tmp_path / "one.mp4")
-    b, pb = decode(tmp_path / "two.mp4")
-    assert pa == pb
     # The same work on the same frames: equal but for the GPU's own run-to-run rounding (cuDNN may
     # pick another algorithm per process, a level here and there). A frame swapped with another
     # frame's faces, or out of order, is far below (the portrait moves in every frame).
-    assert worst_psnr(a, b, "analysis depth 2 vs 1") >= 45.0
+    assert_same_frames(one, two, (tmp_path / "one.mp4", tmp_path / "two.mp4"), "analysis depth 2 vs 1", 45.0)
 
 
 def test_gpu_job_swaps_a_files_frames_in_batches_like_one_at_a_time(cp: ModuleType, tmp_path: Path,
@@ -169,14 +177,11 @@ def test_gpu_job_swaps_a_files_frames_in_batches_like_one_at_a_time(cp: ModuleTy
     sizes.clear()
     batched = run_job(GPU, clip, tmp_path / "batched.mp4", overrides=["neural.max_batch=4"])
     assert sum(sizes) == 20 and sizes.count(4) >= 3, sizes  # 20 frames: five batches of 4 at best
-    assert single.frames == batched.frames == 20 and single.faces_swapped == batched.faces_swapped == 20
-    a, pa = decode(tmp_path / "single.mp4")
-    b, pb = decode(tmp_path / "batched.mp4")
-    assert pa == pb
     # The same faces through the model at batch 4 instead of 1: cuDNN may pick other kernels for
     # another batch size (rounding, a level here and there). A frame swapped with another frame's
     # faces, or out of order, is far below (the portrait moves in every frame).
-    assert worst_psnr(a, b, "file batch vs one frame at a time") >= 40.0
+    assert_same_frames(single, batched, (tmp_path / "single.mp4", tmp_path / "batched.mp4"),
+                       "file batch vs one frame at a time", 40.0)
 
 
 def test_gpu_job_with_the_analysis_stream_first_changes_no_frame(cp: ModuleType, tmp_path: Path,
@@ -204,14 +209,11 @@ def test_gpu_job_with_the_analysis_stream_first_changes_no_frame(cp: ModuleType,
     top = cp.cuda.Stream(non_blocking=True, priority=-1000)
     greatest = torch.cuda.ExternalStream(top.ptr).priority
     assert greatest < 0 and priorities == [0, greatest], (priorities, greatest)
-    assert plain.frames == first.frames == 20 and plain.faces_swapped == first.faces_swapped == 20
-    a, pa = decode(tmp_path / "plain.mp4")
-    b, pb = decode(tmp_path / "first.mp4")
-    assert pa == pb
     # The same kernels, scheduled in another order on the GPU: equal but for the GPU's run-to-run
     # rounding (a level here and there, as in the depth test). A frame swapped with another
     # frame's faces, or out of order, is far below (the portrait moves in every frame).
-    assert worst_psnr(a, b, "analysis stream first vs default") >= 45.0
+    assert_same_frames(plain, first, (tmp_path / "plain.mp4", tmp_path / "first.mp4"),
+                       "analysis stream first vs default", 45.0)
 
 
 def test_gpu_job_decodes_on_nvdec_like_pyav(cp: ModuleType, tmp_path: Path) -> None:
